@@ -1,0 +1,91 @@
+/**
+ * The contract between Sluice and the upstream provider client: what a call
+ * returns. Every response is classified into exactly one outcome kind, so the
+ * worker, the pacer, the ledger and the breaker can each act on it without
+ * reading HTTP details.
+ */
+
+/** What the provider's headers said about the account and the key's window. */
+export interface ProviderStatus {
+  /** x-api-remaining-credits; may be negative. */
+  remainingCredits: number | null;
+  /** x-api-max-credits */
+  maxCredits: number | null;
+  /** x-api-credits-used */
+  creditsUsed: number | null;
+  /** x-api-renewal, Unix seconds, as a Date. */
+  renewalAt: Date | null;
+  /** x-rate-limit-limit */
+  rateLimitLimit: number | null;
+  /** x-rate-limit-remaining */
+  rateLimitRemaining: number | null;
+  /** x-api-current-plan */
+  plan: string | null;
+  observedAt: Date;
+}
+
+export type OutcomeKind =
+  | 'billed' // 200: the call succeeded and was billed
+  | 'rate_limited' // 429 with credits left: the key's window is spent
+  | 'credits_exhausted' // 429 with remaining credits <= 0, or 402
+  | 'bad_input' // 400
+  | 'key_unusable' // 401 / 403 (deactivated, suspended, out of scope)
+  | 'unknown_api' // 404
+  | 'server_error' // 5xx or an unreadable response: retryable
+  | 'timeout'; // no answer within the client's timeout: retryable, may have been billed
+
+interface OutcomeBase {
+  kind: OutcomeKind;
+  /** HTTP status, or null when no response arrived (timeout, connection error). */
+  httpStatus: number | null;
+  /** Credits the provider billed for this call (0 unless kind is `billed`, see TIMEOUT_BILLING). */
+  creditsBilled: number;
+  /** Upstream data on success; null otherwise. */
+  data: unknown;
+  /** Upstream or client error message; null on success. */
+  message: string | null;
+  /** Parsed headers; null when no response arrived. */
+  status: ProviderStatus | null;
+  /** Seconds to wait before this key may be used again (rate_limited, sometimes server_error). */
+  retryAfterSeconds: number | null;
+  /** Wall time of the call. */
+  latencyMs: number;
+}
+
+export type CallOutcome = OutcomeBase;
+
+/** One item of a batch call, in request order. */
+export interface BatchItem {
+  /** Caller's id for the item, echoed back in the result. */
+  id: string;
+  params: Record<string, unknown>;
+}
+
+export interface BatchItemOutcome extends Omit<OutcomeBase, 'status' | 'latencyMs'> {
+  id: string;
+}
+
+export interface BatchOutcome {
+  /** Outcome of the HTTP call as a whole (billed when the batch itself was answered with 200). */
+  call: CallOutcome;
+  /** Per-item outcomes, present only when the call as a whole got a 200. */
+  items: BatchItemOutcome[];
+}
+
+export interface CallRequest {
+  api: string;
+  params: Record<string, unknown>;
+  /** The upstream key (window) to call with. */
+  apiKey: string;
+  /** Overrides the client's default timeout. */
+  timeoutMs?: number;
+  signal?: AbortSignal;
+}
+
+export interface ProviderClient {
+  call(req: CallRequest): Promise<CallOutcome>;
+  callBatch(req: Omit<CallRequest, 'params'> & { items: BatchItem[] }): Promise<BatchOutcome>;
+  /** The newest provider status seen on any response (account-wide fields) per key. */
+  lastStatus(apiKey?: string): ProviderStatus | null;
+  close(): Promise<void>;
+}
