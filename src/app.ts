@@ -1,0 +1,157 @@
+/**
+ * Starting and stopping a Sluice process: the database (embedded or
+ * DATABASE_URL), migrations, pg-boss, the provider (the real one, or the
+ * simulator in demo mode), then the API and/or the dispatcher per SLUICE_ROLE.
+ */
+import path from 'node:path';
+import type { Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { buildCatalog } from './config/apis.ts';
+import type { Env } from './config/env.ts';
+import { connect, ensureDatabase } from './db/client.ts';
+import { startEmbeddedPostgres, type EmbeddedDatabase } from './db/embedded.ts';
+import { runMigrations } from './db/migrate.ts';
+import { resolveAdminToken } from './db/settings.ts';
+import { Dispatcher } from './dispatch/dispatcher.ts';
+import { EventBus } from './events/bus.ts';
+import type { Services } from './graphql/context.ts';
+import { JobService } from './jobs/service.ts';
+import type { Logger } from './log.ts';
+import { createProviderClient } from './provider/client.ts';
+import { ensureTenantQueues, startBoss } from './queue/boss.ts';
+import { GRAPHQL_PATH, createHttpServer } from './server.ts';
+import { startSimulator, type Simulator, type SimulatorOptions } from './simulator/index.ts';
+import { simulatorOptionsFromEnv } from './simulator/env.ts';
+import { TenantStore } from './tenants/store.ts';
+
+export interface SluiceApp {
+  /** http://host:port/graphql when this process serves the API. */
+  url: string | null;
+  port: number | null;
+  databaseUrl: string;
+  /** The in-process simulator in demo mode. */
+  simulator: Simulator | null;
+  /** The admin token when this start generated it (shown once). */
+  generatedAdminToken: string | null;
+  stop(): Promise<void>;
+}
+
+/** What tests and benchmarks may set beyond the environment. */
+export interface StartOverrides {
+  /** Options for the demo-mode simulator, on top of the SIMULATOR_* environment. */
+  simulator?: Partial<SimulatorOptions>;
+}
+
+export async function startSluice(env: Env, log: Logger, overrides: StartOverrides = {}): Promise<SluiceApp> {
+  const cleanups: Array<() => Promise<unknown>> = [];
+  const stop = async () => {
+    for (const fn of cleanups.reverse()) await fn().catch((err) => log.error({ err }, 'error while stopping'));
+  };
+  try {
+    // 1. Database.
+    let databaseUrl = env.DATABASE_URL;
+    let embedded: EmbeddedDatabase | null = null;
+    if (!databaseUrl) {
+      embedded = await startEmbeddedPostgres(path.join(env.SLUICE_DATA_DIR, 'postgres'), (msg) => log.info(msg));
+      cleanups.push(() => embedded!.stop());
+      await ensureDatabase(embedded.url, 'sluice');
+      databaseUrl = embedded.urlFor('sluice');
+      log.info({ dataDir: path.resolve(env.SLUICE_DATA_DIR) }, 'embedded Postgres is running (set DATABASE_URL to use your own)');
+    }
+    await runMigrations(databaseUrl);
+    const connection = connect(databaseUrl);
+    const { sql, db } = connection;
+    cleanups.push(() => connection.end());
+    const boss = await startBoss(databaseUrl);
+    cleanups.push(() => boss.stop({ graceful: false, close: true }));
+
+    // 2. Provider: the real account, or the simulator in demo mode.
+    const catalog = buildCatalog(env.API_COSTS);
+    let simulator: Simulator | null = null;
+    let apiKey: string | undefined = env.APIVERVE_API_KEY;
+    let baseUrl = env.APIVERVE_BASE_URL;
+    if (!apiKey) {
+      simulator = await startSimulator({ ...simulatorOptionsFromEnv(process.env), port: 0, catalog, ...overrides.simulator });
+      cleanups.push(() => simulator!.stop());
+      apiKey = simulator.apiKey;
+      baseUrl = simulator.url;
+      log.warn({ simulator: simulator.url }, 'DEMO MODE: no APIVERVE_API_KEY is set, so jobs run against the bundled provider simulator, not the real APIVerve');
+    }
+    const client = createProviderClient({ baseUrl, timeoutMs: env.PROVIDER_TIMEOUT_MS, catalog, timeoutBilling: env.TIMEOUT_BILLING });
+    cleanups.push(() => client.close());
+
+    // 3. Shared services.
+    const admin = await resolveAdminToken(sql, env.SLUICE_ADMIN_TOKEN);
+    const bus = new EventBus();
+    await bus.start(sql);
+    cleanups.push(() => bus.stop());
+    const queuePolicy = {
+      retryLimit: 10, // pg-boss's own retries only cover crash redelivery; Sluice counts upstream attempts itself
+      retryDelaySeconds: 1,
+      heartbeatSeconds: env.JOB_HEARTBEAT_SECONDS,
+      expireInSeconds: Math.max(60, Math.ceil((env.PROVIDER_TIMEOUT_MS / 1000) * 3)),
+    };
+    const services: Services = {
+      sql,
+      tenants: new TenantStore(db),
+      jobs: new JobService({ sql, boss, catalog, maxJobsPerSubmission: env.MAX_JOBS_PER_SUBMISSION }),
+      bus,
+      catalog,
+      adminTokenHash: admin.hash,
+      queuePolicy,
+      ensureTenantQueues: (tenantId) => ensureTenantQueues(boss, tenantId, queuePolicy),
+    };
+
+    // 4. The parts this process runs.
+    let url: string | null = null;
+    let port: number | null = null;
+    if (env.SLUICE_ROLE !== 'worker') {
+      const { server } = createHttpServer({ services, maxBodyBytes: env.MAX_BODY_BYTES, log, development: env.NODE_ENV === 'development' });
+      await listen(server, env.PORT, env.HOST);
+      cleanups.push(() => closeServer(server));
+      port = (server.address() as AddressInfo).port;
+      const shownHost = env.HOST === '0.0.0.0' || env.HOST === '::' ? 'localhost' : env.HOST;
+      url = `http://${shownHost}:${port}${GRAPHQL_PATH}`;
+      log.info({ url }, 'GraphQL API and GraphiQL are up (graphql-ws on the same path)');
+    }
+    if (env.SLUICE_ROLE !== 'api') {
+      const dispatcher = new Dispatcher({
+        sql,
+        boss,
+        client,
+        apiKey,
+        maxInFlight: env.DISPATCH_MAX_IN_FLIGHT,
+        idlePollMs: env.DISPATCH_IDLE_POLL_MS,
+        retryLimit: env.JOB_RETRY_LIMIT,
+        retryDelaySeconds: env.JOB_RETRY_DELAY_SECONDS,
+        heartbeatSeconds: env.JOB_HEARTBEAT_SECONDS,
+        log,
+      });
+      await dispatcher.start();
+      cleanups.push(() => dispatcher.stop());
+      log.info({ maxInFlight: env.DISPATCH_MAX_IN_FLIGHT }, 'dispatcher started');
+    }
+
+    return { url, port, databaseUrl, simulator, generatedAdminToken: admin.generated, stop };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
+
+function listen(server: Server, port: number, host: string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(port, host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+}
+
+function closeServer(server: Server): Promise<void> {
+  return new Promise((resolve) => {
+    server.close(() => resolve());
+    server.closeAllConnections();
+  });
+}

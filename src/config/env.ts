@@ -1,0 +1,80 @@
+/**
+ * All configuration comes from the environment and is validated once at start.
+ * A bad value stops start-up with a message naming the variable, so a typo in a
+ * deployment fails loudly instead of running with a silent default.
+ */
+import { z } from 'zod';
+import { PLAN_NAMES } from './plans.ts';
+
+const int = (def: number, min = 0) => z.coerce.number().int().min(min).default(def);
+const bool = (def: boolean) =>
+  z
+    .enum(['true', 'false', '1', '0', 'yes', 'no'])
+    .default(def ? 'true' : 'false')
+    .transform((v) => v === 'true' || v === '1' || v === 'yes');
+const optionalString = z
+  .string()
+  .optional()
+  .transform((v) => (v === undefined || v.trim() === '' ? undefined : v.trim()));
+const list = z
+  .string()
+  .default('')
+  .transform((v) => v.split(',').map((s) => s.trim()).filter(Boolean));
+
+export const envSchema = z.object({
+  NODE_ENV: z.enum(['development', 'production', 'test']).default('development'),
+  LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  HOST: z.string().default('0.0.0.0'),
+  PORT: int(4000),
+  /** Which parts this process runs: the GraphQL API, the dispatcher, or both. */
+  SLUICE_ROLE: z.enum(['all', 'api', 'worker']).default('all'),
+  /** Any Postgres 13+. Unset: an embedded Postgres under SLUICE_DATA_DIR. */
+  DATABASE_URL: optionalString,
+  SLUICE_DATA_DIR: z.string().default('.data'),
+  /** Admin bearer token. Unset: one is generated on first start and stored. */
+  SLUICE_ADMIN_TOKEN: optionalString,
+
+  /** Upstream account. Unset key: demo mode with the in-process simulator. */
+  APIVERVE_API_KEY: optionalString,
+  APIVERVE_SUB_KEYS: list,
+  APIVERVE_BASE_URL: z.url().default('https://api.apiverve.com/v1'),
+  APIVERVE_PLAN: z.enum(PLAN_NAMES).default('PRO'),
+  /** Overrides the plan's per-minute limit (e.g. a key limited below its plan). */
+  APIVERVE_RATE_PER_MINUTE: z.coerce.number().int().min(1).optional(),
+  /** Cost overrides, `api=credits,api=credits`; the catalog in src/config/apis.ts is the default. */
+  API_COSTS: z.string().default(''),
+  PROVIDER_TIMEOUT_MS: int(10_000, 100),
+  /** A timed-out call may have been billed: `billed` charges it (safe for the account), `refunded` does not. */
+  TIMEOUT_BILLING: z.enum(['billed', 'refunded']).default('billed'),
+
+  /** Submission limits. */
+  MAX_JOBS_PER_SUBMISSION: int(10_000, 1),
+  MAX_BODY_BYTES: int(16 * 1024 * 1024, 1024),
+
+  /** Retries of retryable failures (server errors, timeouts), with exponential backoff. */
+  JOB_RETRY_LIMIT: int(3),
+  JOB_RETRY_DELAY_SECONDS: int(1),
+  /** Seconds a job may stay active without a heartbeat before pg-boss gives it to another worker. */
+  JOB_HEARTBEAT_SECONDS: int(10, 10),
+
+  /** Dispatcher: in-flight calls this process keeps at most, and how often it polls when idle. */
+  DISPATCH_MAX_IN_FLIGHT: int(16, 1),
+  DISPATCH_IDLE_POLL_MS: int(1_000, 10),
+
+  /** Demo mode: the in-process simulator's settings (see `npm run simulator`). */
+  DEMO_SIMULATOR: bool(true),
+});
+
+export type Env = z.infer<typeof envSchema>;
+
+export class ConfigError extends Error {
+  override name = 'ConfigError';
+}
+
+/** Parses the environment; throws a ConfigError naming every bad variable. */
+export function loadEnv(source: NodeJS.ProcessEnv = process.env): Env {
+  const parsed = envSchema.safeParse(source);
+  if (parsed.success) return parsed.data;
+  const lines = parsed.error.issues.map((issue) => `  ${issue.path.join('.')}: ${issue.message}`);
+  throw new ConfigError(`invalid configuration:\n${lines.join('\n')}`);
+}

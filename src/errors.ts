@@ -1,0 +1,34 @@
+/**
+ * Every refusal Sluice gives carries a machine-readable code. Resolvers and
+ * services throw SluiceError; the GraphQL layer turns it into a GraphQLError
+ * with `extensions.code` (and an HTTP status where the whole request fails).
+ */
+export const ERROR_CODES = [
+  'UNAUTHENTICATED',
+  'FORBIDDEN',
+  'NOT_FOUND',
+  'BAD_USER_INPUT',
+  'UNKNOWN_API',
+  'MISSING_PARAMS',
+  'BAD_PRIORITY',
+  'TOO_MANY_ITEMS',
+  'BODY_TOO_LARGE',
+  'IDEMPOTENCY_CONFLICT',
+  'NOT_CANCELLABLE',
+  'QUOTA_EXCEEDED',
+  'QUEUE_FULL',
+] as const;
+export type ErrorCode = (typeof ERROR_CODES)[number];
+
+export class SluiceError extends Error {
+  override name = 'SluiceError';
+  readonly code: ErrorCode;
+  readonly extensions: Record<string, unknown>;
+  readonly httpStatus: number | undefined;
+  constructor(code: ErrorCode, message: string, extensions: Record<string, unknown> = {}, httpStatus?: number) {
+    super(message);
+    this.code = code;
+    this.extensions = extensions;
+    this.httpStatus = httpStatus;
+  }
+}

@@ -1,0 +1,87 @@
+/**
+ * Job events travel through Postgres NOTIFY, so a subscriber connected to one
+ * process sees jobs finished by another. Each process holds one LISTEN
+ * connection and fans events out to its own subscribers in memory.
+ *
+ * Events are published inside the transaction that changes the job, so they
+ * are delivered only if (and when) the change commits.
+ */
+import type postgres from 'postgres';
+import type { Sql } from '../db/client.ts';
+
+export const JOB_EVENTS_CHANNEL = 'sluice_job_events';
+
+export interface JobEvent {
+  jobId: string;
+  tenantId: string;
+  state: string;
+}
+
+type Listener = (event: JobEvent) => void;
+
+export async function publishJobEvents(tx: Sql | postgres.TransactionSql, events: readonly JobEvent[]): Promise<void> {
+  if (events.length === 0) return;
+  // One NOTIFY per event keeps each payload small (the limit is 8000 bytes).
+  await tx`select pg_notify(${JOB_EVENTS_CHANNEL}, e::text) from jsonb_array_elements(${tx.json(events as never)}::jsonb) as e`;
+}
+
+export class EventBus {
+  private readonly listeners = new Set<Listener>();
+  private unlisten: (() => Promise<void>) | null = null;
+
+  async start(sql: Sql): Promise<void> {
+    const { unlisten } = await sql.listen(JOB_EVENTS_CHANNEL, (payload) => {
+      let event: JobEvent;
+      try {
+        event = JSON.parse(payload) as JobEvent;
+      } catch {
+        return;
+      }
+      for (const listener of this.listeners) listener(event);
+    });
+    this.unlisten = unlisten;
+  }
+
+  async stop(): Promise<void> {
+    await this.unlisten?.();
+    this.unlisten = null;
+  }
+
+  /**
+   * Events matching `filter`, as an async iterator for a GraphQL subscription.
+   * Buffers while the consumer is slow; `return()` (client unsubscribes)
+   * removes the listener.
+   */
+  subscribe(filter: (event: JobEvent) => boolean): AsyncIterableIterator<JobEvent> {
+    const buffer: JobEvent[] = [];
+    let wake: (() => void) | null = null;
+    let done = false;
+    const listener: Listener = (event) => {
+      if (!filter(event)) return;
+      buffer.push(event);
+      wake?.();
+    };
+    this.listeners.add(listener);
+    const finish = () => {
+      done = true;
+      this.listeners.delete(listener);
+      wake?.();
+    };
+    const iterator: AsyncIterableIterator<JobEvent> = {
+      next: async () => {
+        while (!done && buffer.length === 0) await new Promise<void>((r) => (wake = r));
+        wake = null;
+        if (buffer.length > 0) return { value: buffer.shift()!, done: false };
+        return { value: undefined, done: true };
+      },
+      return: async () => {
+        finish();
+        return { value: undefined, done: true };
+      },
+      [Symbol.asyncIterator]() {
+        return iterator;
+      },
+    };
+    return iterator;
+  }
+}

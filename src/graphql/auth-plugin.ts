@@ -1,0 +1,77 @@
+/**
+ * Operation-level authorization. Every root field declares a role (see
+ * `role()` in builder.ts); before anything executes, the operation's root
+ * fields are checked against the caller. A refused operation runs nothing, so
+ * a caller never gets partial data: 401 UNAUTHENTICATED for a missing or wrong
+ * credential, 403 FORBIDDEN for a field of the other role.
+ */
+import { GraphQLError, Kind, type DocumentNode, type FragmentDefinitionNode, type GraphQLSchema, type SelectionSetNode } from 'graphql';
+import type { Plugin } from 'graphql-yoga';
+import type { Auth, Context, Role } from './context.ts';
+
+function rootFieldNames(document: DocumentNode, operationName: string | null | undefined): { type: 'query' | 'mutation' | 'subscription'; fields: string[] } | null {
+  const operations = document.definitions.filter((d) => d.kind === Kind.OPERATION_DEFINITION);
+  const op = operationName ? operations.find((o) => o.name?.value === operationName) : operations.length === 1 ? operations[0] : undefined;
+  if (!op) return null;
+  const fragments = new Map(
+    document.definitions.filter((d): d is FragmentDefinitionNode => d.kind === Kind.FRAGMENT_DEFINITION).map((f) => [f.name.value, f]),
+  );
+  const fields: string[] = [];
+  const seen = new Set<string>();
+  const walk = (set: SelectionSetNode) => {
+    for (const sel of set.selections) {
+      if (sel.kind === Kind.FIELD) fields.push(sel.name.value);
+      else if (sel.kind === Kind.INLINE_FRAGMENT) walk(sel.selectionSet);
+      else if (!seen.has(sel.name.value)) {
+        seen.add(sel.name.value);
+        const frag = fragments.get(sel.name.value);
+        if (frag) walk(frag.selectionSet);
+      }
+    }
+  };
+  walk(op.selectionSet);
+  return { type: op.operation, fields };
+}
+
+function refusal(code: 'UNAUTHENTICATED' | 'FORBIDDEN', message: string): GraphQLError {
+  return new GraphQLError(message, { extensions: { code, http: { status: code === 'UNAUTHENTICATED' ? 401 : 403 } } });
+}
+
+/** The refusal for this caller and these root fields, or null when allowed. Pure. */
+export function authorize(auth: Auth, roles: readonly Role[]): GraphQLError | null {
+  if (auth.kind === 'invalid') return refusal('UNAUTHENTICATED', 'invalid credential: send Authorization: Bearer <api key>');
+  for (const r of roles) {
+    if (r === 'public') continue;
+    if (auth.kind === 'anonymous') return refusal('UNAUTHENTICATED', 'missing credential: send Authorization: Bearer <api key>');
+    if (r !== auth.kind) {
+      return refusal('FORBIDDEN', r === 'admin' ? 'this operation needs the admin token' : 'this operation needs a tenant API key');
+    }
+  }
+  return null;
+}
+
+export function rolesOf(schema: GraphQLSchema, type: 'query' | 'mutation' | 'subscription', fields: readonly string[]): Role[] {
+  const root = type === 'query' ? schema.getQueryType() : type === 'mutation' ? schema.getMutationType() : schema.getSubscriptionType();
+  const defs = root?.getFields() ?? {};
+  // Introspection (__schema, __type, __typename) is public so GraphiQL can load the docs.
+  return fields.map((name) => (name.startsWith('__') ? 'public' : ((defs[name]?.extensions as { role?: Role } | undefined)?.role ?? 'admin')));
+}
+
+function check(args: { schema: GraphQLSchema; document: DocumentNode; operationName?: string | null | undefined; contextValue: unknown }): GraphQLError | null {
+  const op = rootFieldNames(args.document, args.operationName);
+  if (!op) return null; // graphql-js reports the missing operation itself
+  return authorize((args.contextValue as Context).auth, rolesOf(args.schema, op.type, op.fields));
+}
+
+export function useOperationAuth(): Plugin<Context> {
+  return {
+    onExecute({ args, setResultAndStopExecution }) {
+      const error = check(args);
+      if (error) setResultAndStopExecution({ errors: [error] });
+    },
+    onSubscribe({ args, setResultAndStopExecution }) {
+      const error = check(args);
+      if (error) setResultAndStopExecution({ errors: [error] });
+    },
+  };
+}

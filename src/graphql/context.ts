@@ -1,0 +1,52 @@
+/**
+ * Who is calling, and the services resolvers use. The same context is built
+ * for HTTP requests (Authorization header) and graphql-ws connections
+ * (`connectionParams.authorization`).
+ */
+import type { ApiCatalog } from '../config/apis.ts';
+import type { Sql } from '../db/client.ts';
+import type { EventBus } from '../events/bus.ts';
+import type { JobService } from '../jobs/service.ts';
+import { bearerToken, hashSecret, sameHash } from '../tenants/keys.ts';
+import type { TenantRecord } from '../tenants/policy.ts';
+import type { TenantStore } from '../tenants/store.ts';
+
+export type Auth =
+  | { kind: 'anonymous' }
+  /** A credential was presented and matched nothing. */
+  | { kind: 'invalid' }
+  | { kind: 'admin' }
+  | { kind: 'tenant'; tenant: TenantRecord };
+
+export type Role = 'public' | 'tenant' | 'admin';
+
+export interface Services {
+  sql: Sql;
+  tenants: TenantStore;
+  jobs: JobService;
+  bus: EventBus;
+  catalog: ApiCatalog;
+  adminTokenHash: string;
+  queuePolicy: { retryLimit: number; retryDelaySeconds: number; heartbeatSeconds: number; expireInSeconds: number };
+  ensureTenantQueues(tenantId: string): Promise<void>;
+}
+
+export interface Context {
+  auth: Auth;
+  services: Services;
+}
+
+export async function authenticate(services: Services, authorization: string | null | undefined): Promise<Auth> {
+  if (authorization === null || authorization === undefined || authorization === '') return { kind: 'anonymous' };
+  const token = bearerToken(authorization);
+  if (!token) return { kind: 'invalid' };
+  if (sameHash(hashSecret(token), services.adminTokenHash)) return { kind: 'admin' };
+  const tenant = await services.tenants.byApiKey(token);
+  return tenant ? { kind: 'tenant', tenant } : { kind: 'invalid' };
+}
+
+/** The calling tenant; resolvers of tenant fields run only after the operation-level check, so this holds. */
+export function tenantOf(ctx: Context): TenantRecord {
+  if (ctx.auth.kind !== 'tenant') throw new Error('tenant field resolved without a tenant (auth plugin bypassed)');
+  return ctx.auth.tenant;
+}

@@ -1,0 +1,15 @@
+/**
+ * The whole schema: the builder plus one file per domain.
+ */
+import { builder } from './builder.ts';
+import './schema/scalars.ts';
+import './schema/tenants.ts';
+import './schema/jobs.ts';
+import './schema/me.ts';
+import './schema/apis.ts';
+
+builder.queryType({});
+builder.mutationType({});
+builder.subscriptionType({});
+
+export const schema = builder.toSchema({ sortSchema: false });

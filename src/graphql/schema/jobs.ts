@@ -1,0 +1,239 @@
+import { GraphQLError } from 'graphql';
+import { FINAL_STATES, JOB_STATES, countJobs, getJob, listJobs, type JobRow } from '../../jobs/store.ts';
+import { CLASSES } from '../../queue/boss.ts';
+import { SluiceError } from '../../errors.ts';
+import { builder, role } from '../builder.ts';
+import { tenantOf } from '../context.ts';
+import { asId } from '../ids.ts';
+
+export const PriorityEnum = builder.enumType('Priority', {
+  description: 'Priority class. INTERACTIVE is served first; BULK sheds first when queues fill.',
+  values: CLASSES,
+});
+export const JobStateEnum = builder.enumType('JobState', { values: JOB_STATES });
+
+const JobError = builder.objectRef<{ code: string; message: string }>('JobError').implement({
+  fields: (t) => ({ code: t.exposeString('code'), message: t.exposeString('message') }),
+});
+
+export const JobRef = builder.objectRef<JobRow>('Job').implement({
+  fields: (t) => ({
+    id: t.exposeID('id'),
+    api: t.exposeString('api'),
+    params: t.field({ type: 'JSON', resolve: (j) => j.params }),
+    priority: t.field({ type: PriorityEnum, resolve: (j) => j.priority }),
+    state: t.field({ type: JobStateEnum, resolve: (j) => j.state }),
+    result: t.field({ type: 'JSON', nullable: true, description: "The upstream `data` of a SUCCEEDED job.", resolve: (j) => (j.state === 'SUCCEEDED' ? j.result : null) }),
+    error: t.field({
+      type: JobError,
+      nullable: true,
+      description: 'Why the job FAILED, or the last retryable error of a job waiting to retry.',
+      resolve: (j) => (j.errorCode && j.state !== 'SUCCEEDED' ? { code: j.errorCode, message: j.errorMessage ?? j.errorCode } : null),
+    }),
+    httpStatus: t.int({ nullable: true, resolve: (j) => j.httpStatus }),
+    creditsBilled: t.int({ resolve: (j) => j.creditsBilled }),
+    attempts: t.exposeInt('attempts'),
+    idempotencyKey: t.exposeString('idempotencyKey', { nullable: true }),
+    createdAt: t.field({ type: 'DateTime', resolve: (j) => j.createdAt }),
+    startedAt: t.field({ type: 'DateTime', nullable: true, resolve: (j) => j.startedAt }),
+    finishedAt: t.field({ type: 'DateTime', nullable: true, resolve: (j) => j.finishedAt }),
+  }),
+});
+
+/** What submission answers with: the id and state, nothing that needs another read. */
+const SubmittedJobRef = builder.objectRef<{ id: string; state: string }>('SubmittedJob').implement({
+  fields: (t) => ({
+    id: t.exposeID('id'),
+    state: t.field({ type: JobStateEnum, resolve: (j) => j.state as (typeof JOB_STATES)[number] }),
+  }),
+});
+
+const JobInput = builder.inputType('JobInput', {
+  fields: (t) => ({
+    api: t.string({ required: true, description: 'An API from `apis`, e.g. "emailvalidator".' }),
+    params: t.field({ type: 'JSON', description: 'Query parameters for the API, as a JSON object.' }),
+    priority: t.field({ type: PriorityEnum, defaultValue: 'STANDARD' }),
+    idempotencyKey: t.string({ description: 'Same key from the same tenant returns the original job instead of a new one.' }),
+  }),
+});
+
+const SubmitJobsInput = builder.inputType('SubmitJobsInput', {
+  fields: (t) => ({ jobs: t.field({ type: [JobInput], required: true }) }),
+});
+
+const SubmitJobPayload = builder.objectRef<{ job: { id: string; state: string } }>('SubmitJobPayload').implement({
+  fields: (t) => ({ job: t.field({ type: SubmittedJobRef, resolve: (p) => p.job }) }),
+});
+const SubmitJobsPayload = builder.objectRef<{ jobs: Array<{ id: string; state: string }> }>('SubmitJobsPayload').implement({
+  fields: (t) => ({ jobs: t.field({ type: [SubmittedJobRef], resolve: (p) => p.jobs }) }),
+});
+
+const JobFilter = builder.inputType('JobFilter', {
+  fields: (t) => ({
+    state: t.field({ type: JobStateEnum }),
+    api: t.string(),
+    priority: t.field({ type: PriorityEnum }),
+  }),
+});
+
+function asParams(params: unknown): Record<string, unknown> | undefined {
+  if (params === null || params === undefined) return undefined;
+  if (typeof params !== 'object' || Array.isArray(params)) {
+    throw new SluiceError('BAD_USER_INPUT', 'params must be a JSON object', { field: 'params' });
+  }
+  return params as Record<string, unknown>;
+}
+
+function encodeCursor(j: JobRow): string {
+  return Buffer.from(JSON.stringify([j.createdAtMicros, j.id])).toString('base64url');
+}
+function decodeCursor(cursor: string): { createdAtMicros: string; id: string } {
+  try {
+    const [micros, id] = JSON.parse(Buffer.from(cursor, 'base64url').toString()) as [string, string];
+    if (typeof micros !== 'string' || !/^\d{1,20}$/.test(micros)) throw new Error('bad cursor');
+    return { createdAtMicros: micros, id: asId(id, 'job') };
+  } catch {
+    throw new SluiceError('BAD_USER_INPUT', 'invalid cursor', { field: 'after' });
+  }
+}
+
+const MAX_PAGE = 500;
+
+builder.queryFields((t) => ({
+  job: t.field({
+    ...role('tenant'),
+    type: JobRef,
+    nullable: true,
+    description: 'One of your jobs; null when no job of yours has this id.',
+    args: { id: t.arg.id({ required: true }) },
+    resolve: async (_r, { id }, ctx) => {
+      const s = String(id);
+      if (!/^[0-9a-f-]{36}$/i.test(s)) return null;
+      return getJob(ctx.services.sql, tenantOf(ctx).id, s);
+    },
+  }),
+  jobs: t.connection(
+    {
+      ...role('tenant'),
+      type: JobRef,
+      description: 'Your jobs, newest first.',
+      args: { filter: t.arg({ type: JobFilter }) },
+      resolve: async (_r, args, ctx) => {
+        if (args.before || args.last) throw new SluiceError('BAD_USER_INPUT', 'only forward pagination (first, after) is supported');
+        const first = args.first ?? 50;
+        if (first < 0 || first > MAX_PAGE) throw new SluiceError('BAD_USER_INPUT', `first must be 0 to ${MAX_PAGE}`, { field: 'first' });
+        const tenantId = tenantOf(ctx).id;
+        const filter = { state: args.filter?.state, api: args.filter?.api, priority: args.filter?.priority };
+        const after = args.after ? decodeCursor(args.after) : null;
+        const [rows, totalCount] = await Promise.all([
+          listJobs(ctx.services.sql, tenantId, filter, first + 1, after),
+          countJobs(ctx.services.sql, tenantId, filter),
+        ]);
+        const page = rows.slice(0, first);
+        return {
+          totalCount,
+          edges: page.map((node) => ({ cursor: encodeCursor(node), node })),
+          pageInfo: {
+            hasNextPage: rows.length > first,
+            hasPreviousPage: after !== null,
+            startCursor: page[0] ? encodeCursor(page[0]) : null,
+            endCursor: page.at(-1) ? encodeCursor(page.at(-1)!) : null,
+          },
+        };
+      },
+    },
+    {
+      name: 'JobConnection',
+      fields: (c) => ({
+        totalCount: c.int({ description: 'Jobs matching the filter.', resolve: (conn) => (conn as unknown as { totalCount: number }).totalCount }),
+      }),
+    },
+  ),
+}));
+
+builder.mutationFields((t) => ({
+  submitJob: t.field({
+    ...role('tenant'),
+    type: SubmitJobPayload,
+    description: 'Queues one job and answers at once with state QUEUED.',
+    args: { input: t.arg({ type: JobInput, required: true }) },
+    resolve: async (_r, { input }, ctx) => {
+      const [job] = await ctx.services.jobs.submit(tenantOf(ctx).id, [{ ...input, params: asParams(input.params) }]);
+      return { job: job! };
+    },
+  }),
+  submitJobs: t.field({
+    ...role('tenant'),
+    type: SubmitJobsPayload,
+    description: 'Queues many jobs, accepted whole or refused whole; answers in input order.',
+    args: { input: t.arg({ type: SubmitJobsInput, required: true }) },
+    resolve: async (_r, { input }, ctx) => {
+      const jobs = await ctx.services.jobs.submit(
+        tenantOf(ctx).id,
+        input.jobs.map((j) => ({ ...j, params: asParams(j.params) })),
+      );
+      return { jobs };
+    },
+  }),
+  cancelJob: t.field({
+    ...role('tenant'),
+    type: JobRef,
+    description: 'Cancels one of your QUEUED jobs.',
+    args: { id: t.arg.id({ required: true }) },
+    resolve: (_r, { id }, ctx) => ctx.services.jobs.cancel(tenantOf(ctx).id, asId(id, 'job')),
+  }),
+}));
+
+builder.subscriptionFields((t) => ({
+  jobUpdated: t.field({
+    ...role('tenant'),
+    type: JobRef,
+    description: 'Every state change of one of your jobs; completes after a final state.',
+    args: { id: t.arg.id({ required: true }) },
+    subscribe: async function* (_r, { id }, ctx) {
+      const tenantId = tenantOf(ctx).id;
+      const jobId = asId(id, 'job');
+      // Listen before reading, so a change between the read and the listen is not missed.
+      const events = ctx.services.bus.subscribe((e) => e.jobId === jobId && e.tenantId === tenantId);
+      try {
+        const current = await getJob(ctx.services.sql, tenantId, jobId);
+        if (!current) throw new GraphQLError(`no job with id ${jobId}`, { extensions: { code: 'NOT_FOUND' } });
+        // The state it is in now, then every change after it.
+        yield current;
+        let last = current.state;
+        if (FINAL_STATES.includes(last)) return;
+        for await (const event of events) {
+          const state = event.state as JobRow['state'];
+          if (state === last) continue;
+          last = state;
+          const job = await getJob(ctx.services.sql, tenantId, jobId);
+          if (!job) return;
+          // The row may already be further along than this event: report the state the event announced.
+          yield { ...job, state };
+          if (FINAL_STATES.includes(state)) return;
+        }
+      } finally {
+        await events.return?.();
+      }
+    },
+    resolve: (job) => job,
+  }),
+  jobsCompleted: t.field({
+    ...role('tenant'),
+    type: JobRef,
+    description: 'Every job of yours that reaches SUCCEEDED, FAILED or CANCELLED.',
+    subscribe: async function* (_r, _a, ctx) {
+      const tenantId = tenantOf(ctx).id;
+      const events = ctx.services.bus.subscribe((e) => e.tenantId === tenantId && (FINAL_STATES as string[]).includes(e.state));
+      try {
+        for await (const event of events) {
+          const job = await getJob(ctx.services.sql, tenantId, event.jobId);
+          if (job) yield job;
+        }
+      } finally {
+        await events.return?.();
+      }
+    },
+    resolve: (job) => job,
+  }),
+}));

@@ -1,0 +1,117 @@
+import { TIER_NAMES } from '../../config/tiers.ts';
+import { SluiceError } from '../../errors.ts';
+import { effectiveLimits, type TenantRecord } from '../../tenants/policy.ts';
+import { builder, role } from '../builder.ts';
+import { asId } from '../ids.ts';
+
+export const TierEnum = builder.enumType('Tier', { values: TIER_NAMES });
+export const QuotaPolicyEnum = builder.enumType('QuotaPolicy', {
+  values: {
+    WAIT: { description: "Jobs that would pass the quota wait until the next period." },
+    FAIL: { description: 'Jobs that would pass the quota fail with QUOTA_EXCEEDED.' },
+  },
+});
+
+export const TenantRef = builder.objectRef<TenantRecord>('Tenant').implement({
+  fields: (t) => ({
+    id: t.exposeID('id'),
+    name: t.exposeString('name'),
+    tier: t.field({ type: TierEnum, resolve: (x) => x.tier }),
+    weight: t.int({ description: 'Effective weight (the override, else the tier default).', resolve: (x) => effectiveLimits(x).weight }),
+    concurrencyCap: t.int({ resolve: (x) => effectiveLimits(x).concurrencyCap }),
+    monthlyQuota: t.int({ description: 'Credits per monthly period.', resolve: (x) => effectiveLimits(x).monthlyQuota }),
+    queueBound: t.int({ resolve: (x) => effectiveLimits(x).queueBound }),
+    quotaPolicy: t.field({ type: QuotaPolicyEnum, resolve: (x) => x.quotaPolicy }),
+    createdAt: t.field({ type: 'DateTime', resolve: (x) => x.createdAt }),
+  }),
+});
+
+const TenantWithKey = builder
+  .objectRef<{ tenant: TenantRecord; apiKey: string }>('TenantWithKey')
+  .implement({
+    description: 'A tenant and its new API key. The key is shown only here, once; Sluice stores only its hash.',
+    fields: (t) => ({
+      tenant: t.field({ type: TenantRef, resolve: (x) => x.tenant }),
+      apiKey: t.exposeString('apiKey'),
+    }),
+  });
+
+const CreateTenantInput = builder.inputType('CreateTenantInput', {
+  fields: (t) => ({
+    name: t.string({ required: true }),
+    tier: t.field({ type: TierEnum, required: true }),
+  }),
+});
+
+const UpdateTenantInput = builder.inputType('UpdateTenantInput', {
+  description: 'Fields left out are unchanged; a limit set to null goes back to the tier default.',
+  fields: (t) => ({
+    id: t.id({ required: true }),
+    name: t.string(),
+    tier: t.field({ type: TierEnum }),
+    weight: t.int(),
+    concurrencyCap: t.int(),
+    monthlyQuota: t.int(),
+    queueBound: t.int(),
+    quotaPolicy: t.field({ type: QuotaPolicyEnum }),
+  }),
+});
+
+function checkName(name: string): string {
+  const trimmed = name.trim();
+  if (trimmed.length < 1 || trimmed.length > 100) {
+    throw new SluiceError('BAD_USER_INPUT', 'name must be 1 to 100 characters', { field: 'name' });
+  }
+  return trimmed;
+}
+
+function checkLimit(field: string, value: number | null | undefined, min: number): number | null | undefined {
+  if (value !== null && value !== undefined && value < min) {
+    throw new SluiceError('BAD_USER_INPUT', `${field} must be at least ${min}`, { field });
+  }
+  return value;
+}
+
+builder.queryFields((t) => ({
+  tenants: t.field({
+    ...role('admin'),
+    type: [TenantRef],
+    description: 'Every tenant (admin).',
+    resolve: (_r, _a, ctx) => ctx.services.tenants.list(),
+  }),
+}));
+
+builder.mutationFields((t) => ({
+  createTenant: t.field({
+    ...role('admin'),
+    type: TenantWithKey,
+    args: { input: t.arg({ type: CreateTenantInput, required: true }) },
+    resolve: async (_r, { input }, ctx) => {
+      const created = await ctx.services.tenants.create({ name: checkName(input.name), tier: input.tier });
+      await ctx.services.ensureTenantQueues(created.tenant.id);
+      return created;
+    },
+  }),
+  rotateTenantKey: t.field({
+    ...role('admin'),
+    type: TenantWithKey,
+    description: "Revokes the tenant's current keys and returns a new one.",
+    args: { id: t.arg.id({ required: true }) },
+    resolve: (_r, { id }, ctx) => ctx.services.tenants.rotateKey(asId(id, 'tenant')),
+  }),
+  updateTenant: t.field({
+    ...role('admin'),
+    type: TenantRef,
+    args: { input: t.arg({ type: UpdateTenantInput, required: true }) },
+    resolve: (_r, { input }, ctx) =>
+      ctx.services.tenants.update(asId(input.id, 'tenant'), {
+        name: input.name === null || input.name === undefined ? undefined : checkName(input.name),
+        tier: input.tier ?? undefined,
+        weight: checkLimit('weight', input.weight, 1),
+        concurrencyCap: checkLimit('concurrencyCap', input.concurrencyCap, 1),
+        monthlyQuota: checkLimit('monthlyQuota', input.monthlyQuota, 0),
+        queueBound: checkLimit('queueBound', input.queueBound, 1),
+        quotaPolicy: input.quotaPolicy ?? undefined,
+      }),
+  }),
+}));

@@ -1,0 +1,210 @@
+/**
+ * Owns the jobs and job_results tables: all their SQL lives here, as named
+ * functions, so the database contract reads in one place.
+ *
+ * State changes are conditional updates (`where state = ...`), so when two
+ * actors race (a cancel and a dispatch, a crashed worker's redelivery and a
+ * late finisher) exactly one wins and the loser sees zero rows.
+ */
+import type postgres from 'postgres';
+import type { Sql } from '../db/client.ts';
+import type { JobClass } from '../queue/boss.ts';
+import type { ValidJob } from './validate.ts';
+
+export const JOB_STATES = ['QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'] as const;
+export type JobState = (typeof JOB_STATES)[number];
+export const FINAL_STATES: readonly JobState[] = ['SUCCEEDED', 'FAILED', 'CANCELLED'];
+
+type Tx = Sql | postgres.TransactionSql;
+
+export interface JobRow {
+  id: string;
+  tenantId: string;
+  api: string;
+  params: Record<string, unknown>;
+  priority: JobClass;
+  state: JobState;
+  idempotencyKey: string | null;
+  attempts: number;
+  createdAt: Date;
+  /** created_at in epoch microseconds: a Date keeps only milliseconds, too coarse for a keyset cursor. */
+  createdAtMicros: string;
+  startedAt: Date | null;
+  finishedAt: Date | null;
+  result: unknown;
+  errorCode: string | null;
+  errorMessage: string | null;
+  httpStatus: number | null;
+  creditsBilled: number;
+}
+
+const JOB_COLUMNS = `
+  j.id, j.tenant_id as "tenantId", j.api, j.params, j.priority, j.state,
+  j.idempotency_key as "idempotencyKey", j.attempts, j.created_at as "createdAt",
+  (extract(epoch from j.created_at) * 1000000)::bigint::text as "createdAtMicros",
+  j.started_at as "startedAt", j.finished_at as "finishedAt",
+  r.data as result, r.error_code as "errorCode", r.error_message as "errorMessage",
+  r.http_status as "httpStatus", coalesce(r.credits_billed, 0) as "creditsBilled"`;
+
+export interface NewJob extends ValidJob {
+  id: string;
+}
+
+/**
+ * Inserts jobs, skipping any whose idempotency key the tenant already used.
+ * Returns the ids actually inserted. One JSON parameter, so 10,000 jobs are
+ * one statement and far below Postgres's 65,535-parameter limit.
+ */
+export async function insertJobs(tx: Tx, tenantId: string, jobs: readonly NewJob[]): Promise<Set<string>> {
+  const payload = jobs.map((j) => ({ id: j.id, api: j.api, params: j.params, priority: j.priority, idempotency_key: j.idempotencyKey }));
+  const rows = await tx`
+    insert into jobs (id, tenant_id, api, params, priority, state, idempotency_key)
+    select x.id, ${tenantId}, x.api, x.params, x.priority, 'QUEUED', x.idempotency_key
+    from jsonb_to_recordset(${tx.json(payload as never)}::jsonb)
+      as x(id uuid, api text, params jsonb, priority text, idempotency_key text)
+    on conflict (tenant_id, idempotency_key) do nothing
+    returning id`;
+  return new Set(rows.map((r) => r.id as string));
+}
+
+/** The jobs a tenant already submitted under these idempotency keys. */
+export async function jobsByIdempotencyKeys(tx: Tx, tenantId: string, keys: readonly string[]): Promise<Map<string, { id: string; state: JobState }>> {
+  if (keys.length === 0) return new Map();
+  const rows = await tx`
+    select id, state, idempotency_key from jobs
+    where tenant_id = ${tenantId} and idempotency_key = any(${keys as string[]}::text[])`;
+  return new Map(rows.map((r) => [r.idempotency_key as string, { id: r.id as string, state: r.state as JobState }]));
+}
+
+export async function getJob(sql: Tx, tenantId: string | null, id: string): Promise<JobRow | null> {
+  const rows = await sql.unsafe(
+    `select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id
+     where j.id = $1 and ($2::uuid is null or j.tenant_id = $2::uuid)`,
+    [id, tenantId],
+  );
+  return (rows[0] as unknown as JobRow) ?? null;
+}
+
+export interface JobFilter {
+  state?: JobState | null | undefined;
+  api?: string | null | undefined;
+  priority?: JobClass | null | undefined;
+}
+
+/** Keyset page of a tenant's jobs, newest first. `after` is the (createdAtMicros, id) of the last row seen. */
+export async function listJobs(
+  sql: Tx,
+  tenantId: string,
+  filter: JobFilter,
+  limit: number,
+  after: { createdAtMicros: string; id: string } | null,
+): Promise<JobRow[]> {
+  const rows = await sql.unsafe(
+    `select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id
+     where j.tenant_id = $1
+       and ($2::text is null or j.state = $2) and ($3::text is null or j.api = $3) and ($4::text is null or j.priority = $4)
+       and ($5::bigint is null or (j.created_at, j.id) < (to_timestamp($5::bigint / 1000000.0), $6::uuid))
+     order by j.created_at desc, j.id desc
+     limit $7`,
+    [tenantId, filter.state ?? null, filter.api ?? null, filter.priority ?? null, after?.createdAtMicros ?? null, after?.id ?? null, limit],
+  );
+  return rows as unknown as JobRow[];
+}
+
+export async function countJobs(sql: Tx, tenantId: string, filter: JobFilter): Promise<number> {
+  const [row] = await sql`
+    select count(*)::int as n from jobs
+    where tenant_id = ${tenantId}
+      and (${filter.state ?? null}::text is null or state = ${filter.state ?? null})
+      and (${filter.api ?? null}::text is null or api = ${filter.api ?? null})
+      and (${filter.priority ?? null}::text is null or priority = ${filter.priority ?? null})`;
+  return row!.n as number;
+}
+
+/** QUEUED → CANCELLED for the tenant's job; returns its class, or null when it was not queued. */
+export async function cancelQueuedJob(tx: Tx, tenantId: string, id: string): Promise<JobClass | null> {
+  const rows = await tx`
+    update jobs set state = 'CANCELLED', finished_at = now(), updated_at = now()
+    where id = ${id} and tenant_id = ${tenantId} and state = 'QUEUED'
+    returning priority`;
+  return (rows[0]?.priority as JobClass) ?? null;
+}
+
+/**
+ * Claims a fetched job for an upstream attempt: QUEUED → RUNNING. A job left
+ * RUNNING by a crashed worker is claimed again (pg-boss redelivered it).
+ * Returns null when the job was cancelled or already finished meanwhile.
+ */
+export async function claimJob(tx: Tx, id: string): Promise<{ attempts: number } | null> {
+  const rows = await tx`
+    update jobs set state = 'RUNNING', attempts = attempts + 1,
+      started_at = coalesce(started_at, now()), updated_at = now()
+    where id = ${id} and state in ('QUEUED', 'RUNNING')
+    returning attempts`;
+  return rows[0] ? { attempts: rows[0].attempts as number } : null;
+}
+
+export interface ResultRecord {
+  data: unknown;
+  errorCode: string | null;
+  errorMessage: string | null;
+  httpStatus: number | null;
+  creditsBilled: number;
+  attempts: number;
+}
+
+/** The result row, upserted by job id (invariant I6: one result per job id). */
+export async function upsertResult(tx: Tx, jobId: string, r: ResultRecord): Promise<void> {
+  await tx`
+    insert into job_results (job_id, data, error_code, error_message, http_status, credits_billed, attempts)
+    values (${jobId}, ${r.data === null || r.data === undefined ? null : tx.json(r.data as never)}, ${r.errorCode}, ${r.errorMessage},
+            ${r.httpStatus}, ${r.creditsBilled}, ${r.attempts})
+    on conflict (job_id) do update set
+      data = excluded.data, error_code = excluded.error_code, error_message = excluded.error_message,
+      http_status = excluded.http_status, credits_billed = job_results.credits_billed + excluded.credits_billed,
+      attempts = excluded.attempts, updated_at = now()`;
+}
+
+/** RUNNING → a final state. Returns false when another actor already moved the job on. */
+export async function finishJob(tx: Tx, id: string, state: 'SUCCEEDED' | 'FAILED'): Promise<boolean> {
+  const rows = await tx`
+    update jobs set state = ${state}, finished_at = now(), updated_at = now()
+    where id = ${id} and state = 'RUNNING' returning id`;
+  return rows.length > 0;
+}
+
+/** RUNNING → QUEUED, for a retry or a put-back (which gives back the attempt it claimed). */
+export async function requeueJob(tx: Tx, id: string, countsAsAttempt: boolean): Promise<boolean> {
+  const rows = await tx`
+    update jobs set state = 'QUEUED', updated_at = now(),
+      attempts = case when ${countsAsAttempt}::boolean then attempts else greatest(attempts - 1, 0) end
+    where id = ${id} and state = 'RUNNING' returning id`;
+  return rows.length > 0;
+}
+
+/** Depth and running count per class, exact at query time. */
+export async function queueCounts(sql: Tx, tenantId: string): Promise<Map<JobClass, { depth: number; running: number }>> {
+  const rows = await sql`
+    select priority,
+      count(*) filter (where state = 'QUEUED')::int as depth,
+      count(*) filter (where state = 'RUNNING')::int as running
+    from jobs where tenant_id = ${tenantId} and state in ('QUEUED', 'RUNNING')
+    group by priority`;
+  return new Map(rows.map((r) => [r.priority as JobClass, { depth: r.depth as number, running: r.running as number }]));
+}
+
+/** Credits billed to the tenant for jobs finished in [start, end). */
+export async function creditsBilled(sql: Tx, tenantId: string, start: Date, end: Date): Promise<number> {
+  const [row] = await sql`
+    select coalesce(sum(r.credits_billed), 0)::int as n
+    from job_results r join jobs j on j.id = r.job_id
+    where j.tenant_id = ${tenantId} and r.updated_at >= ${start} and r.updated_at < ${end}`;
+  return row!.n as number;
+}
+
+/** Queues (tenant, class) that hold at least one queued job; the simple dispatcher's work list. */
+export async function queuesWithWork(sql: Tx): Promise<Array<{ tenantId: string; priority: JobClass }>> {
+  const rows = await sql`
+    select distinct tenant_id, priority from jobs where state = 'QUEUED'`;
+  return rows.map((r) => ({ tenantId: r.tenant_id as string, priority: r.priority as JobClass }));
+}

@@ -1,0 +1,76 @@
+/**
+ * Validation of submitted jobs: pure, no I/O. A bulk submission is accepted
+ * whole or refused whole, so the first bad item refuses all of them and the
+ * error names the item's index.
+ */
+import type { ApiCatalog } from '../config/apis.ts';
+import { SluiceError } from '../errors.ts';
+import { CLASSES, type JobClass } from '../queue/boss.ts';
+
+export interface JobInput {
+  api: string;
+  params?: Record<string, unknown> | null | undefined;
+  priority?: string | null | undefined;
+  idempotencyKey?: string | null | undefined;
+}
+
+export interface ValidJob {
+  api: string;
+  params: Record<string, string | number | boolean>;
+  priority: JobClass;
+  idempotencyKey: string | null;
+}
+
+export const MAX_IDEMPOTENCY_KEY_LENGTH = 200;
+const MAX_PARAM_LENGTH = 2_048;
+
+function refuse(code: ConstructorParameters<typeof SluiceError>[0], index: number | null, message: string, ext: Record<string, unknown> = {}): never {
+  const where = index === null ? '' : `jobs[${index}]: `;
+  throw new SluiceError(code, where + message, index === null ? ext : { index, ...ext });
+}
+
+export function validateJob(input: JobInput, catalog: ApiCatalog, index: number | null = null): ValidJob {
+  const spec = catalog.get(input.api);
+  if (!spec) {
+    refuse('UNKNOWN_API', index, `unknown api "${input.api}"; known: ${[...catalog.keys()].join(', ')}`, { api: input.api });
+  }
+  const priority = input.priority ?? 'STANDARD';
+  if (!(CLASSES as readonly string[]).includes(priority)) {
+    refuse('BAD_PRIORITY', index, `priority must be one of ${CLASSES.join(', ')}, got "${priority}"`, { priority });
+  }
+  const raw = input.params ?? {};
+  if (typeof raw !== 'object' || Array.isArray(raw)) {
+    refuse('BAD_USER_INPUT', index, 'params must be a JSON object', { field: 'params' });
+  }
+  const params: Record<string, string | number | boolean> = {};
+  for (const [key, value] of Object.entries(raw)) {
+    if (value === null || value === undefined) continue;
+    if (!['string', 'number', 'boolean'].includes(typeof value)) {
+      refuse('BAD_USER_INPUT', index, `params.${key} must be a string, number or boolean`, { field: `params.${key}` });
+    }
+    if (typeof value === 'string' && value.length > MAX_PARAM_LENGTH) {
+      refuse('BAD_USER_INPUT', index, `params.${key} is longer than ${MAX_PARAM_LENGTH} characters`, { field: `params.${key}` });
+    }
+    params[key] = value as string | number | boolean;
+  }
+  const missing = spec.requiredParams.filter((p) => params[p] === undefined || String(params[p]).trim() === '');
+  if (missing.length > 0) {
+    refuse('MISSING_PARAMS', index, `${spec.name} needs ${missing.join(', ')}`, { api: spec.name, missing });
+  }
+  const key = input.idempotencyKey ?? null;
+  if (key !== null && (key.length === 0 || key.length > MAX_IDEMPOTENCY_KEY_LENGTH)) {
+    refuse('BAD_USER_INPUT', index, `idempotencyKey must be 1 to ${MAX_IDEMPOTENCY_KEY_LENGTH} characters`, { field: 'idempotencyKey' });
+  }
+  return { api: spec.name, params, priority: priority as JobClass, idempotencyKey: key };
+}
+
+export function validateSubmission(inputs: readonly JobInput[], catalog: ApiCatalog, maxItems: number): ValidJob[] {
+  if (inputs.length === 0) throw new SluiceError('BAD_USER_INPUT', 'jobs must not be empty');
+  if (inputs.length > maxItems) {
+    throw new SluiceError('TOO_MANY_ITEMS', `at most ${maxItems} jobs per submission, got ${inputs.length}`, {
+      max: maxItems,
+      got: inputs.length,
+    });
+  }
+  return inputs.map((input, i) => validateJob(input, catalog, i));
+}

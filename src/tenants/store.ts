@@ -1,0 +1,120 @@
+/**
+ * Owns the tenants and tenant_api_keys tables.
+ */
+import { randomUUID } from 'node:crypto';
+import { and, asc, eq, isNull } from 'drizzle-orm';
+import type { Db } from '../db/client.ts';
+import { tenantApiKeys, tenants } from '../db/schema.ts';
+import type { TierName } from '../config/tiers.ts';
+import { SluiceError } from '../errors.ts';
+import { generateSecret, hashSecret, TENANT_KEY_PREFIX } from './keys.ts';
+import type { TenantRecord } from './policy.ts';
+
+type Row = typeof tenants.$inferSelect;
+
+function toRecord(row: Row): TenantRecord {
+  return {
+    id: row.id,
+    name: row.name,
+    tier: row.tier as TierName,
+    weight: row.weight,
+    concurrencyCap: row.concurrencyCap,
+    monthlyQuota: row.monthlyQuota,
+    queueBound: row.queueBound,
+    quotaPolicy: row.quotaPolicy as 'WAIT' | 'FAIL',
+    periodAnchor: row.periodAnchor,
+    createdAt: row.createdAt,
+  };
+}
+
+export interface TenantPatch {
+  name?: string | undefined;
+  tier?: TierName | undefined;
+  /** null clears the override (back to the tier's value); undefined leaves it as is. */
+  weight?: number | null | undefined;
+  concurrencyCap?: number | null | undefined;
+  monthlyQuota?: number | null | undefined;
+  queueBound?: number | null | undefined;
+  quotaPolicy?: 'WAIT' | 'FAIL' | undefined;
+}
+
+function isUniqueViolation(err: unknown): boolean {
+  const e = err as { code?: string; cause?: { code?: string } };
+  return e?.code === '23505' || e?.cause?.code === '23505';
+}
+
+export class TenantStore {
+  private readonly db: Db;
+  constructor(db: Db) {
+    this.db = db;
+  }
+
+  /** Creates a tenant and its first API key; the key is returned once and stored as a hash. */
+  async create(input: { name: string; tier: TierName }): Promise<{ tenant: TenantRecord; apiKey: string }> {
+    const apiKey = generateSecret(TENANT_KEY_PREFIX);
+    const id = randomUUID();
+    try {
+      const row = await this.db.transaction(async (tx) => {
+        const [created] = await tx.insert(tenants).values({ id, name: input.name, tier: input.tier }).returning();
+        await tx.insert(tenantApiKeys).values({ tenantId: id, keyHash: hashSecret(apiKey), keyPrefix: apiKey.slice(0, 10) });
+        return created!;
+      });
+      return { tenant: toRecord(row), apiKey };
+    } catch (err) {
+      if (isUniqueViolation(err)) {
+        throw new SluiceError('BAD_USER_INPUT', `a tenant named "${input.name}" already exists`, { field: 'name' });
+      }
+      throw err;
+    }
+  }
+
+  /** Revokes every current key of the tenant and issues a new one. */
+  async rotateKey(tenantId: string): Promise<{ tenant: TenantRecord; apiKey: string }> {
+    const tenant = await this.get(tenantId);
+    if (!tenant) throw new SluiceError('NOT_FOUND', `no tenant with id ${tenantId}`);
+    const apiKey = generateSecret(TENANT_KEY_PREFIX);
+    await this.db.transaction(async (tx) => {
+      await tx
+        .update(tenantApiKeys)
+        .set({ revokedAt: new Date() })
+        .where(and(eq(tenantApiKeys.tenantId, tenantId), isNull(tenantApiKeys.revokedAt)));
+      await tx.insert(tenantApiKeys).values({ tenantId, keyHash: hashSecret(apiKey), keyPrefix: apiKey.slice(0, 10) });
+    });
+    return { tenant, apiKey };
+  }
+
+  async update(tenantId: string, patch: TenantPatch): Promise<TenantRecord> {
+    const set: Partial<typeof tenants.$inferInsert> = { updatedAt: new Date() };
+    for (const key of ['name', 'tier', 'weight', 'concurrencyCap', 'monthlyQuota', 'queueBound', 'quotaPolicy'] as const) {
+      if (patch[key] !== undefined) (set as Record<string, unknown>)[key] = patch[key];
+    }
+    try {
+      const [row] = await this.db.update(tenants).set(set).where(eq(tenants.id, tenantId)).returning();
+      if (!row) throw new SluiceError('NOT_FOUND', `no tenant with id ${tenantId}`);
+      return toRecord(row);
+    } catch (err) {
+      if (isUniqueViolation(err)) throw new SluiceError('BAD_USER_INPUT', `a tenant named "${patch.name}" already exists`, { field: 'name' });
+      throw err;
+    }
+  }
+
+  async get(tenantId: string): Promise<TenantRecord | null> {
+    const [row] = await this.db.select().from(tenants).where(eq(tenants.id, tenantId));
+    return row ? toRecord(row) : null;
+  }
+
+  async list(): Promise<TenantRecord[]> {
+    const rows = await this.db.select().from(tenants).orderBy(asc(tenants.createdAt), asc(tenants.id));
+    return rows.map(toRecord);
+  }
+
+  /** The tenant whose live (unrevoked) key this is, or null. */
+  async byApiKey(apiKey: string): Promise<TenantRecord | null> {
+    const [row] = await this.db
+      .select({ tenant: tenants })
+      .from(tenantApiKeys)
+      .innerJoin(tenants, eq(tenants.id, tenantApiKeys.tenantId))
+      .where(and(eq(tenantApiKeys.keyHash, hashSecret(apiKey)), isNull(tenantApiKeys.revokedAt)));
+    return row ? toRecord(row.tenant) : null;
+  }
+}

@@ -1,0 +1,137 @@
+/**
+ * Pure decision logic: validation, tenant limits and periods, retry planning,
+ * authorization. No database.
+ */
+import { describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { buildCatalog, DEFAULT_CATALOG } from '../src/config/apis.ts';
+import { loadEnv, ConfigError } from '../src/config/env.ts';
+import { validateSubmission, validateJob } from '../src/jobs/validate.ts';
+import { SluiceError } from '../src/errors.ts';
+import { effectiveLimits, quotaPeriod } from '../src/tenants/policy.ts';
+import { TIERS } from '../src/config/tiers.ts';
+import { planSettlement, retryDelaySeconds } from '../src/dispatch/retry.ts';
+import { authorize } from '../src/graphql/auth-plugin.ts';
+import { bearerToken } from '../src/tenants/keys.ts';
+import type { CallOutcome } from '../src/provider/types.ts';
+
+function code(fn: () => unknown): string {
+  try {
+    fn();
+  } catch (err) {
+    if (err instanceof SluiceError) return err.code;
+    throw err;
+  }
+  return 'NO_ERROR';
+}
+
+describe('job validation', () => {
+  test('accepts a known api with its params and defaults the class to STANDARD', () => {
+    const job = validateJob({ api: 'emailvalidator', params: { email: 'a@b.co' } }, DEFAULT_CATALOG);
+    assert.deepEqual(job, { api: 'emailvalidator', params: { email: 'a@b.co' }, priority: 'STANDARD', idempotencyKey: null });
+  });
+  test('refuses each kind of bad item with its code', () => {
+    assert.equal(code(() => validateJob({ api: 'nope', params: {} }, DEFAULT_CATALOG)), 'UNKNOWN_API');
+    assert.equal(code(() => validateJob({ api: 'exchangerate', params: { currency1: 'USD' } }, DEFAULT_CATALOG)), 'MISSING_PARAMS');
+    assert.equal(code(() => validateJob({ api: 'dnslookup', params: { domain: '  ' } }, DEFAULT_CATALOG)), 'MISSING_PARAMS');
+    assert.equal(code(() => validateJob({ api: 'dnslookup', params: { domain: 'x.com' }, priority: 'URGENT' }, DEFAULT_CATALOG)), 'BAD_PRIORITY');
+    assert.equal(code(() => validateJob({ api: 'dnslookup', params: { domain: { a: 1 } } }, DEFAULT_CATALOG)), 'BAD_USER_INPUT');
+    assert.equal(code(() => validateJob({ api: 'dnslookup', params: { domain: 'x.com' }, idempotencyKey: 'k'.repeat(201) }, DEFAULT_CATALOG)), 'BAD_USER_INPUT');
+  });
+  test('a bulk submission is refused whole, naming the bad item', () => {
+    const items = [
+      { api: 'dnslookup', params: { domain: 'a.com' } },
+      { api: 'dnslookup', params: {} },
+    ];
+    try {
+      validateSubmission(items, DEFAULT_CATALOG, 10);
+      assert.fail('expected a refusal');
+    } catch (err) {
+      assert.ok(err instanceof SluiceError);
+      assert.equal(err.code, 'MISSING_PARAMS');
+      assert.equal(err.extensions.index, 1);
+      assert.deepEqual(err.extensions.missing, ['domain']);
+    }
+  });
+  test('too many items and no items', () => {
+    const items = Array.from({ length: 11 }, () => ({ api: 'dnslookup', params: { domain: 'a.com' } }));
+    assert.equal(code(() => validateSubmission(items, DEFAULT_CATALOG, 10)), 'TOO_MANY_ITEMS');
+    assert.equal(code(() => validateSubmission([], DEFAULT_CATALOG, 10)), 'BAD_USER_INPUT');
+  });
+  test('cost overrides apply and refuse typos', () => {
+    assert.equal(buildCatalog('emailvalidator=20').get('emailvalidator')!.creditCost, 20);
+    assert.throws(() => buildCatalog('emailvalidatr=20'), /unknown api/);
+    assert.throws(() => buildCatalog('dnslookup=0'), /positive integer/);
+  });
+});
+
+describe('configuration', () => {
+  test('defaults load from an empty environment', () => {
+    const env = loadEnv({});
+    assert.equal(env.PORT, 4000);
+    assert.equal(env.SLUICE_ROLE, 'all');
+    assert.equal(env.MAX_JOBS_PER_SUBMISSION, 10_000);
+  });
+  test('a bad value names the variable', () => {
+    assert.throws(() => loadEnv({ PORT: 'eighty' }), (err: unknown) => err instanceof ConfigError && /PORT/.test(err.message));
+    assert.throws(() => loadEnv({ SLUICE_ROLE: 'boss' }), (err: unknown) => err instanceof ConfigError && /SLUICE_ROLE/.test(err.message));
+    assert.throws(() => loadEnv({ APIVERVE_PLAN: 'GOLD' }), (err: unknown) => err instanceof ConfigError && /APIVERVE_PLAN/.test(err.message));
+  });
+});
+
+describe('tenant limits and quota periods', () => {
+  test('overrides win over the tier, null falls back to it', () => {
+    const base = { tier: 'PRO' as const, weight: null, concurrencyCap: 3, monthlyQuota: null, queueBound: null };
+    assert.deepEqual(effectiveLimits(base), { ...TIERS.PRO, concurrencyCap: 3 });
+  });
+  test('the period starts on the anchor anniversary, clamped to short months', () => {
+    const anchor = new Date('2026-01-31T10:00:00Z');
+    assert.deepEqual(quotaPeriod(anchor, new Date('2026-03-05T00:00:00Z')), {
+      start: new Date('2026-02-28T10:00:00Z'),
+      end: new Date('2026-03-31T10:00:00Z'),
+    });
+    assert.deepEqual(quotaPeriod(anchor, new Date('2026-01-31T10:00:00Z')), {
+      start: new Date('2026-01-31T10:00:00Z'),
+      end: new Date('2026-02-28T10:00:00Z'),
+    });
+    assert.deepEqual(quotaPeriod(anchor, new Date('2026-12-31T09:59:59Z')).start, new Date('2026-11-30T10:00:00Z'));
+  });
+});
+
+describe('settling an attempt', () => {
+  const outcome = (kind: CallOutcome['kind'], retryAfterSeconds: number | null = null): CallOutcome => ({
+    kind, httpStatus: null, creditsBilled: 0, data: null, message: null, status: null, retryAfterSeconds, latencyMs: 1,
+  });
+  test('retries back off exponentially, then fail', () => {
+    assert.deepEqual([1, 2, 3, 4].map((a) => retryDelaySeconds(a, 2)), [2, 4, 8, 16]);
+    assert.equal(retryDelaySeconds(30, 2), 300);
+    assert.equal(planSettlement('retry', outcome('server_error'), 1, 3, 1).action, 'requeue');
+    assert.equal(planSettlement('retry', outcome('server_error'), 4, 3, 1).action, 'fail');
+  });
+  test('a put-back waits out retry-after and does not use an attempt', () => {
+    const plan = planSettlement('put_back', outcome('rate_limited', 12), 99, 3, 1);
+    assert.deepEqual(plan, { action: 'requeue', delaySeconds: 12, countsAsAttempt: false });
+  });
+  test('success and non-retryable failures are final', () => {
+    assert.equal(planSettlement('complete', outcome('billed'), 1, 3, 1).action, 'succeed');
+    assert.equal(planSettlement('fail', outcome('bad_input'), 1, 3, 1).action, 'fail');
+  });
+});
+
+describe('authorization', () => {
+  const tenant = { kind: 'tenant' as const, tenant: {} as never };
+  test('missing or wrong credentials are 401, the other role is 403', () => {
+    assert.equal(authorize({ kind: 'anonymous' }, ['tenant'])?.extensions.code, 'UNAUTHENTICATED');
+    assert.equal(authorize({ kind: 'invalid' }, ['public'])?.extensions.code, 'UNAUTHENTICATED');
+    assert.equal(authorize(tenant, ['admin'])?.extensions.code, 'FORBIDDEN');
+    assert.equal(authorize({ kind: 'admin' }, ['tenant'])?.extensions.code, 'FORBIDDEN');
+    assert.equal(authorize({ kind: 'anonymous' }, ['public']), null);
+    assert.equal(authorize(tenant, ['tenant', 'public']), null);
+  });
+  test('bearer tokens parse strictly', () => {
+    assert.equal(bearerToken('Bearer abc'), 'abc');
+    assert.equal(bearerToken('bearer abc '), 'abc');
+    assert.equal(bearerToken('Basic abc'), null);
+    assert.equal(bearerToken('Bearer a b'), null);
+  });
+});
