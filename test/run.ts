@@ -5,7 +5,7 @@
  * suite runs on a bare machine. Each test file creates its own database.
  */
 import { spawn } from 'node:child_process';
-import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { chmodSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { startEmbeddedPostgres } from '../src/db/embedded.ts';
@@ -15,6 +15,8 @@ let adminUrl = process.env.TEST_DATABASE_URL;
 let cleanup = async () => {};
 if (!adminUrl) {
   const dir = mkdtempSync(path.join(tmpdir(), 'sluice-test-pg-'));
+  // As root, Postgres runs as the `postgres` user, which must be able to enter the folder.
+  chmodSync(dir, 0o755);
   const pg = await startEmbeddedPostgres(path.join(dir, 'data'));
   adminUrl = pg.url;
   cleanup = async () => {

@@ -28,8 +28,12 @@ export interface TestApp {
   stop(): Promise<void>;
 }
 
+/**
+ * `env.DATABASE_URL` joins an existing test database (another process of the
+ * same deployment); otherwise a fresh one is created and dropped on stop.
+ */
 export async function startTestApp(env: Record<string, string> = {}, overrides: StartOverrides = {}): Promise<TestApp> {
-  const db = await createTestDatabase();
+  const db = env.DATABASE_URL ? { url: env.DATABASE_URL, drop: async () => {} } : await createTestDatabase();
   const config = loadEnv({
     NODE_ENV: 'test',
     LOG_LEVEL: process.env.TEST_LOG_LEVEL ?? 'silent',
@@ -42,7 +46,7 @@ export async function startTestApp(env: Record<string, string> = {}, overrides: 
     ...env,
   });
   const app = await startSluice(config, createLogger(config.LOG_LEVEL), overrides);
-  const url = app.url!;
+  const url = app.url ?? 'http://127.0.0.1:1/not-serving';
   const clients: Client[] = [];
 
   const gql: TestApp['gql'] = async (query, variables = {}, token = ADMIN_TOKEN) => {
