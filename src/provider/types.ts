@@ -38,7 +38,12 @@ interface OutcomeBase {
   kind: OutcomeKind;
   /** HTTP status, or null when no response arrived (timeout, connection error). */
   httpStatus: number | null;
-  /** Credits the provider billed for this call (0 unless kind is `billed`, see TIMEOUT_BILLING). */
+  /**
+   * Credits the ledger should count as billed for this call: the catalog cost
+   * on `billed`; 0 on any other answer; on no answer (timeout, connection lost
+   * after sending) the cost or 0 per the client's `timeoutBilling`; on an
+   * unreadable 2xx the cost (the provider billed it). Rule: src/provider/classify.ts.
+   */
   creditsBilled: number;
   /** Upstream data on success; null otherwise. */
   data: unknown;
@@ -66,7 +71,12 @@ export interface BatchItemOutcome extends Omit<OutcomeBase, 'status' | 'latencyM
 }
 
 export interface BatchOutcome {
-  /** Outcome of the HTTP call as a whole (billed when the batch itself was answered with 200). */
+  /**
+   * Outcome of the HTTP call as a whole (billed when the batch itself was
+   * answered with 200). Its creditsBilled is the total of the items' (or, with
+   * no usable answer, the worst case for all items): count either it or the
+   * items, never both.
+   */
   call: CallOutcome;
   /** Per-item outcomes, present only when the call as a whole got a 200. */
   items: BatchItemOutcome[];

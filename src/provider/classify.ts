@@ -1,0 +1,254 @@
+/**
+ * Pure classification of provider answers into outcome kinds, and the
+ * worker's reaction to each kind. No I/O: the client feeds it what came off
+ * the wire (or what did not), tests feed it literals.
+ *
+ * Billing rule (what `creditsBilled` says):
+ * - A 2xx answer bills the catalog cost of the API (the cost map), not a
+ *   difference of `x-api-credits-used` headers: with concurrent calls on one
+ *   account, the header delta between two responses mixes other calls' bills,
+ *   and the provider sends no per-call figure. If a per-call header ever
+ *   appears, this is the one place to read it.
+ * - A 2xx whose body cannot be read is still billed (the provider billed it)
+ *   but classified `server_error` so the job is retried.
+ * - Any other answer (4xx, 429, 5xx) bills 0: only HTTP 200s are billed.
+ * - No answer after the request reached the provider (timeout, connection
+ *   reset mid-call, caller abort) is ambiguous: `timeoutBilling: 'billed'`
+ *   (default) assumes the worst and bills the cost, so the ledger never lets
+ *   the account over-spend; `'refunded'` bills 0. A connection that never
+ *   opened (refused, DNS) bills 0 under both.
+ */
+import type { BatchResultRead } from './batch-wire.ts';
+import { HEADER, headerValue, parseProviderStatus, parseRetryAfter, type HeaderSource } from './headers.ts';
+import type { BatchItemOutcome, CallOutcome, OutcomeKind, ProviderStatus } from './types.ts';
+
+export type TimeoutBilling = 'billed' | 'refunded';
+
+/** What the worker does with the job after an outcome. */
+export type Reaction =
+  | 'complete' // store the result, settle the reservation as billed, ack the job
+  | 'retry' // counts as an attempt; retry with backoff (server trouble, timeout)
+  | 'put_back' // not an attempt: the job goes back to its queue; the window/account is the problem
+  | 'fail'; // the job itself is wrong: fail it, refund the reservation
+
+/** Used when a rate-limit 429 carries neither retry-after nor x-rate-limit-reset (the cooldown is ~50 s). */
+export const DEFAULT_RETRY_AFTER_SECONDS = 60;
+
+/**
+ * billed → complete; server_error, timeout → retry; rate_limited,
+ * credits_exhausted, key_unusable → put_back (another window, the pacer's
+ * pause, a renewal or an admin fixing the key lets the same job run later;
+ * failing it would punish the tenant for the account's state); bad_input,
+ * unknown_api → fail (no retry can succeed).
+ */
+export function reactionTo(outcome: Pick<CallOutcome, 'kind'>): Reaction {
+  switch (outcome.kind) {
+    case 'billed':
+      return 'complete';
+    case 'server_error':
+    case 'timeout':
+      return 'retry';
+    case 'rate_limited':
+    case 'credits_exhausted':
+    case 'key_unusable':
+      return 'put_back';
+    case 'bad_input':
+    case 'unknown_api':
+      return 'fail';
+  }
+}
+
+const CREDITS_WORDING = /credit|quota/i;
+
+/**
+ * The kind of a non-2xx status. `remainingCredits` is the parsed
+ * `x-api-remaining-credits` (null when absent); `message` the error text.
+ */
+export function kindForErrorStatus(httpStatus: number, message: string | null, remainingCredits: number | null): OutcomeKind {
+  const saysCredits = message !== null && CREDITS_WORDING.test(message);
+  if (httpStatus === 429) {
+    if (remainingCredits !== null) return remainingCredits <= 0 ? 'credits_exhausted' : 'rate_limited';
+    return saysCredits ? 'credits_exhausted' : 'rate_limited';
+  }
+  if (httpStatus === 402) return 'credits_exhausted';
+  if (httpStatus === 403) return saysCredits ? 'credits_exhausted' : 'key_unusable';
+  if (httpStatus === 401) return 'key_unusable';
+  if (httpStatus === 404) return 'unknown_api';
+  if (httpStatus === 408) return 'server_error';
+  if (httpStatus >= 400 && httpStatus < 500) return 'bad_input';
+  return 'server_error';
+}
+
+interface Envelope {
+  readable: boolean;
+  ok: boolean;
+  data: unknown;
+  error: string | null;
+}
+
+/** Reads the `{"status","error","data"}` envelope; tolerant of missing fields. */
+export function readEnvelope(bodyText: string): Envelope {
+  let body: unknown;
+  try {
+    body = JSON.parse(bodyText);
+  } catch {
+    return { readable: false, ok: false, data: null, error: null };
+  }
+  if (body === null || typeof body !== 'object' || Array.isArray(body)) {
+    return { readable: false, ok: false, data: null, error: null };
+  }
+  const b = body as Record<string, unknown>;
+  const error = typeof b.error === 'string' ? b.error : typeof b.message === 'string' ? b.message : null;
+  const ok = b.status === 'ok' || (b.status === undefined && error === null);
+  return { readable: true, ok, data: b.data ?? null, error };
+}
+
+export interface ResponseFacts {
+  httpStatus: number;
+  headers: HeaderSource;
+  bodyText: string;
+  /** Catalog cost of the call (for a batch: not used, see classifyBatchResponse). */
+  cost: number;
+  latencyMs: number;
+  observedAt: Date;
+  defaultRetryAfterSeconds?: number;
+}
+
+function secondsUntil(date: Date | null, nowMs: number): number | null {
+  if (date === null) return null;
+  return Math.max(0, Math.ceil((date.getTime() - nowMs) / 1000));
+}
+
+/** Any HTTP answer of a single call into its outcome. */
+export function classifyResponse(f: ResponseFacts): CallOutcome {
+  const status = parseProviderStatus(f.headers, f.observedAt);
+  const env = readEnvelope(f.bodyText);
+  const base = { httpStatus: f.httpStatus, status, latencyMs: f.latencyMs };
+  if (f.httpStatus >= 200 && f.httpStatus < 300) {
+    if (!env.readable || !env.ok) {
+      return {
+        ...base,
+        kind: 'server_error',
+        creditsBilled: f.cost,
+        data: null,
+        message: env.readable ? `provider answered ${f.httpStatus} with an error: ${env.error ?? 'no message'}` : `unreadable ${f.httpStatus} body`,
+        retryAfterSeconds: null,
+      };
+    }
+    return { ...base, kind: 'billed', creditsBilled: f.cost, data: env.data, message: null, retryAfterSeconds: null };
+  }
+  const message = env.error ?? (env.readable ? `HTTP ${f.httpStatus}` : `HTTP ${f.httpStatus} with unreadable body`);
+  const kind = kindForErrorStatus(f.httpStatus, message, status.remainingCredits);
+  return {
+    ...base,
+    kind,
+    creditsBilled: 0,
+    data: null,
+    message,
+    retryAfterSeconds: retryAfterFor(kind, f.headers, status, f.observedAt.getTime(), f.defaultRetryAfterSeconds),
+  };
+}
+
+/**
+ * rate_limited: retry-after, else x-rate-limit-reset, else the default.
+ * credits_exhausted: retry-after if sent, else seconds until the renewal (when known).
+ * server_error: retry-after if sent. Others: null.
+ */
+function retryAfterFor(
+  kind: OutcomeKind,
+  headers: HeaderSource,
+  status: ProviderStatus,
+  nowMs: number,
+  defaultSeconds = DEFAULT_RETRY_AFTER_SECONDS,
+): number | null {
+  const retryAfter = parseRetryAfter(headerValue(headers, HEADER.retryAfter), nowMs);
+  if (kind === 'rate_limited') {
+    return retryAfter ?? parseRetryAfter(headerValue(headers, HEADER.rateLimitReset), nowMs) ?? defaultSeconds;
+  }
+  if (kind === 'credits_exhausted') return retryAfter ?? secondsUntil(status.renewalAt, nowMs);
+  if (kind === 'server_error') return retryAfter;
+  return null;
+}
+
+export type FailureReason =
+  | 'timeout' // our timeout fired
+  | 'aborted' // the caller's signal fired
+  | 'network'; // connection error
+
+export interface FailureFacts {
+  reason: FailureReason;
+  message: string;
+  /** Whether the request was fully written to the provider before the failure. */
+  requestSent: boolean;
+  cost: number;
+  timeoutBilling: TimeoutBilling;
+  latencyMs: number;
+}
+
+/** No HTTP answer: timeout (ours or the caller's) or a connection error. */
+export function classifyFailure(f: FailureFacts): CallOutcome {
+  // A connection that never carried the request cannot have been billed.
+  const mayHaveBeenBilled = f.reason !== 'network' || f.requestSent;
+  const creditsBilled = mayHaveBeenBilled && f.timeoutBilling === 'billed' ? f.cost : 0;
+  return {
+    kind: f.reason === 'network' ? 'server_error' : 'timeout',
+    httpStatus: null,
+    creditsBilled,
+    data: null,
+    message: f.message,
+    status: null,
+    retryAfterSeconds: null,
+    latencyMs: f.latencyMs,
+  };
+}
+
+/** One item of a batch answered 200 as a whole. `result` undefined = the provider left it out. */
+export function classifyBatchItem(
+  id: string,
+  result: BatchResultRead | undefined,
+  cost: number,
+  opts: { timeoutBilling: TimeoutBilling; defaultRetryAfterSeconds?: number },
+): BatchItemOutcome {
+  if (result === undefined) {
+    return {
+      id,
+      kind: 'server_error',
+      httpStatus: null,
+      creditsBilled: opts.timeoutBilling === 'billed' ? cost : 0,
+      data: null,
+      message: 'item missing from the batch response',
+      retryAfterSeconds: null,
+    };
+  }
+  if (result.status >= 200 && result.status < 300) {
+    return { id, kind: 'billed', httpStatus: result.status, creditsBilled: cost, data: result.data ?? null, message: null, retryAfterSeconds: null };
+  }
+  const message = result.error ?? `item status ${result.status}`;
+  const kind = kindForErrorStatus(result.status, message, null);
+  const retryAfterSeconds =
+    kind === 'rate_limited'
+      ? (result.retryAfter !== undefined ? Math.ceil(result.retryAfter) : (opts.defaultRetryAfterSeconds ?? DEFAULT_RETRY_AFTER_SECONDS))
+      : result.retryAfter !== undefined
+        ? Math.ceil(result.retryAfter)
+        : null;
+  return { id, kind, httpStatus: result.status, creditsBilled: 0, data: null, message, retryAfterSeconds };
+}
+
+/**
+ * Matches results to the request's items: by position when the ids agree
+ * (the documented order), otherwise by id (first unused result with that id),
+ * so a reordered answer still lands on the right items.
+ */
+export function matchBatchResults(
+  ids: readonly string[],
+  results: readonly BatchResultRead[],
+): (BatchResultRead | undefined)[] {
+  if (results.length === ids.length && results.every((r, i) => r.id === ids[i])) return [...results];
+  const byId = new Map<string, BatchResultRead[]>();
+  for (const r of results) {
+    const list = byId.get(r.id);
+    if (list) list.push(r);
+    else byId.set(r.id, [r]);
+  }
+  return ids.map((id) => byId.get(id)?.shift());
+}

@@ -1,0 +1,246 @@
+/**
+ * The upstream client: one HTTP call per job (`call`) or per batch
+ * (`callBatch`), every answer classified into an outcome (classify.ts), the
+ * newest header status kept per key.
+ *
+ * Transport: node:http(s) with one keep-alive agent per client, so a worker
+ * pool reuses warm connections instead of paying a TCP (and TLS) handshake
+ * per call, and `close()` can drop them. The timeout covers the whole call
+ * (connect, headers and body); on timeout the socket is destroyed, which is
+ * also what a hung provider needs to free its slot.
+ */
+import http from 'node:http';
+import https from 'node:https';
+import type { ApiCatalog } from '../config/apis.ts';
+import { batchPath, encodeBatchRequest, parseBatchResponse } from './batch-wire.ts';
+import {
+  classifyBatchItem,
+  classifyFailure,
+  classifyResponse,
+  matchBatchResults,
+  type FailureReason,
+  type TimeoutBilling,
+  DEFAULT_RETRY_AFTER_SECONDS,
+} from './classify.ts';
+import { HEADER, parseProviderStatus } from './headers.ts';
+import type { BatchItem, BatchOutcome, CallOutcome, CallRequest, ProviderClient, ProviderStatus } from './types.ts';
+
+export interface ProviderClientOptions {
+  /** e.g. `https://api.apiverve.com/v1` or a simulator's `url`; `/<api>` is appended. */
+  baseUrl: string;
+  /** Default per-call timeout (a CallRequest may override it). */
+  timeoutMs: number;
+  /** Cost map: what a billed call costs (see classify.ts for the billing rule). */
+  catalog: ApiCatalog;
+  /** What the ledger is told a call without an answer cost. Default 'billed' (worst case). */
+  timeoutBilling?: TimeoutBilling;
+  /** Seconds to wait after a rate-limit 429 that names no time. Default 60. */
+  defaultRetryAfterSeconds?: number;
+  /** Max sockets per origin in the keep-alive pool. Default 256 (the pacer, not this, bounds the rate). */
+  maxSockets?: number;
+  userAgent?: string;
+}
+
+type Raw =
+  | { ok: true; httpStatus: number; headers: http.IncomingHttpHeaders; bodyText: string }
+  | { ok: false; reason: FailureReason; message: string; requestSent: boolean };
+
+export function createProviderClient(opts: ProviderClientOptions): ProviderClient {
+  const base = new URL(opts.baseUrl.endsWith('/') ? opts.baseUrl : `${opts.baseUrl}/`);
+  const isHttps = base.protocol === 'https:';
+  if (!isHttps && base.protocol !== 'http:') throw new Error(`baseUrl must be http(s), got ${opts.baseUrl}`);
+  const agentOptions = { keepAlive: true, maxSockets: opts.maxSockets ?? 256, scheduling: 'lifo' as const };
+  const agent = isHttps ? new https.Agent(agentOptions) : new http.Agent(agentOptions);
+  const timeoutBilling: TimeoutBilling = opts.timeoutBilling ?? 'billed';
+  const defaultRetryAfterSeconds = opts.defaultRetryAfterSeconds ?? DEFAULT_RETRY_AFTER_SECONDS;
+  const userAgent = opts.userAgent ?? 'sluice-provider-client';
+  const statuses = new Map<string, ProviderStatus>();
+  let closed = false;
+
+  // An API missing from the catalog is billed at the dearest catalog cost:
+  // the ledger must never under-count (the app validates APIs at submit, so
+  // this only guards a catalog edited under running jobs).
+  const maxCost = Math.max(1, ...[...opts.catalog.values()].map((s) => s.creditCost));
+  const costOf = (api: string) => opts.catalog.get(api)?.creditCost ?? maxCost;
+
+  function remember(apiKey: string, status: ProviderStatus | null) {
+    if (!status) return;
+    const prev = statuses.get(apiKey);
+    if (!prev || prev.observedAt.getTime() <= status.observedAt.getTime()) statuses.set(apiKey, status);
+  }
+
+  function send(
+    method: 'GET' | 'POST',
+    url: URL,
+    apiKey: string,
+    body: string | null,
+    timeoutMs: number,
+    signal: AbortSignal | undefined,
+  ): Promise<Raw> {
+    return new Promise<Raw>((resolve) => {
+      let settled = false;
+      let requestSent = false;
+      const headers: Record<string, string> = {
+        [HEADER.apiKey]: apiKey,
+        accept: 'application/json',
+        'user-agent': userAgent,
+      };
+      if (body !== null) {
+        headers['content-type'] = 'application/json';
+        headers['content-length'] = String(Buffer.byteLength(body));
+      }
+      const req = (isHttps ? https : http).request(url, { method, headers, agent });
+      const finish = (raw: Raw) => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        signal?.removeEventListener('abort', onAbort);
+        resolve(raw);
+      };
+      const fail = (reason: FailureReason, message: string) => {
+        finish({ ok: false, reason, message, requestSent });
+        req.destroy();
+      };
+      const onAbort = () => fail('aborted', 'aborted by the caller');
+      const timer = setTimeout(() => fail('timeout', `no answer within ${timeoutMs} ms`), timeoutMs);
+      if (signal?.aborted) {
+        onAbort();
+        return;
+      }
+      signal?.addEventListener('abort', onAbort, { once: true });
+      req.on('finish', () => {
+        requestSent = true;
+      });
+      req.on('error', (err: NodeJS.ErrnoException) => fail('network', `connection error: ${err.code ?? err.message}`));
+      req.on('response', (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('error', (err) => fail('network', `connection error while reading: ${err.message}`));
+        res.on('close', () => {
+          if (!res.complete) fail('network', 'connection closed while reading the answer');
+        });
+        res.on('end', () =>
+          finish({ ok: true, httpStatus: res.statusCode ?? 0, headers: res.headers, bodyText: Buffer.concat(chunks).toString('utf8') }),
+        );
+      });
+      req.end(body ?? undefined);
+    });
+  }
+
+  function assertOpen() {
+    if (closed) throw new Error('provider client is closed');
+  }
+
+  return {
+    async call(req: CallRequest): Promise<CallOutcome> {
+      assertOpen();
+      const cost = costOf(req.api);
+      const method = opts.catalog.get(req.api)?.method ?? 'GET';
+      const url = new URL(encodeURIComponent(req.api), base);
+      let body: string | null = null;
+      if (method === 'GET') {
+        for (const [k, v] of Object.entries(req.params)) {
+          if (v === undefined || v === null) continue;
+          url.searchParams.append(k, typeof v === 'object' ? JSON.stringify(v) : String(v));
+        }
+      } else {
+        body = JSON.stringify(req.params);
+      }
+      const started = performance.now();
+      const raw = await send(method, url, req.apiKey, body, req.timeoutMs ?? opts.timeoutMs, req.signal);
+      const latencyMs = performance.now() - started;
+      if (!raw.ok) return classifyFailure({ ...raw, cost, timeoutBilling, latencyMs });
+      const outcome = classifyResponse({
+        httpStatus: raw.httpStatus,
+        headers: raw.headers,
+        bodyText: raw.bodyText,
+        cost,
+        latencyMs,
+        observedAt: new Date(),
+        defaultRetryAfterSeconds,
+      });
+      remember(req.apiKey, outcome.status);
+      return outcome;
+    },
+
+    async callBatch(req: Omit<CallRequest, 'params'> & { items: BatchItem[] }): Promise<BatchOutcome> {
+      assertOpen();
+      const cost = costOf(req.api);
+      const total = cost * req.items.length;
+      const url = new URL(batchPath(req.api), base);
+      const started = performance.now();
+      const raw = await send('POST', url, req.apiKey, encodeBatchRequest(req.items), req.timeoutMs ?? opts.timeoutMs, req.signal);
+      const latencyMs = performance.now() - started;
+      if (!raw.ok) return { call: classifyFailure({ ...raw, cost: total, timeoutBilling, latencyMs }), items: [] };
+      const observedAt = new Date();
+      if (raw.httpStatus !== 200) {
+        const call = classifyResponse({
+          httpStatus: raw.httpStatus,
+          headers: raw.headers,
+          bodyText: raw.bodyText,
+          cost: total,
+          latencyMs,
+          observedAt,
+          defaultRetryAfterSeconds,
+        });
+        remember(req.apiKey, call.status);
+        return { call, items: [] };
+      }
+      const status = parseProviderStatus(raw.headers, observedAt);
+      remember(req.apiKey, status);
+      let decoded: unknown;
+      try {
+        decoded = JSON.parse(raw.bodyText);
+      } catch {
+        decoded = undefined;
+      }
+      const parsed = parseBatchResponse(decoded);
+      if (!parsed.ok) {
+        // The provider answered 200, so it may have billed every item: worst case, like an unreadable 200.
+        const call: CallOutcome = {
+          kind: 'server_error',
+          httpStatus: 200,
+          creditsBilled: total,
+          data: null,
+          message: `unreadable batch response: ${parsed.error}`,
+          status,
+          retryAfterSeconds: null,
+          latencyMs,
+        };
+        return { call, items: [] };
+      }
+      const matched = matchBatchResults(
+        req.items.map((i) => i.id),
+        parsed.value.results,
+      );
+      const items = req.items.map((item, i) =>
+        classifyBatchItem(item.id, matched[i], cost, { timeoutBilling, defaultRetryAfterSeconds }),
+      );
+      const call: CallOutcome = {
+        kind: 'billed',
+        httpStatus: 200,
+        creditsBilled: items.reduce((sum, it) => sum + it.creditsBilled, 0),
+        data: null,
+        message: null,
+        status,
+        retryAfterSeconds: null,
+        latencyMs,
+      };
+      return { call, items };
+    },
+
+    lastStatus(apiKey?: string): ProviderStatus | null {
+      if (apiKey !== undefined) return statuses.get(apiKey) ?? null;
+      let newest: ProviderStatus | null = null;
+      for (const s of statuses.values()) {
+        if (!newest || s.observedAt.getTime() > newest.observedAt.getTime()) newest = s;
+      }
+      return newest;
+    },
+
+    async close(): Promise<void> {
+      closed = true;
+      agent.destroy();
+    },
+  };
+}
