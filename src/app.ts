@@ -3,6 +3,7 @@
  * DATABASE_URL), migrations, pg-boss, the provider (the real one, or the
  * simulator in demo mode), then the API and/or the dispatcher per SLUICE_ROLE.
  */
+import { randomUUID } from 'node:crypto';
 import path from 'node:path';
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -23,6 +24,10 @@ import { GRAPHQL_PATH, createHttpServer } from './server.ts';
 import { startSimulator, type Simulator, type SimulatorOptions } from './simulator/index.ts';
 import { simulatorOptionsFromEnv } from './simulator/env.ts';
 import { TenantStore } from './tenants/store.ts';
+import * as sched from './scheduler/store.ts';
+import { Sweeper } from './scheduler/sweeper.ts';
+import { parseClassWindows, planWindows } from './scheduler/windows.ts';
+import { parseClassSeconds } from './config/classes.ts';
 
 export interface SluiceApp {
   /** http://host:port/graphql when this process serves the API. */
@@ -65,20 +70,45 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     const boss = await startBoss(databaseUrl);
     cleanups.push(() => boss.stop({ graceful: false, close: true }));
 
-    // 2. Provider: the real account, or the simulator in demo mode.
+    // 2. Provider: the real account, or the simulator in demo mode (same plan, rate and keys).
     const catalog = buildCatalog(env.API_COSTS);
     let simulator: Simulator | null = null;
-    let apiKey: string | undefined = env.APIVERVE_API_KEY;
+    let primaryKey: string | undefined = env.APIVERVE_API_KEY;
+    let subKeys: readonly string[] = env.APIVERVE_SUB_KEYS;
     let baseUrl = env.APIVERVE_BASE_URL;
-    if (!apiKey) {
-      simulator = await startSimulator({ ...simulatorOptionsFromEnv(process.env), port: 0, catalog, ...overrides.simulator });
+    if (!primaryKey) {
+      const fromEnv = simulatorOptionsFromEnv(process.env);
+      const demoSubKeys = env.APIVERVE_SUB_KEYS.length > 0 ? env.APIVERVE_SUB_KEYS : (fromEnv.subKeys ?? []).map((k) => (typeof k === 'string' ? k : k.key));
+      simulator = await startSimulator({
+        ...fromEnv,
+        port: 0,
+        catalog,
+        plan: env.APIVERVE_PLAN,
+        ...(env.APIVERVE_RATE_PER_MINUTE !== undefined ? { ratePerMinute: env.APIVERVE_RATE_PER_MINUTE } : {}),
+        ...(env.APIVERVE_CONCURRENT_CALLS !== undefined ? { concurrentCalls: env.APIVERVE_CONCURRENT_CALLS } : {}),
+        subKeys: demoSubKeys,
+        ...overrides.simulator,
+      });
       cleanups.push(() => simulator!.stop());
-      apiKey = simulator.apiKey;
+      primaryKey = simulator.apiKey;
+      subKeys = simulator.subKeys;
       baseUrl = simulator.url;
       log.warn({ simulator: simulator.url }, 'DEMO MODE: no APIVERVE_API_KEY is set, so jobs run against the bundled provider simulator, not the real APIVerve');
     }
     const client = createProviderClient({ baseUrl, timeoutMs: env.PROVIDER_TIMEOUT_MS, catalog, timeoutBilling: env.TIMEOUT_BILLING });
     cleanups.push(() => client.close());
+    const windowSpecs = planWindows({
+      plan: env.APIVERVE_PLAN,
+      ratePerMinute: env.APIVERVE_RATE_PER_MINUTE,
+      concurrentCalls: env.APIVERVE_CONCURRENT_CALLS,
+      paceFraction: env.PACE_FRACTION,
+      burst: env.PACER_BURST,
+      primaryKey,
+      subKeys,
+      classWindows: parseClassWindows(env.CLASS_WINDOWS, subKeys),
+    });
+    await sched.ensureClasses(sql);
+    await sched.upsertWindows(sql, windowSpecs);
 
     // 3. Shared services.
     const admin = await resolveAdminToken(sql, env.SLUICE_ADMIN_TOKEN);
@@ -99,8 +129,16 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       catalog,
       adminTokenHash: admin.hash,
       queuePolicy,
-      ensureTenantQueues: (tenantId) => ensureTenantQueues(boss, tenantId, queuePolicy),
+      tenantChanged: async (tenant) => {
+        await ensureTenantQueues(boss, tenant.id, queuePolicy);
+        await sched.syncTenant(sql, tenant);
+      },
     };
+    // Tenants the scheduler does not know yet (created before it existed): give them their rows.
+    for (const id of await sched.unscheduledTenantIds(sql)) {
+      const tenant = await services.tenants.get(id);
+      if (tenant) await services.tenantChanged(tenant);
+    }
 
     // 4. The parts this process runs.
     let url: string | null = null;
@@ -115,21 +153,46 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       log.info({ url }, 'GraphQL API and GraphiQL are up (graphql-ws on the same path)');
     }
     if (env.SLUICE_ROLE !== 'api') {
+      const nodeId = randomUUID();
       const dispatcher = new Dispatcher({
         sql,
         boss,
         client,
-        apiKey,
-        maxInFlight: env.DISPATCH_MAX_IN_FLIGHT,
+        catalog,
+        windows: windowSpecs,
+        nodeId,
+        poolMax: env.POOL_MAX,
+        initialLatencyMs: env.INITIAL_LATENCY_MS,
+        leaseMax: env.LEASE_MAX,
         idlePollMs: env.DISPATCH_IDLE_POLL_MS,
+        maxWaitMs: parseClassSeconds(env.CLASS_MAX_WAIT_SECONDS),
         retryLimit: env.JOB_RETRY_LIMIT,
         retryDelaySeconds: env.JOB_RETRY_DELAY_SECONDS,
         heartbeatSeconds: env.JOB_HEARTBEAT_SECONDS,
+        timeoutBilling: env.TIMEOUT_BILLING,
         log,
       });
+      const sweeper = new Sweeper({
+        sql,
+        nodeId,
+        role: env.SLUICE_ROLE,
+        intervalMs: env.SWEEP_INTERVAL_MS,
+        nodeTimeoutSeconds: env.NODE_TIMEOUT_SECONDS,
+        timeoutBilling: env.TIMEOUT_BILLING,
+        log,
+        onRound: async () => {
+          for (const w of windowSpecs) {
+            const lat = dispatcher.latency.get(w.name)!;
+            if (lat.count > 0) await sched.reportWindowLatency(sql, w.name, dispatcher.poolFor(w), lat.percentile(50), lat.percentile(95));
+          }
+          dispatcher.oldestWaitMs = await sched.oldestWaitByClass(sql);
+        },
+      });
+      await sweeper.start();
+      cleanups.push(() => sweeper.stop());
       await dispatcher.start();
       cleanups.push(() => dispatcher.stop());
-      log.info({ maxInFlight: env.DISPATCH_MAX_IN_FLIGHT }, 'dispatcher started');
+      log.info({ nodeId, windows: windowSpecs.map((w) => ({ name: w.name, classes: w.classes, pacedPerMinute: w.pacedPerMinute })) }, 'dispatcher started');
     }
 
     return { url, port, databaseUrl, simulator, generatedAdminToken: admin.generated, stop };

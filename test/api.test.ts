@@ -130,11 +130,11 @@ describe('a running Sluice', () => {
   });
 
   test('me shows the tenant, its usage this period and its queues', async () => {
-    const r = await t.gql(`{ me { tenant { id name tier } usage { creditsUsed creditsRemaining quota periodStart periodEnd } queues { priority depth running } } }`, {}, a.apiKey);
+    const r = await t.gql(`{ me { tenant { id name tier } usage { creditsUsed creditsReserved creditsRemaining quota periodStart periodEnd } queues { priority depth running } } }`, {}, a.apiKey);
     const me = r.body.data.me;
     assert.deepEqual(me.tenant, { id: a.id, name: 'acme', tier: 'PRO' });
     assert.ok(me.usage.creditsUsed >= 5, 'the emailvalidator job billed 5 credits');
-    assert.equal(me.usage.creditsRemaining, me.usage.quota - me.usage.creditsUsed);
+    assert.equal(me.usage.creditsRemaining, me.usage.quota - me.usage.creditsUsed - me.usage.creditsReserved);
     assert.ok(Date.parse(me.usage.periodStart) <= Date.now() && Date.now() < Date.parse(me.usage.periodEnd));
     assert.deepEqual(me.queues.map((q: any) => q.priority), ['INTERACTIVE', 'STANDARD', 'BULK']);
   });

@@ -57,9 +57,28 @@ export const envSchema = z.object({
   /** Seconds a job may stay active without a heartbeat before pg-boss gives it to another worker. */
   JOB_HEARTBEAT_SECONDS: int(10, 10),
 
-  /** Dispatcher: in-flight calls this process keeps at most, and how often it polls when idle. */
-  DISPATCH_MAX_IN_FLIGHT: int(16, 1),
+  /** The account's concurrent-call limit, when it differs from the plan's. */
+  APIVERVE_CONCURRENT_CALLS: z.coerce.number().int().min(1).optional(),
+
+  /** Pacer: the share of each window's limit Sluice uses, and the bucket size (default max(1, limit/20)). */
+  PACE_FRACTION: z.coerce.number().gt(0).max(1).default(0.9),
+  PACER_BURST: z.coerce.number().int().min(1).optional(),
+  /** Class-to-window map, e.g. `INTERACTIVE=sub1,BULK=sub2`; default: INTERACTIVE on sub1 when a sub-key exists. */
+  CLASS_WINDOWS: z.string().default(''),
+  /** Starvation guard: a lower class waiting longer than this is served anyway (`STANDARD=30,BULK=120`). */
+  CLASS_MAX_WAIT_SECONDS: z.string().default('STANDARD=30,BULK=120'),
+
+  /** Pools: ceil(paced rate × p95 latency) per window, at most this (and the plan's concurrent calls). */
+  POOL_MAX: int(256, 1),
+  /** Latency assumed before any call was measured. */
+  INITIAL_LATENCY_MS: int(1_000, 1),
+  /** Most jobs one dispatch decision takes from one queue. */
+  LEASE_MAX: int(8, 1),
+  /** How often an idle dispatcher looks for work (new work also wakes it at once). */
   DISPATCH_IDLE_POLL_MS: int(1_000, 10),
+  /** A worker node that has not heartbeated for this long is dead: its reservations and slots are released. */
+  NODE_TIMEOUT_SECONDS: int(10, 1),
+  SWEEP_INTERVAL_MS: int(1_000, 50),
 
   /** Demo mode: the in-process simulator's settings (see `npm run simulator`). */
   DEMO_SIMULATOR: bool(true),

@@ -5,7 +5,7 @@
  * Migrations in drizzle/ are generated from this file with `npm run db:generate`.
  */
 import { sql } from 'drizzle-orm';
-import { check, index, integer, jsonb, pgTable, text, timestamp, uniqueIndex, uuid } from 'drizzle-orm/pg-core';
+import { bigint, boolean, check, doublePrecision, index, integer, jsonb, pgTable, primaryKey, text, timestamp, uniqueIndex, uuid } from 'drizzle-orm/pg-core';
 
 const timestamps = {
   createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
@@ -66,8 +66,10 @@ export const jobs = pgTable(
     priority: text('priority').notNull(),
     state: text('state').notNull(),
     idempotencyKey: text('idempotency_key'),
-    /** Upstream attempts made so far. */
+    /** Upstream attempts made so far; also the fencing token of the current attempt. */
     attempts: integer('attempts').notNull().default(0),
+    /** A queued job is ready from this instant (retries and put-backs wait). */
+    runAfter: timestamp('run_after', { withTimezone: true }).notNull().defaultNow(),
     startedAt: timestamp('started_at', { withTimezone: true }),
     finishedAt: timestamp('finished_at', { withTimezone: true }),
     ...timestamps,
@@ -75,9 +77,10 @@ export const jobs = pgTable(
   (t) => [
     uniqueIndex('jobs_tenant_idempotency_key').on(t.tenantId, t.idempotencyKey),
     index('jobs_tenant_created_idx').on(t.tenantId, t.createdAt.desc(), t.id.desc()),
-    index('jobs_queued_idx').on(t.tenantId, t.priority).where(sql`${t.state} = 'QUEUED'`),
+    index('jobs_queued_idx').on(t.tenantId, t.priority, t.runAfter).where(sql`${t.state} = 'QUEUED'`),
+    index('jobs_queued_age_idx').on(t.priority, t.createdAt).where(sql`${t.state} = 'QUEUED'`),
     check('jobs_priority_check', sql`${t.priority} in ('INTERACTIVE', 'STANDARD', 'BULK')`),
-    check('jobs_state_check', sql`${t.state} in ('QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED')`),
+    check('jobs_state_check', sql`${t.state} in ('QUEUED', 'WAITING_QUOTA', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED')`),
   ],
 );
 
@@ -100,4 +103,112 @@ export const settings = pgTable('settings', {
   key: text('key').primaryKey(),
   value: text('value').notNull(),
   updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
+});
+
+/* ---- The scheduler's shared state (owned by src/scheduler/store.ts) ---- */
+
+/** A tenant's effective limits and live counters, as the scheduler needs them in one row. */
+export const schedTenants = pgTable('sched_tenants', {
+  tenantId: uuid('tenant_id')
+    .primaryKey()
+    .references(() => tenants.id, { onDelete: 'cascade' }),
+  weight: integer('weight').notNull(),
+  cap: integer('cap').notNull(),
+  quota: bigint('quota', { mode: 'number' }).notNull(),
+  quotaPolicy: text('quota_policy').notNull(),
+  periodAnchor: timestamp('period_anchor', { withTimezone: true }).notNull(),
+  /** Calls in flight across all nodes (I3: never above cap). */
+  inFlight: integer('in_flight').notNull().default(0),
+  /** Set when the tenant's next job would pass its quota (policy WAIT); cleared by the sweeper. */
+  quotaBlocked: boolean('quota_blocked').notNull().default(false),
+  quotaBlockedCost: integer('quota_blocked_cost').notNull().default(0),
+});
+
+/** One row per (tenant, class) queue: its virtual time and when it next has ready work. */
+export const schedQueues = pgTable(
+  'sched_queues',
+  {
+    tenantId: uuid('tenant_id')
+      .notNull()
+      .references(() => tenants.id, { onDelete: 'cascade' }),
+    jobClass: text('class').notNull(),
+    vtime: doublePrecision('vtime').notNull().default(0),
+    /** null: nothing queued. Otherwise the queue has work ready from this instant. */
+    readyAt: timestamp('ready_at', { withTimezone: true }),
+  },
+  (t) => [
+    primaryKey({ columns: [t.tenantId, t.jobClass] }),
+    // Busy queues by virtual time: a decision never reads idle tenants.
+    index('sched_queues_busy_idx').on(t.jobClass, t.vtime).where(sql`${t.readyAt} is not null`),
+  ],
+);
+
+/** Each class's virtual clock: the virtual time of the last queue served. */
+export const schedClasses = pgTable('sched_classes', {
+  jobClass: text('class').primaryKey(),
+  clock: doublePrecision('clock').notNull().default(0),
+});
+
+/** One upstream rate window (key): its pacer bucket, pause and in-flight count, shared by every node. */
+export const windows = pgTable('windows', {
+  name: text('name').primaryKey(),
+  /** Paced calls per minute; null = unlimited (no pacer). */
+  ratePerMinute: doublePrecision('rate_per_minute'),
+  burst: doublePrecision('burst').notNull(),
+  tokens: doublePrecision('tokens').notNull(),
+  refilledAt: timestamp('refilled_at', { withTimezone: true }).notNull().defaultNow(),
+  pausedUntil: timestamp('paused_until', { withTimezone: true }),
+  pauseReason: text('pause_reason'),
+  inFlight: integer('in_flight').notNull().default(0),
+  poolSize: integer('pool_size').notNull().default(1),
+  latencyP50Ms: doublePrecision('latency_p50_ms'),
+  latencyP95Ms: doublePrecision('latency_p95_ms'),
+  updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
+});
+
+/** Billed and reserved credits per tenant and quota period (I4: billed + reserved <= quota). */
+export const tenantLedger = pgTable(
+  'tenant_ledger',
+  {
+    tenantId: uuid('tenant_id')
+      .notNull()
+      .references(() => tenants.id, { onDelete: 'cascade' }),
+    periodStart: timestamp('period_start', { withTimezone: true }).notNull(),
+    billed: bigint('billed', { mode: 'number' }).notNull().default(0),
+    reserved: bigint('reserved', { mode: 'number' }).notNull().default(0),
+    refunded: bigint('refunded', { mode: 'number' }).notNull().default(0),
+  },
+  (t) => [primaryKey({ columns: [t.tenantId, t.periodStart] })],
+);
+
+/** Credits held for one dispatched attempt, and the in-flight slots it occupies; settled exactly once (I5). */
+export const reservations = pgTable(
+  'reservations',
+  {
+    id: uuid('id').primaryKey(),
+    jobId: uuid('job_id').notNull(),
+    attempt: integer('attempt').notNull(),
+    tenantId: uuid('tenant_id').notNull(),
+    periodStart: timestamp('period_start', { withTimezone: true }).notNull(),
+    window: text('window').notNull(),
+    nodeId: uuid('node_id').notNull(),
+    credits: integer('credits').notNull(),
+    createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+    settledAt: timestamp('settled_at', { withTimezone: true }),
+    billed: integer('billed'),
+    outcome: text('outcome'),
+  },
+  (t) => [
+    index('reservations_open_idx').on(t.nodeId).where(sql`${t.settledAt} is null`),
+    index('reservations_job_idx').on(t.jobId),
+  ],
+);
+
+/** Live processes: a worker that stops heartbeating is dead, and its open reservations are swept. */
+export const nodes = pgTable('nodes', {
+  id: uuid('id').primaryKey(),
+  role: text('role').notNull(),
+  pid: integer('pid').notNull(),
+  startedAt: timestamp('started_at', { withTimezone: true }).notNull().defaultNow(),
+  heartbeatAt: timestamp('heartbeat_at', { withTimezone: true }).notNull().defaultNow(),
 });

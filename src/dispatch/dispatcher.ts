@@ -1,124 +1,243 @@
 /**
- * The dispatcher: one per process, not one pg-boss `work()` per queue. It
- * finds the tenant queues that hold ready work, fetches from them in rotation
- * while it has free slots, and runs each job through the provider client.
+ * The dispatcher: one per worker process, not one pg-boss `work()` per queue.
  *
- * This is the simple correct loop of the first milestone: plain rotation over
- * busy queues and a fixed in-flight limit per process. Weighted fair order,
- * caps, the credit ledger and the shared pacer replace the selection step in
- * the scheduler milestone; running and settling a job stays as it is here.
+ * For each window this process runs a loop that, while the window has pool
+ * room and pacer tokens, makes one dispatch decision at a time:
+ *   1. read the busy queues with the smallest virtual times (never idle tenants),
+ *   2. choose one with the pure fair-order rules (scheduler/fair.ts),
+ *   3. in ONE transaction: take the tenant's cap slots, fetch its jobs from
+ *      pg-boss, claim them, reserve their credits against the quota, take the
+ *      window's tokens and pool slots, advance the queue's virtual time,
+ *   4. call the provider for each job, and settle each attempt in one
+ *      transaction: result, reservation, slots, job state, pg-boss ack.
+ * Every limit is checked by a conditional statement in Postgres, so any number
+ * of processes can run this loop against one database.
  */
+import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
+import type postgres from 'postgres';
 import type { JobWithMetadata, PgBoss } from 'pg-boss';
+import type { ApiCatalog } from '../config/apis.ts';
 import type { Sql } from '../db/client.ts';
-import { publishJobEvents } from '../events/bus.ts';
+import { publishJobEvents, type JobEvent } from '../events/bus.ts';
 import { WORK_CHANNEL } from '../jobs/service.ts';
-import { claimJob, finishJob, queuesWithWork, requeueJob, upsertResult } from '../jobs/store.ts';
+import { claimJobs, finishJob, requeueJob, unclaimJobs, upsertResult } from '../jobs/store.ts';
 import { reactionTo } from '../provider/classify.ts';
 import type { CallOutcome, ProviderClient } from '../provider/types.ts';
-import { inTransaction, queueName } from '../queue/boss.ts';
+import { inTransaction, queueName, type JobClass } from '../queue/boss.ts';
+import { classOrder, pickQueue, type Pick } from '../scheduler/fair.ts';
+import { billedCredits, fitCount } from '../scheduler/ledger.ts';
+import { msUntilTokens, takeable } from '../scheduler/pacer.ts';
+import { LatencyTracker, poolSize } from '../scheduler/pool.ts';
+import * as sched from '../scheduler/store.ts';
+import type { WindowSpec } from '../scheduler/windows.ts';
+import { quotaPeriod } from '../tenants/policy.ts';
 import { errorCodeFor, planSettlement } from './retry.ts';
 
 export interface DispatcherOptions {
   sql: Sql;
   boss: PgBoss;
   client: ProviderClient;
-  /** The upstream key every call uses (windows per key come with the scheduler). */
-  apiKey: string;
-  maxInFlight: number;
+  catalog: ApiCatalog;
+  windows: readonly WindowSpec[];
+  nodeId: string;
+  poolMax: number;
+  initialLatencyMs: number;
+  leaseMax: number;
   idlePollMs: number;
+  maxWaitMs: Partial<Record<JobClass, number>>;
   retryLimit: number;
   retryDelaySeconds: number;
   heartbeatSeconds: number;
+  timeoutBilling: 'billed' | 'refunded';
   log: Logger;
 }
 
-interface JobData {
+export interface JobData {
   tenantId: string;
   api: string;
   params: Record<string, unknown>;
 }
 
+/** One dispatched attempt: the fetched pg-boss job, its attempt number and its reservation. */
+interface Attempt {
+  queue: string;
+  jobClass: JobClass;
+  job: JobWithMetadata<JobData>;
+  attempt: number;
+  reservationId: string;
+  credits: number;
+}
+
+/** The window changed under us between the read and the take (another node was faster): decide again. */
+class LostRace extends Error {}
+
 export class Dispatcher {
   private readonly o: DispatcherOptions;
   private running = false;
-  private loopDone: Promise<void> | null = null;
+  private readonly loops: Promise<void>[] = [];
   private readonly inFlight = new Set<Promise<void>>();
-  private wake: (() => void) | null = null;
-  private rotation = 0;
+  private readonly wakers = new Set<() => void>();
   private unlisten: (() => Promise<void>) | null = null;
+  readonly latency = new Map<string, LatencyTracker>();
+  /** Oldest ready job's wait per class, refreshed by the sweeper for the starvation guard. */
+  oldestWaitMs: Partial<Record<JobClass, number>> = {};
 
   constructor(options: DispatcherOptions) {
     this.o = options;
+    for (const w of options.windows) this.latency.set(w.name, new LatencyTracker(500, options.initialLatencyMs));
+  }
+
+  poolFor(w: WindowSpec): number {
+    return poolSize(w.pacedPerMinute, this.latency.get(w.name)!.percentile(95), { concurrentLimit: w.concurrentLimit, max: this.o.poolMax });
   }
 
   async start(): Promise<void> {
     if (this.running) return;
     this.running = true;
-    // New work wakes an idle dispatcher at once instead of waiting for its next poll.
     const { unlisten } = await this.o.sql.listen(WORK_CHANNEL, () => this.poke());
     this.unlisten = unlisten;
-    this.loopDone = this.loop();
+    for (const w of this.o.windows) this.loops.push(this.windowLoop(w));
   }
 
-  /** Stops taking work and waits for in-flight jobs to settle. */
+  /** Stops taking work and waits for in-flight calls to settle. */
   async stop(): Promise<void> {
     if (!this.running) return;
     this.running = false;
     this.poke();
-    await this.loopDone;
+    await Promise.allSettled(this.loops);
     await Promise.allSettled([...this.inFlight]);
     await this.unlisten?.();
   }
 
-  private poke(): void {
-    this.wake?.();
+  /** Wakes every sleeping window loop (new work, a freed slot, stop). */
+  poke(): void {
+    for (const wake of this.wakers) wake();
   }
 
-  /** Waits `ms`, or less when poked (new work, a freed slot, stop). */
   private async sleep(ms: number): Promise<void> {
     let timer: NodeJS.Timeout | undefined;
+    let wake!: () => void;
     await new Promise<void>((resolve) => {
-      timer = setTimeout(resolve, ms);
-      this.wake = resolve;
+      wake = resolve;
+      this.wakers.add(wake);
+      timer = setTimeout(resolve, Math.max(1, ms));
     });
     clearTimeout(timer);
-    this.wake = null;
+    this.wakers.delete(wake);
   }
 
-  private async loop(): Promise<void> {
+  private async windowLoop(w: WindowSpec): Promise<void> {
     while (this.running) {
       try {
-        if (this.inFlight.size >= this.o.maxInFlight) {
-          await Promise.race([...this.inFlight]);
-          continue;
-        }
-        const fetched = await this.fetchRound();
-        if (fetched === 0) await this.sleep(this.o.idlePollMs);
+        const wait = await this.dispatchOnce(w);
+        if (wait > 0) await this.sleep(wait);
       } catch (err) {
-        this.o.log.error({ err }, 'dispatch round failed');
+        if (err instanceof LostRace) continue;
+        this.o.log.error({ err, window: w.name }, 'dispatch failed');
         await this.sleep(this.o.idlePollMs);
       }
     }
   }
 
-  /** One pass over the queues with work, starting one place further each time. */
-  private async fetchRound(): Promise<number> {
-    const queues = await queuesWithWork(this.o.sql);
-    if (queues.length === 0) return 0;
-    let fetched = 0;
-    const start = this.rotation++ % queues.length;
-    for (let i = 0; i < queues.length && this.running; i++) {
-      const free = this.o.maxInFlight - this.inFlight.size;
-      if (free <= 0) break;
-      const q = queues[(start + i) % queues.length]!;
-      const name = queueName(q.tenantId, q.priority);
-      const batchSize = Math.max(1, Math.floor(free / (queues.length - i)));
-      const jobs = await this.o.boss.fetch<JobData>(name, { batchSize, includeMetadata: true });
-      for (const job of jobs) this.track(this.runJob(name, job));
-      fetched += jobs.length;
+  /** Makes one decision on this window; returns how long to wait before the next (0 = at once). */
+  private async dispatchOnce(w: WindowSpec): Promise<number> {
+    const [state] = await sched.readWindows(this.o.sql, [w.name]);
+    if (!state) throw new Error(`window ${w.name} is not in the database`);
+    const pool = this.poolFor(w);
+    const room = pool - state.inFlight;
+    if (room <= 0) return Math.min(this.o.idlePollMs, 50); // a settle here pokes; another node's does not
+    const tokens = takeable(state, state.dbNow);
+    if (tokens < 1) return Math.min(this.o.idlePollMs, Math.max(1, msUntilTokens(state, state.dbNow, 1)));
+    const maxTake = Math.min(room, tokens, this.o.leaseMax);
+    const candidates = await sched.loadCandidates(this.o.sql, w.classes, 32);
+    const pick = pickQueue(candidates, classOrder(w.classes, this.oldestWaitMs, this.o.maxWaitMs), maxTake);
+    if (!pick) return this.o.idlePollMs;
+    const attempts = await this.lease(w, pick, pool);
+    for (const a of attempts) this.track(this.run(w, a));
+    return 0;
+  }
+
+  /**
+   * The dispatch transaction: cap, fetch, claim, quota, tokens, virtual time,
+   * all or nothing.
+   */
+  private async lease(w: WindowSpec, pick: Pick, pool: number): Promise<Attempt[]> {
+    const { sql, boss, catalog } = this.o;
+    const { tenantId, jobClass } = pick.queue;
+    const queue = queueName(tenantId, jobClass);
+    const events: JobEvent[] = [];
+    const attempts = await sql.begin(async (tx) => {
+      const db = inTransaction(tx);
+      const slots = await sched.claimTenantSlots(tx, tenantId, pick.take);
+      if (slots.granted === 0) return [];
+      const fetched = await boss.fetch<JobData>(queue, { batchSize: slots.granted, includeMetadata: true, db });
+      if (fetched.length === 0) {
+        await sched.releaseTenantSlots(tx, tenantId, slots.granted);
+        await sched.refreshReadyAt(tx, tenantId, jobClass);
+        return [];
+      }
+      const claimed = await claimJobs(tx, fetched.map((j) => j.id));
+      // Cancelled or finished meanwhile: acknowledge without a call.
+      const gone = fetched.filter((j) => !claimed.has(j.id));
+      if (gone.length > 0) await boss.complete(queue, gone.map((j) => j.id), null, { db });
+      const live = fetched.filter((j) => claimed.has(j.id));
+
+      const period = quotaPeriod(slots.periodAnchor, new Date());
+      const ledger = await sched.lockLedger(tx, tenantId, period.start);
+      const costs = live.map((j) => catalog.get(j.data.api)?.creditCost ?? 1);
+      const fit = fitCount(ledger.billed, ledger.reserved, slots.quota, costs);
+      const go = live.slice(0, fit);
+      const over = live.slice(fit);
+      if (over.length > 0) await this.overQuota(tx, queue, tenantId, slots.quotaPolicy, over, costs[fit]!, events);
+
+      if (go.length > 0 && !(await sched.takeWindow(tx, w.name, go.length, pool))) throw new LostRace();
+      await sched.releaseTenantSlots(tx, tenantId, slots.granted - go.length);
+      const rows = go.map((j, i) => ({ id: randomUUID(), jobId: j.id, attempt: claimed.get(j.id)!, credits: costs[i]! }));
+      if (rows.length > 0) {
+        await sched.reserve(tx, tenantId, period.start, w.name, this.o.nodeId, rows);
+        await sched.advanceQueue(tx, tenantId, jobClass, rows.length, slots.weight);
+      }
+      for (const j of go) events.push({ jobId: j.id, tenantId, state: 'RUNNING' });
+      await publishJobEvents(tx, events);
+      return go.map((job, i) => ({ queue, jobClass, job, attempt: rows[i]!.attempt, reservationId: rows[i]!.id, credits: rows[i]!.credits }));
+    });
+    return attempts;
+  }
+
+  /**
+   * The next job would pass the tenant's quota. WAIT: the tenant's jobs wait,
+   * visibly, in WAITING_QUOTA until the sweeper sees room again. FAIL: that job
+   * fails with QUOTA_EXCEEDED. Either way the jobs not run go back to pg-boss.
+   */
+  private async overQuota(
+    tx: postgres.TransactionSql,
+    queue: string,
+    tenantId: string,
+    policy: 'WAIT' | 'FAIL',
+    over: JobWithMetadata<JobData>[],
+    neededCost: number,
+    events: JobEvent[],
+  ): Promise<void> {
+    const { boss } = this.o;
+    const db = inTransaction(tx);
+    let back = over;
+    if (policy === 'FAIL') {
+      const [first, ...rest] = over;
+      back = rest;
+      await upsertResult(tx, first!.id, { data: null, errorCode: 'QUOTA_EXCEEDED', errorMessage: `the tenant's monthly credit quota has no room for this job (${neededCost} credits)`, httpStatus: null, creditsBilled: 0, attempts: 0 });
+      await tx`update jobs set state = 'FAILED', attempts = greatest(attempts - 1, 0), finished_at = now(), updated_at = now() where id = ${first!.id}`;
+      await boss.complete(queue, first!.id, null, { db });
+      events.push({ jobId: first!.id, tenantId, state: 'FAILED' });
     }
-    return fetched;
+    if (back.length === 0) return;
+    await unclaimJobs(tx, back.map((j) => j.id), policy === 'WAIT' ? 'WAITING_QUOTA' : 'QUEUED');
+    await boss.deleteJob(queue, back.map((j) => j.id), { db });
+    await boss.insert(queue, back.map((j) => ({ id: j.id, data: j.data })), { db });
+    if (policy === 'WAIT') {
+      const waiting = await sched.blockForQuota(tx, tenantId, neededCost);
+      for (const id of waiting) events.push({ jobId: id, tenantId, state: 'WAITING_QUOTA' });
+    }
   }
 
   private track(p: Promise<void>): void {
@@ -131,66 +250,66 @@ export class Dispatcher {
     this.inFlight.add(tracked);
   }
 
-  private async runJob(queue: string, job: JobWithMetadata<JobData>): Promise<void> {
-    const { sql, boss } = this.o;
-    const { tenantId, api, params } = job.data;
-    const claim = await sql.begin(async (tx) => {
-      const c = await claimJob(tx, job.id);
-      if (c) await publishJobEvents(tx, [{ jobId: job.id, tenantId, state: 'RUNNING' }]);
-      return c;
-    });
-    if (!claim) {
-      // Cancelled, or finished by an earlier delivery that crashed before acknowledging: nothing to call.
-      await boss.complete(queue, job);
-      return;
-    }
+  private async run(w: WindowSpec, a: Attempt): Promise<void> {
+    const { boss } = this.o;
     // fetch() does not heartbeat: touch the job while the call runs, so a
     // crashed process's job comes back after heartbeatSeconds, not at expiry.
-    const heartbeat = setInterval(
-      () => void boss.touch(queue, job).catch(() => {}),
-      (this.o.heartbeatSeconds * 1000) / 2,
-    );
+    const heartbeat = setInterval(() => void boss.touch(a.queue, a.job).catch(() => {}), (this.o.heartbeatSeconds * 1000) / 2);
     let outcome: CallOutcome;
     try {
-      outcome = await this.o.client.call({ api, params, apiKey: this.o.apiKey });
+      outcome = await this.o.client.call({ api: a.job.data.api, params: a.job.data.params, apiKey: w.apiKey });
     } finally {
       clearInterval(heartbeat);
     }
-    await this.settle(queue, job, claim.attempts, outcome);
+    if (outcome.httpStatus !== null) this.latency.get(w.name)!.record(outcome.latencyMs);
+    await this.settle(w, a, outcome);
   }
 
   /**
-   * Stores the result, then acknowledges the pg-boss job, in one transaction:
-   * the job is never acknowledged without its result (I6).
+   * Settles one attempt in one transaction: the reservation (billed or
+   * refunded, I5), the result (upsert by job id, I6), the job's next state and
+   * the pg-boss acknowledgement. A rate-limit 429 also pauses the window on
+   * every node (I2).
    */
-  private async settle(queue: string, job: JobWithMetadata<JobData>, attempts: number, outcome: CallOutcome): Promise<void> {
+  private async settle(w: WindowSpec, a: Attempt, outcome: CallOutcome): Promise<void> {
     const { sql, boss } = this.o;
-    const { tenantId } = job.data;
-    const plan = planSettlement(reactionTo(outcome), outcome, attempts, this.o.retryLimit, this.o.retryDelaySeconds);
-    const effectiveAttempts = plan.countsAsAttempt ? attempts : attempts - 1;
+    const { tenantId } = a.job.data;
+    const plan = planSettlement(reactionTo(outcome), outcome, a.attempt, this.o.retryLimit, this.o.retryDelaySeconds);
+    const billed = billedCredits(outcome.kind, outcome.creditsBilled, a.credits);
     await sql.begin(async (tx) => {
-      await upsertResult(tx, job.id, {
-        data: outcome.kind === 'billed' ? outcome.data : null,
-        errorCode: errorCodeFor(outcome.kind),
-        errorMessage: outcome.message,
-        httpStatus: outcome.httpStatus,
-        creditsBilled: outcome.creditsBilled,
-        attempts: effectiveAttempts,
-      });
+      await sched.settleReservation(tx, a.reservationId, billed, outcome.kind);
+      if (outcome.kind === 'rate_limited') {
+        await sched.pauseWindow(tx, w.name, Math.max(1, outcome.retryAfterSeconds ?? 1), 'RATE_LIMITED');
+      }
       const db = inTransaction(tx);
       if (plan.action === 'requeue') {
-        if (!(await requeueJob(tx, job.id, plan.countsAsAttempt))) return;
+        if (!(await requeueJob(tx, a.job.id, a.attempt, plan.countsAsAttempt, plan.delaySeconds))) return;
+        await this.storeResult(tx, a, outcome, billed, plan.countsAsAttempt ? a.attempt : a.attempt - 1);
         // Delete and re-insert under the same id: the job waits out its delay
-        // without spending pg-boss's own retry budget, which is kept for crash redelivery.
-        await boss.deleteJob(queue, job.id, { db });
-        await boss.insert(queue, [{ id: job.id, data: job.data, startAfter: new Date(Date.now() + plan.delaySeconds * 1000) }], { db });
-        await publishJobEvents(tx, [{ jobId: job.id, tenantId, state: 'QUEUED' }]);
+        // without spending pg-boss's own retry budget, kept for crash redelivery.
+        const startAfter = new Date(Date.now() + plan.delaySeconds * 1000);
+        await boss.deleteJob(a.queue, a.job.id, { db });
+        await boss.insert(a.queue, [{ id: a.job.id, data: a.job.data, startAfter }], { db });
+        await sched.markQueuesReady(tx, tenantId, [a.jobClass], startAfter);
+        await publishJobEvents(tx, [{ jobId: a.job.id, tenantId, state: 'QUEUED' }]);
         return;
       }
       const state = plan.action === 'succeed' ? 'SUCCEEDED' : 'FAILED';
-      if (!(await finishJob(tx, job.id, state))) return;
-      await boss.complete(queue, job.id, null, { db });
-      await publishJobEvents(tx, [{ jobId: job.id, tenantId, state }]);
+      if (!(await finishJob(tx, a.job.id, a.attempt, state))) return;
+      await this.storeResult(tx, a, outcome, billed, a.attempt);
+      await boss.complete(a.queue, a.job.id, null, { db });
+      await publishJobEvents(tx, [{ jobId: a.job.id, tenantId, state }]);
+    });
+  }
+
+  private storeResult(tx: postgres.TransactionSql, a: Attempt, outcome: CallOutcome, billed: number, attempts: number) {
+    return upsertResult(tx, a.job.id, {
+      data: outcome.kind === 'billed' ? outcome.data : null,
+      errorCode: errorCodeFor(outcome.kind),
+      errorMessage: outcome.message,
+      httpStatus: outcome.httpStatus,
+      creditsBilled: billed,
+      attempts,
     });
   }
 }

@@ -28,7 +28,8 @@ export interface Services {
   catalog: ApiCatalog;
   adminTokenHash: string;
   queuePolicy: { retryLimit: number; retryDelaySeconds: number; heartbeatSeconds: number; expireInSeconds: number };
-  ensureTenantQueues(tenantId: string): Promise<void>;
+  /** After a tenant is created or changed: its pg-boss queues exist and the scheduler has its limits. */
+  tenantChanged(tenant: TenantRecord): Promise<void>;
 }
 
 export interface Context {

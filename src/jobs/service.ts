@@ -14,6 +14,7 @@ import { publishJobEvents } from '../events/bus.ts';
 import { CLASSES, inTransaction, queueName, type JobClass } from '../queue/boss.ts';
 import { cancelQueuedJob, getJob, insertJobs, jobsByIdempotencyKeys, type JobState } from './store.ts';
 import { validateSubmission, type JobInput } from './validate.ts';
+import { isQuotaBlocked, markQueuesReady } from '../scheduler/store.ts';
 
 /** Channel the dispatcher listens on to wake up when new work arrives. */
 export const WORK_CHANNEL = 'sluice_work';
@@ -42,7 +43,9 @@ export class JobService {
     const jobs = valid.map((j) => ({ ...j, id: randomUUID() }));
 
     return sql.begin(async (tx) => {
-      const inserted = await insertJobs(tx, tenantId, jobs);
+      // A tenant waiting for quota takes new jobs as WAITING_QUOTA, like the ones already waiting.
+      const state = (await isQuotaBlocked(tx, tenantId)) ? 'WAITING_QUOTA' : 'QUEUED';
+      const inserted = await insertJobs(tx, tenantId, jobs, state);
       const byClass = new Map<JobClass, typeof jobs>();
       for (const job of jobs) {
         if (!inserted.has(job.id)) continue;
@@ -60,13 +63,14 @@ export class JobService {
           { db },
         );
       }
+      await markQueuesReady(tx, tenantId, [...byClass.keys()]);
       if (inserted.size > 0) await tx`select pg_notify(${WORK_CHANNEL}, ${tenantId})`;
 
       // Items whose idempotency key was used before (or twice in this call) answer with the original job.
       const replayedKeys = jobs.filter((j) => !inserted.has(j.id) && j.idempotencyKey !== null).map((j) => j.idempotencyKey!);
       const originals = await jobsByIdempotencyKeys(tx, tenantId, [...new Set(replayedKeys)]);
       return jobs.map((job) => {
-        if (inserted.has(job.id)) return { id: job.id, state: 'QUEUED' as const };
+        if (inserted.has(job.id)) return { id: job.id, state };
         const original = originals.get(job.idempotencyKey!);
         if (!original) throw new Error(`idempotent replay of ${job.idempotencyKey} found no original`);
         return original;
@@ -86,7 +90,7 @@ export class JobService {
     });
     const job = await getJob(sql, tenantId, jobId);
     if (!job) throw new SluiceError('NOT_FOUND', `no job with id ${jobId}`);
-    if (!cancelled) throw new SluiceError('NOT_CANCELLABLE', `job ${jobId} is ${job.state}; only QUEUED jobs can be cancelled`, { state: job.state });
+    if (!cancelled) throw new SluiceError('NOT_CANCELLABLE', `job ${jobId} is ${job.state}; only QUEUED or WAITING_QUOTA jobs can be cancelled`, { state: job.state });
     return job;
   }
 }

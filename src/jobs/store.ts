@@ -11,7 +11,7 @@ import type { Sql } from '../db/client.ts';
 import type { JobClass } from '../queue/boss.ts';
 import type { ValidJob } from './validate.ts';
 
-export const JOB_STATES = ['QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'] as const;
+export const JOB_STATES = ['QUEUED', 'WAITING_QUOTA', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'] as const;
 export type JobState = (typeof JOB_STATES)[number];
 export const FINAL_STATES: readonly JobState[] = ['SUCCEEDED', 'FAILED', 'CANCELLED'];
 
@@ -55,11 +55,11 @@ export interface NewJob extends ValidJob {
  * Returns the ids actually inserted. One JSON parameter, so 10,000 jobs are
  * one statement and far below Postgres's 65,535-parameter limit.
  */
-export async function insertJobs(tx: Tx, tenantId: string, jobs: readonly NewJob[]): Promise<Set<string>> {
+export async function insertJobs(tx: Tx, tenantId: string, jobs: readonly NewJob[], state: 'QUEUED' | 'WAITING_QUOTA' = 'QUEUED'): Promise<Set<string>> {
   const payload = jobs.map((j) => ({ id: j.id, api: j.api, params: j.params, priority: j.priority, idempotency_key: j.idempotencyKey }));
   const rows = await tx`
     insert into jobs (id, tenant_id, api, params, priority, state, idempotency_key)
-    select x.id, ${tenantId}, x.api, x.params, x.priority, 'QUEUED', x.idempotency_key
+    select x.id, ${tenantId}, x.api, x.params, x.priority, ${state}, x.idempotency_key
     from jsonb_to_recordset(${tx.json(payload as never)}::jsonb)
       as x(id uuid, api text, params jsonb, priority text, idempotency_key text)
     on conflict (tenant_id, idempotency_key) do nothing
@@ -121,27 +121,38 @@ export async function countJobs(sql: Tx, tenantId: string, filter: JobFilter): P
   return row!.n as number;
 }
 
-/** QUEUED → CANCELLED for the tenant's job; returns its class, or null when it was not queued. */
+/** QUEUED or WAITING_QUOTA → CANCELLED for the tenant's job; returns its class, or null when it was not waiting. */
 export async function cancelQueuedJob(tx: Tx, tenantId: string, id: string): Promise<JobClass | null> {
   const rows = await tx`
     update jobs set state = 'CANCELLED', finished_at = now(), updated_at = now()
-    where id = ${id} and tenant_id = ${tenantId} and state = 'QUEUED'
+    where id = ${id} and tenant_id = ${tenantId} and state in ('QUEUED', 'WAITING_QUOTA')
     returning priority`;
   return (rows[0]?.priority as JobClass) ?? null;
 }
 
 /**
- * Claims a fetched job for an upstream attempt: QUEUED → RUNNING. A job left
- * RUNNING by a crashed worker is claimed again (pg-boss redelivered it).
- * Returns null when the job was cancelled or already finished meanwhile.
+ * Claims fetched jobs for an upstream attempt: → RUNNING, attempts + 1. The
+ * new attempt number fences the attempt: settling it later only succeeds
+ * while the job is still on that attempt. A job left RUNNING by a crashed
+ * worker is claimed again (pg-boss redelivered it). Jobs cancelled or
+ * finished meanwhile are not returned.
  */
-export async function claimJob(tx: Tx, id: string): Promise<{ attempts: number } | null> {
+export async function claimJobs(tx: Tx, ids: readonly string[]): Promise<Map<string, number>> {
+  if (ids.length === 0) return new Map();
   const rows = await tx`
     update jobs set state = 'RUNNING', attempts = attempts + 1,
       started_at = coalesce(started_at, now()), updated_at = now()
-    where id = ${id} and state in ('QUEUED', 'RUNNING')
-    returning attempts`;
-  return rows[0] ? { attempts: rows[0].attempts as number } : null;
+    where id = any(${ids as string[]}::uuid[]) and state in ('QUEUED', 'WAITING_QUOTA', 'RUNNING')
+    returning id, attempts`;
+  return new Map(rows.map((r) => [r.id as string, r.attempts as number]));
+}
+
+/** Undoes a claim inside the dispatch transaction (the job did not fit the quota). */
+export async function unclaimJobs(tx: Tx, ids: readonly string[], state: 'QUEUED' | 'WAITING_QUOTA'): Promise<void> {
+  if (ids.length === 0) return;
+  await tx`
+    update jobs set state = ${state}, attempts = greatest(attempts - 1, 0), updated_at = now()
+    where id = any(${ids as string[]}::uuid[]) and state = 'RUNNING'`;
 }
 
 export interface ResultRecord {
@@ -165,46 +176,43 @@ export async function upsertResult(tx: Tx, jobId: string, r: ResultRecord): Prom
       attempts = excluded.attempts, updated_at = now()`;
 }
 
-/** RUNNING → a final state. Returns false when another actor already moved the job on. */
-export async function finishJob(tx: Tx, id: string, state: 'SUCCEEDED' | 'FAILED'): Promise<boolean> {
+/** RUNNING (on this attempt) → a final state. Returns false when another actor moved the job on. */
+export async function finishJob(tx: Tx, id: string, attempt: number, state: 'SUCCEEDED' | 'FAILED'): Promise<boolean> {
   const rows = await tx`
     update jobs set state = ${state}, finished_at = now(), updated_at = now()
-    where id = ${id} and state = 'RUNNING' returning id`;
+    where id = ${id} and state = 'RUNNING' and attempts = ${attempt} returning id`;
   return rows.length > 0;
 }
 
-/** RUNNING → QUEUED, for a retry or a put-back (which gives back the attempt it claimed). */
-export async function requeueJob(tx: Tx, id: string, countsAsAttempt: boolean): Promise<boolean> {
+/**
+ * RUNNING (on this attempt) → QUEUED, ready after `delaySeconds`. A put-back
+ * gives back the attempt it claimed: it was not the job's fault.
+ */
+export async function requeueJob(tx: Tx, id: string, attempt: number, countsAsAttempt: boolean, delaySeconds: number): Promise<boolean> {
   const rows = await tx`
     update jobs set state = 'QUEUED', updated_at = now(),
+      run_after = now() + make_interval(secs => ${delaySeconds}),
       attempts = case when ${countsAsAttempt}::boolean then attempts else greatest(attempts - 1, 0) end
-    where id = ${id} and state = 'RUNNING' returning id`;
+    where id = ${id} and state = 'RUNNING' and attempts = ${attempt} returning id`;
   return rows.length > 0;
+}
+
+/** A job whose worker died goes back to QUEUED (pg-boss hands it out again after its heartbeat check). */
+export async function releaseLostJob(tx: Tx, id: string, attempt: number): Promise<{ tenantId: string; priority: JobClass } | null> {
+  const [row] = await tx`
+    update jobs set state = 'QUEUED', run_after = now(), updated_at = now()
+    where id = ${id} and state = 'RUNNING' and attempts = ${attempt}
+    returning tenant_id, priority`;
+  return row ? { tenantId: row.tenant_id as string, priority: row.priority as JobClass } : null;
 }
 
 /** Depth and running count per class, exact at query time. */
 export async function queueCounts(sql: Tx, tenantId: string): Promise<Map<JobClass, { depth: number; running: number }>> {
   const rows = await sql`
     select priority,
-      count(*) filter (where state = 'QUEUED')::int as depth,
+      count(*) filter (where state in ('QUEUED', 'WAITING_QUOTA'))::int as depth,
       count(*) filter (where state = 'RUNNING')::int as running
-    from jobs where tenant_id = ${tenantId} and state in ('QUEUED', 'RUNNING')
+    from jobs where tenant_id = ${tenantId} and state in ('QUEUED', 'WAITING_QUOTA', 'RUNNING')
     group by priority`;
   return new Map(rows.map((r) => [r.priority as JobClass, { depth: r.depth as number, running: r.running as number }]));
-}
-
-/** Credits billed to the tenant for jobs finished in [start, end). */
-export async function creditsBilled(sql: Tx, tenantId: string, start: Date, end: Date): Promise<number> {
-  const [row] = await sql`
-    select coalesce(sum(r.credits_billed), 0)::int as n
-    from job_results r join jobs j on j.id = r.job_id
-    where j.tenant_id = ${tenantId} and r.updated_at >= ${start} and r.updated_at < ${end}`;
-  return row!.n as number;
-}
-
-/** Queues (tenant, class) that hold at least one queued job; the simple dispatcher's work list. */
-export async function queuesWithWork(sql: Tx): Promise<Array<{ tenantId: string; priority: JobClass }>> {
-  const rows = await sql`
-    select distinct tenant_id, priority from jobs where state = 'QUEUED'`;
-  return rows.map((r) => ({ tenantId: r.tenant_id as string, priority: r.priority as JobClass }));
 }

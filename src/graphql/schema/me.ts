@@ -1,4 +1,5 @@
-import { creditsBilled, queueCounts } from '../../jobs/store.ts';
+import { queueCounts } from '../../jobs/store.ts';
+import { ledgerFor } from '../../scheduler/store.ts';
 import { CLASSES, type JobClass } from '../../queue/boss.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../../tenants/policy.ts';
 import { builder, role } from '../builder.ts';
@@ -8,6 +9,7 @@ import { TenantRef } from './tenants.ts';
 
 interface Usage {
   creditsUsed: number;
+  creditsReserved: number;
   quota: number;
   periodStart: Date;
   periodEnd: Date;
@@ -16,9 +18,10 @@ interface Usage {
 const UsageRef = builder.objectRef<Usage>('Usage').implement({
   description: "The calling tenant's credits in the current monthly period (it starts on the tenant's anniversary).",
   fields: (t) => ({
-    creditsUsed: t.exposeInt('creditsUsed'),
+    creditsUsed: t.exposeInt('creditsUsed', { description: 'Credits billed this period.' }),
+    creditsReserved: t.exposeInt('creditsReserved', { description: 'Credits held for calls in flight.' }),
     quota: t.exposeInt('quota'),
-    creditsRemaining: t.int({ resolve: (u) => Math.max(0, u.quota - u.creditsUsed) }),
+    creditsRemaining: t.int({ description: 'quota − used − reserved.', resolve: (u) => Math.max(0, u.quota - u.creditsUsed - u.creditsReserved) }),
     periodStart: t.field({ type: 'DateTime', resolve: (u) => u.periodStart }),
     periodEnd: t.field({ type: 'DateTime', resolve: (u) => u.periodEnd }),
   }),
@@ -40,8 +43,10 @@ const MeRef = builder.objectRef<TenantRecord>('Me').implement({
       type: UsageRef,
       resolve: async (tenant, _a, ctx) => {
         const period = quotaPeriod(tenant.periodAnchor, new Date());
+        const ledger = await ledgerFor(ctx.services.sql, tenant.id, period.start);
         return {
-          creditsUsed: await creditsBilled(ctx.services.sql, tenant.id, period.start, period.end),
+          creditsUsed: ledger.billed,
+          creditsReserved: ledger.reserved,
           quota: effectiveLimits(tenant).monthlyQuota,
           periodStart: period.start,
           periodEnd: period.end,

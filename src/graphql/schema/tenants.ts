@@ -88,7 +88,7 @@ builder.mutationFields((t) => ({
     args: { input: t.arg({ type: CreateTenantInput, required: true }) },
     resolve: async (_r, { input }, ctx) => {
       const created = await ctx.services.tenants.create({ name: checkName(input.name), tier: input.tier });
-      await ctx.services.ensureTenantQueues(created.tenant.id);
+      await ctx.services.tenantChanged(created.tenant);
       return created;
     },
   }),
@@ -103,8 +103,8 @@ builder.mutationFields((t) => ({
     ...role('admin'),
     type: TenantRef,
     args: { input: t.arg({ type: UpdateTenantInput, required: true }) },
-    resolve: (_r, { input }, ctx) =>
-      ctx.services.tenants.update(asId(input.id, 'tenant'), {
+    resolve: async (_r, { input }, ctx) => {
+      const tenant = await ctx.services.tenants.update(asId(input.id, 'tenant'), {
         name: input.name === null || input.name === undefined ? undefined : checkName(input.name),
         tier: input.tier ?? undefined,
         weight: checkLimit('weight', input.weight, 1),
@@ -112,6 +112,9 @@ builder.mutationFields((t) => ({
         monthlyQuota: checkLimit('monthlyQuota', input.monthlyQuota, 0),
         queueBound: checkLimit('queueBound', input.queueBound, 1),
         quotaPolicy: input.quotaPolicy ?? undefined,
-      }),
+      });
+      await ctx.services.tenantChanged(tenant);
+      return tenant;
+    },
   }),
 }));

@@ -1,0 +1,357 @@
+/**
+ * The scheduler's SQL: every statement that reads or changes the shared
+ * dispatch state (sched_tenants, sched_queues, sched_classes, windows,
+ * tenant_ledger, reservations, nodes), as named functions.
+ *
+ * Shared state changes with single conditional statements, never
+ * read-then-write: a slot, a token or a credit is taken only `where` it is
+ * there, so concurrent nodes cannot oversubscribe. Within a transaction, rows
+ * are locked in one order (sched_tenants → tenant_ledger → windows →
+ * sched_queues) so dispatch and settlement cannot deadlock each other.
+ */
+import type postgres from 'postgres';
+import type { Sql } from '../db/client.ts';
+import { CLASSES, type JobClass } from '../queue/boss.ts';
+import { effectiveLimits, type TenantRecord } from '../tenants/policy.ts';
+import type { QueueCandidate } from './fair.ts';
+import type { BucketState } from './pacer.ts';
+import type { WindowSpec } from './windows.ts';
+
+type Tx = Sql | postgres.TransactionSql;
+
+/* ---------- tenants and queues ---------- */
+
+/** Keeps the scheduler's copy of a tenant's limits in step with the tenant (same transaction). */
+export async function syncTenant(tx: Tx, t: TenantRecord): Promise<void> {
+  const l = effectiveLimits(t);
+  await tx`
+    insert into sched_tenants (tenant_id, weight, cap, quota, quota_policy, period_anchor)
+    values (${t.id}, ${l.weight}, ${l.concurrencyCap}, ${l.monthlyQuota}, ${t.quotaPolicy}, ${t.periodAnchor})
+    on conflict (tenant_id) do update set weight = excluded.weight, cap = excluded.cap, quota = excluded.quota,
+      quota_policy = excluded.quota_policy, period_anchor = excluded.period_anchor`;
+  await tx`
+    insert into sched_queues (tenant_id, class)
+    select ${t.id}, c from unnest(${CLASSES as unknown as string[]}::text[]) as c
+    on conflict do nothing`;
+}
+
+/** Tenants with no scheduler row yet (created before the scheduler existed, or mid-creation when a process died). */
+export async function unscheduledTenantIds(sql: Tx): Promise<string[]> {
+  const rows = await sql`select id from tenants t where not exists (select 1 from sched_tenants s where s.tenant_id = t.id)`;
+  return rows.map((r) => r.id as string);
+}
+
+export async function ensureClasses(sql: Tx): Promise<void> {
+  await sql`insert into sched_classes (class) select c from unnest(${CLASSES as unknown as string[]}::text[]) as c on conflict do nothing`;
+}
+
+/**
+ * Marks queues as having work ready now. A queue that was idle (or only had
+ * delayed work) joins at the class clock: no credit for idle time.
+ */
+export async function markQueuesReady(tx: Tx, tenantId: string, classes: readonly JobClass[], at: Date | null = null): Promise<void> {
+  if (classes.length === 0) return;
+  await tx`
+    update sched_queues q set
+      vtime = case when q.ready_at is null or q.ready_at > now() then greatest(q.vtime, c.clock) else q.vtime end,
+      ready_at = least(coalesce(q.ready_at, 'infinity'), coalesce(${at}::timestamptz, now()))
+    from sched_classes c
+    where q.tenant_id = ${tenantId} and q.class = any(${classes as string[]}::text[]) and c.class = q.class`;
+}
+
+/**
+ * After a fetch found nothing: the queue is ready again when its earliest
+ * queued job is (null: it is empty).
+ */
+export async function refreshReadyAt(tx: Tx, tenantId: string, jobClass: JobClass): Promise<Date | null> {
+  // Jobs we count as ready that pg-boss would not hand out are on their way back
+  // (a crashed worker's job waits for pg-boss's heartbeat check): look again in a second.
+  const [row] = await tx`
+    update sched_queues set ready_at = (
+      select greatest(min(run_after), now() + interval '1 second') from jobs
+      where tenant_id = ${tenantId} and priority = ${jobClass} and state = 'QUEUED')
+    where tenant_id = ${tenantId} and class = ${jobClass}
+    returning ready_at`;
+  return (row?.ready_at as Date | null) ?? null;
+}
+
+/** The busy queues with the smallest virtual times, per class: what a decision reads. */
+export async function loadCandidates(sql: Tx, classes: readonly JobClass[], perClass: number): Promise<QueueCandidate[]> {
+  const rows = await sql`
+    select q.tenant_id, q.class, q.vtime, t.weight, t.in_flight, t.cap, t.quota_blocked
+    from unnest(${classes as string[]}::text[]) as c(class)
+    cross join lateral (
+      select * from sched_queues q
+      where q.class = c.class and q.ready_at is not null and q.ready_at <= now()
+      order by q.vtime limit ${perClass}
+    ) q
+    join sched_tenants t on t.tenant_id = q.tenant_id`;
+  return rows.map((r) => ({
+    tenantId: r.tenant_id as string,
+    jobClass: r.class as JobClass,
+    vtime: r.vtime as number,
+    weight: r.weight as number,
+    inFlight: r.in_flight as number,
+    cap: r.cap as number,
+    quotaBlocked: r.quota_blocked as boolean,
+  }));
+}
+
+/** Age in ms of each class's oldest ready queued job (for the starvation guard). */
+export async function oldestWaitByClass(sql: Tx): Promise<Partial<Record<JobClass, number>>> {
+  const rows = await sql`
+    select c.class, extract(epoch from now() - o.created_at) * 1000 as age_ms
+    from unnest(${CLASSES as unknown as string[]}::text[]) as c(class)
+    cross join lateral (
+      select created_at from jobs where priority = c.class and state = 'QUEUED' and run_after <= now()
+      order by created_at limit 1
+    ) o`;
+  return Object.fromEntries(rows.map((r) => [r.class, Number(r.age_ms)]));
+}
+
+/* ---------- the dispatch transaction ---------- */
+
+/** Takes up to `want` of the tenant's free in-flight slots; returns how many (0 when at cap or quota-blocked). */
+export async function claimTenantSlots(tx: Tx, tenantId: string, want: number): Promise<{ granted: number; weight: number; quota: number; quotaPolicy: 'WAIT' | 'FAIL'; periodAnchor: Date }> {
+  const [row] = await tx`
+    with cur as (
+      select tenant_id, least(${want}::int, cap - in_flight) as n from sched_tenants
+      where tenant_id = ${tenantId} and in_flight < cap and not quota_blocked
+      for update
+    )
+    update sched_tenants t set in_flight = t.in_flight + cur.n
+    from cur where t.tenant_id = cur.tenant_id and cur.n > 0
+    returning cur.n as granted, t.weight, t.quota, t.quota_policy, t.period_anchor`;
+  if (!row) return { granted: 0, weight: 1, quota: 0, quotaPolicy: 'WAIT', periodAnchor: new Date() };
+  return {
+    granted: row.granted as number,
+    weight: row.weight as number,
+    quota: Number(row.quota),
+    quotaPolicy: row.quota_policy as 'WAIT' | 'FAIL',
+    periodAnchor: row.period_anchor as Date,
+  };
+}
+
+export async function releaseTenantSlots(tx: Tx, tenantId: string, n: number): Promise<void> {
+  if (n <= 0) return;
+  await tx`update sched_tenants set in_flight = greatest(0, in_flight - ${n}) where tenant_id = ${tenantId}`;
+}
+
+/** The tenant's ledger row for the period, locked, created on first use. */
+export async function lockLedger(tx: Tx, tenantId: string, periodStart: Date): Promise<{ billed: number; reserved: number }> {
+  await tx`insert into tenant_ledger (tenant_id, period_start) values (${tenantId}, ${periodStart}) on conflict do nothing`;
+  const [row] = await tx`
+    select billed, reserved from tenant_ledger where tenant_id = ${tenantId} and period_start = ${periodStart} for update`;
+  return { billed: Number(row!.billed), reserved: Number(row!.reserved) };
+}
+
+/**
+ * Takes `n` tokens and `n` in-flight slots of a window, only if the window is
+ * not paused, has the tokens (continuous refill, same formula as pacer.ts
+ * `tokensAt`) and stays within its pool. Returns false when it cannot.
+ */
+export async function takeWindow(tx: Tx, window: string, n: number, pool: number): Promise<boolean> {
+  const rows = await tx`
+    with w as (
+      select name, case when rate_per_minute is null then null
+        else least(burst, tokens + greatest(0, extract(epoch from (clock_timestamp() - refilled_at))) * rate_per_minute / 60.0) end as now_tokens
+      from windows where name = ${window} for update
+    )
+    update windows set
+      tokens = coalesce(w.now_tokens - ${n}, 0),
+      refilled_at = clock_timestamp(),
+      in_flight = windows.in_flight + ${n}
+    from w
+    where windows.name = w.name
+      and (windows.paused_until is null or windows.paused_until <= clock_timestamp())
+      and (w.now_tokens is null or w.now_tokens >= ${n} - 1e-9)
+      and windows.in_flight + ${n} <= ${pool}
+    returning windows.name`;
+  return rows.length > 0;
+}
+
+export interface ReservationRow {
+  id: string;
+  jobId: string;
+  attempt: number;
+  credits: number;
+}
+
+/** Reserves credits and records the attempts' reservations (one row each). */
+export async function reserve(
+  tx: Tx,
+  tenantId: string,
+  periodStart: Date,
+  window: string,
+  nodeId: string,
+  rows: readonly ReservationRow[],
+): Promise<void> {
+  const total = rows.reduce((s, r) => s + r.credits, 0);
+  await tx`update tenant_ledger set reserved = reserved + ${total} where tenant_id = ${tenantId} and period_start = ${periodStart}`;
+  const payload = rows.map((r) => ({ id: r.id, job_id: r.jobId, attempt: r.attempt, credits: r.credits }));
+  await tx`
+    insert into reservations (id, job_id, attempt, tenant_id, period_start, "window", node_id, credits)
+    select x.id, x.job_id, x.attempt, ${tenantId}, ${periodStart}, ${window}, ${nodeId}, x.credits
+    from jsonb_to_recordset(${tx.json(payload as never)}::jsonb) as x(id uuid, job_id uuid, attempt int, credits int)`;
+}
+
+/** Serving `items` advances the queue's virtual time and its class's clock. */
+export async function advanceQueue(tx: Tx, tenantId: string, jobClass: JobClass, items: number, weight: number): Promise<void> {
+  const [row] = await tx`
+    update sched_queues set vtime = vtime + ${items}::float8 / ${weight}
+    where tenant_id = ${tenantId} and class = ${jobClass}
+    returning vtime - ${items}::float8 / ${weight} as served_at`;
+  if (row) await tx`update sched_classes set clock = greatest(clock, ${row.served_at as number}) where class = ${jobClass}`;
+}
+
+/** Policy WAIT: the tenant waits for quota; its queued jobs show WAITING_QUOTA. */
+export async function blockForQuota(tx: Tx, tenantId: string, neededCost: number): Promise<string[]> {
+  await tx`update sched_tenants set quota_blocked = true, quota_blocked_cost = ${neededCost} where tenant_id = ${tenantId}`;
+  const rows = await tx`
+    update jobs set state = 'WAITING_QUOTA', updated_at = now()
+    where tenant_id = ${tenantId} and state = 'QUEUED' returning id`;
+  return rows.map((r) => r.id as string);
+}
+
+/* ---------- settlement ---------- */
+
+/**
+ * Settles a reservation exactly once (I5): billed or refunded, and its
+ * tenant and window slots released. Returns false when it was already settled
+ * (by the sweeper, after this node was presumed dead).
+ */
+export async function settleReservation(tx: Tx, id: string, billed: number, outcome: string): Promise<boolean> {
+  const [r] = await tx`
+    update reservations set settled_at = now(), billed = least(credits, ${billed}), outcome = ${outcome}
+    where id = ${id} and settled_at is null
+    returning tenant_id, period_start, "window", credits, billed`;
+  if (!r) return false;
+  await tx`update sched_tenants set in_flight = greatest(0, in_flight - 1) where tenant_id = ${r.tenant_id as string}`;
+  await tx`
+    update tenant_ledger set reserved = reserved - ${r.credits as number}, billed = billed + ${r.billed as number},
+      refunded = refunded + ${(r.credits as number) - (r.billed as number)}
+    where tenant_id = ${r.tenant_id as string} and period_start = ${r.period_start as Date}`;
+  await tx`update windows set in_flight = greatest(0, in_flight - 1) where name = ${r.window as string}`;
+  return true;
+}
+
+/** A rate-limit 429: the window sends nothing on any node until the pause ends, and its bucket is emptied. */
+export async function pauseWindow(sql: Tx, window: string, seconds: number, reason: string): Promise<void> {
+  await sql`
+    update windows set tokens = 0, refilled_at = greatest(clock_timestamp(), now() + make_interval(secs => ${seconds})),
+      paused_until = greatest(coalesce(paused_until, now()), now() + make_interval(secs => ${seconds})),
+      pause_reason = ${reason}, updated_at = now()
+    where name = ${window}`;
+}
+
+/* ---------- windows ---------- */
+
+export async function upsertWindows(sql: Tx, specs: readonly WindowSpec[]): Promise<void> {
+  for (const w of specs) {
+    await sql`
+      insert into windows (name, rate_per_minute, burst, tokens)
+      values (${w.name}, ${w.pacedPerMinute}, ${w.burst}, ${w.burst})
+      on conflict (name) do update set rate_per_minute = excluded.rate_per_minute, burst = excluded.burst,
+        tokens = least(windows.tokens, excluded.burst), updated_at = now()`;
+  }
+}
+
+export interface WindowRow extends BucketState {
+  name: string;
+  inFlight: number;
+  poolSize: number;
+  pauseReason: string | null;
+  latencyP50Ms: number | null;
+  latencyP95Ms: number | null;
+  /** The database's clock when read, so waits are computed on one clock. */
+  dbNow: number;
+}
+
+export async function readWindows(sql: Tx, names?: readonly string[]): Promise<WindowRow[]> {
+  const rows = await sql`
+    select *, clock_timestamp() as db_now from windows
+    where ${names ? sql`name = any(${names as string[]}::text[])` : sql`true`} order by name`;
+  return rows.map((r) => ({
+    name: r.name as string,
+    ratePerMinute: r.rate_per_minute as number | null,
+    burst: r.burst as number,
+    tokens: r.tokens as number,
+    refilledAt: (r.refilled_at as Date).getTime(),
+    pausedUntil: r.paused_until ? (r.paused_until as Date).getTime() : null,
+    pauseReason: r.pause_reason as string | null,
+    inFlight: r.in_flight as number,
+    poolSize: r.pool_size as number,
+    latencyP50Ms: r.latency_p50_ms as number | null,
+    latencyP95Ms: r.latency_p95_ms as number | null,
+    dbNow: (r.db_now as Date).getTime(),
+  }));
+}
+
+export async function reportWindowLatency(sql: Tx, window: string, poolSize: number, p50: number, p95: number): Promise<void> {
+  await sql`update windows set pool_size = ${poolSize}, latency_p50_ms = ${p50}, latency_p95_ms = ${p95}, updated_at = now() where name = ${window}`;
+}
+
+/* ---------- nodes and the sweep ---------- */
+
+export async function heartbeatNode(sql: Tx, id: string, role: string): Promise<void> {
+  await sql`
+    insert into nodes (id, role, pid) values (${id}, ${role}, ${process.pid})
+    on conflict (id) do update set heartbeat_at = now()`;
+}
+
+export async function removeNode(sql: Tx, id: string): Promise<void> {
+  await sql`delete from nodes where id = ${id}`;
+}
+
+export interface OrphanReservation {
+  id: string;
+  jobId: string;
+  attempt: number;
+  tenantId: string;
+  credits: number;
+}
+
+/** Open reservations of nodes that stopped heartbeating (or are gone). */
+export async function orphanReservations(sql: Tx, timeoutSeconds: number): Promise<OrphanReservation[]> {
+  const rows = await sql`
+    select r.id, r.job_id, r.attempt, r.tenant_id, r.credits from reservations r
+    left join nodes n on n.id = r.node_id
+    where r.settled_at is null
+      and (n.id is null or n.heartbeat_at < now() - make_interval(secs => ${timeoutSeconds}))
+    limit 1000`;
+  return rows.map((r) => ({ id: r.id as string, jobId: r.job_id as string, attempt: r.attempt as number, tenantId: r.tenant_id as string, credits: r.credits as number }));
+}
+
+export async function forgetDeadNodes(sql: Tx, timeoutSeconds: number): Promise<void> {
+  await sql`
+    delete from nodes n where n.heartbeat_at < now() - make_interval(secs => ${timeoutSeconds * 6})
+      and not exists (select 1 from reservations r where r.node_id = n.id and r.settled_at is null)`;
+}
+
+/** Quota-blocked tenants whose next job now fits (a new period, a raised quota, refunds). */
+export async function unblockableTenants(sql: Tx): Promise<Array<{ tenantId: string; periodAnchor: Date; quota: number; cost: number }>> {
+  const rows = await sql`select tenant_id, period_anchor, quota, quota_blocked_cost from sched_tenants where quota_blocked`;
+  return rows.map((r) => ({ tenantId: r.tenant_id as string, periodAnchor: r.period_anchor as Date, quota: Number(r.quota), cost: r.quota_blocked_cost as number }));
+}
+
+export async function ledgerFor(sql: Tx, tenantId: string, periodStart: Date): Promise<{ billed: number; reserved: number; refunded: number }> {
+  const [row] = await sql`select billed, reserved, refunded from tenant_ledger where tenant_id = ${tenantId} and period_start = ${periodStart}`;
+  return { billed: Number(row?.billed ?? 0), reserved: Number(row?.reserved ?? 0), refunded: Number(row?.refunded ?? 0) };
+}
+
+/** Lifts the quota block: WAITING_QUOTA jobs are QUEUED again and their queues ready. */
+export async function unblockQuota(tx: Tx, tenantId: string): Promise<number> {
+  const [t] = await tx`update sched_tenants set quota_blocked = false, quota_blocked_cost = 0 where tenant_id = ${tenantId} and quota_blocked returning tenant_id`;
+  if (!t) return 0;
+  const rows = await tx`
+    update jobs set state = 'QUEUED', updated_at = now() where tenant_id = ${tenantId} and state = 'WAITING_QUOTA'
+    returning priority`;
+  const classes = [...new Set(rows.map((r) => r.priority as JobClass))];
+  await markQueuesReady(tx, tenantId, classes);
+  return rows.length;
+}
+
+export async function isQuotaBlocked(tx: Tx, tenantId: string): Promise<boolean> {
+  const [row] = await tx`select quota_blocked from sched_tenants where tenant_id = ${tenantId}`;
+  return Boolean(row?.quota_blocked);
+}
