@@ -147,6 +147,8 @@ export const schedQueues = pgTable(
 export const schedClasses = pgTable('sched_classes', {
   jobClass: text('class').primaryKey(),
   clock: doublePrecision('clock').notNull().default(0),
+  /** When a job of this class was last dispatched (the starvation guard's turn counter). */
+  servedAt: timestamp('served_at', { withTimezone: true }),
 });
 
 /** One upstream rate window (key): its pacer bucket, pause and in-flight count, shared by every node. */

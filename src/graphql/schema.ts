@@ -7,6 +7,7 @@ import './schema/tenants.ts';
 import './schema/jobs.ts';
 import './schema/me.ts';
 import './schema/apis.ts';
+import './schema/system.ts';
 
 builder.queryType({});
 builder.mutationType({});

@@ -75,17 +75,23 @@ export async function refreshReadyAt(tx: Tx, tenantId: string, jobClass: JobClas
   return (row?.ready_at as Date | null) ?? null;
 }
 
-/** The busy queues with the smallest virtual times, per class: what a decision reads. */
+/**
+ * The eligible busy queues with the smallest virtual times, per class: what a
+ * decision reads. Eligibility (under cap, not quota-blocked) is filtered
+ * before the limit: queues that cannot be served stop advancing their
+ * virtual time, so ordering first would let them crowd out everyone else.
+ */
 export async function loadCandidates(sql: Tx, classes: readonly JobClass[], perClass: number): Promise<QueueCandidate[]> {
   const rows = await sql`
-    select q.tenant_id, q.class, q.vtime, t.weight, t.in_flight, t.cap, t.quota_blocked
+    select q.tenant_id, q.class, q.vtime, q.weight, q.in_flight, q.cap, q.quota_blocked
     from unnest(${classes as string[]}::text[]) as c(class)
     cross join lateral (
-      select * from sched_queues q
+      select q.tenant_id, q.class, q.vtime, t.weight, t.in_flight, t.cap, t.quota_blocked
+      from sched_queues q join sched_tenants t on t.tenant_id = q.tenant_id
       where q.class = c.class and q.ready_at is not null and q.ready_at <= now()
+        and t.in_flight < t.cap and not t.quota_blocked
       order by q.vtime limit ${perClass}
-    ) q
-    join sched_tenants t on t.tenant_id = q.tenant_id`;
+    ) q`;
   return rows.map((r) => ({
     tenantId: r.tenant_id as string,
     jobClass: r.class as JobClass,
@@ -97,16 +103,23 @@ export async function loadCandidates(sql: Tx, classes: readonly JobClass[], perC
   }));
 }
 
-/** Age in ms of each class's oldest ready queued job (for the starvation guard). */
+/**
+ * How long each class has waited, for the starvation guard: the age of its
+ * oldest ready job, but no more than the time since the class was last
+ * served. A long backlog is old for as long as it drains; judged by age alone
+ * it would stay "starving" and outrank the classes above it the whole time,
+ * instead of getting one turn per maximum wait.
+ */
 export async function oldestWaitByClass(sql: Tx): Promise<Partial<Record<JobClass, number>>> {
   const rows = await sql`
-    select c.class, extract(epoch from now() - o.created_at) * 1000 as age_ms
+    select c.class, extract(epoch from now() - greatest(o.created_at, coalesce(k.served_at, '-infinity'))) * 1000 as wait_ms
     from unnest(${CLASSES as unknown as string[]}::text[]) as c(class)
+    left join sched_classes k on k.class = c.class
     cross join lateral (
       select created_at from jobs where priority = c.class and state = 'QUEUED' and run_after <= now()
       order by created_at limit 1
     ) o`;
-  return Object.fromEntries(rows.map((r) => [r.class, Number(r.age_ms)]));
+  return Object.fromEntries(rows.map((r) => [r.class, Math.max(0, Number(r.wait_ms))]));
 }
 
 /* ---------- the dispatch transaction ---------- */
@@ -201,12 +214,17 @@ export async function advanceQueue(tx: Tx, tenantId: string, jobClass: JobClass,
     update sched_queues set vtime = vtime + ${items}::float8 / ${weight}
     where tenant_id = ${tenantId} and class = ${jobClass}
     returning vtime - ${items}::float8 / ${weight} as served_at`;
-  if (row) await tx`update sched_classes set clock = greatest(clock, ${row.served_at as number}) where class = ${jobClass}`;
+  if (row) await tx`update sched_classes set clock = greatest(clock, ${row.served_at as number}), served_at = now() where class = ${jobClass}`;
 }
 
-/** Policy WAIT: the tenant waits for quota; its queued jobs show WAITING_QUOTA. */
+/**
+ * Policy WAIT: the tenant waits for quota; its queued jobs show WAITING_QUOTA.
+ * Its queues go idle (ready_at null), so when the block lifts they rejoin at
+ * the class clock instead of being owed the time they were blocked.
+ */
 export async function blockForQuota(tx: Tx, tenantId: string, neededCost: number): Promise<string[]> {
   await tx`update sched_tenants set quota_blocked = true, quota_blocked_cost = ${neededCost} where tenant_id = ${tenantId}`;
+  await tx`update sched_queues set ready_at = null where tenant_id = ${tenantId}`;
   const rows = await tx`
     update jobs set state = 'WAITING_QUOTA', updated_at = now()
     where tenant_id = ${tenantId} and state = 'QUEUED' returning id`;

@@ -1,0 +1,1 @@
+ALTER TABLE "sched_classes" ADD COLUMN "served_at" timestamp with time zone;
