@@ -201,10 +201,12 @@ export async function reserve(
 ): Promise<void> {
   const total = rows.reduce((s, r) => s + r.credits, 0);
   await tx`update tenant_ledger set reserved = reserved + ${total} where tenant_id = ${tenantId} and period_start = ${periodStart}`;
+  // clock_timestamp(), not now(): the tenant's row lock was taken after any settlement it waited for
+  // committed, so a reservation's interval never appears to overlap one it actually followed.
   const payload = rows.map((r) => ({ id: r.id, job_id: r.jobId, attempt: r.attempt, credits: r.credits }));
   await tx`
-    insert into reservations (id, job_id, attempt, tenant_id, period_start, "window", node_id, credits)
-    select x.id, x.job_id, x.attempt, ${tenantId}, ${periodStart}, ${window}, ${nodeId}, x.credits
+    insert into reservations (id, job_id, attempt, tenant_id, period_start, "window", node_id, credits, created_at)
+    select x.id, x.job_id, x.attempt, ${tenantId}, ${periodStart}, ${window}, ${nodeId}, x.credits, clock_timestamp()
     from jsonb_to_recordset(${tx.json(payload as never)}::jsonb) as x(id uuid, job_id uuid, attempt int, credits int)`;
 }
 
@@ -240,7 +242,7 @@ export async function blockForQuota(tx: Tx, tenantId: string, neededCost: number
  */
 export async function settleReservation(tx: Tx, id: string, billed: number, outcome: string): Promise<boolean> {
   const [r] = await tx`
-    update reservations set settled_at = now(), billed = least(credits, ${billed}), outcome = ${outcome}
+    update reservations set settled_at = clock_timestamp(), billed = least(credits, ${billed}), outcome = ${outcome}
     where id = ${id} and settled_at is null
     returning tenant_id, period_start, "window", credits, billed`;
   if (!r) return false;

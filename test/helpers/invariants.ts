@@ -1,0 +1,82 @@
+/**
+ * The invariants of ../shared/DESIGN.md, checked from the records Sluice
+ * keeps (reservations, ledger, jobs, pg-boss) and the simulator's own stats.
+ */
+import assert from 'node:assert/strict';
+import type postgres from 'postgres';
+
+/** I3: the most reservations (in-flight calls) a tenant ever held at once, from their intervals. */
+export async function maxConcurrentByTenant(sql: postgres.Sql): Promise<Map<string, number>> {
+  const rows = await sql`
+    with ev as (
+      select tenant_id, created_at as at, 1 as d from reservations
+      union all
+      select tenant_id, coalesce(settled_at, 'infinity'), -1 from reservations
+    ), run as (
+      select tenant_id, sum(d) over (partition by tenant_id order by at, d rows unbounded preceding) as n from ev
+    )
+    select tenant_id, max(n)::int as max from run group by tenant_id`;
+  return new Map(rows.map((r) => [r.tenant_id as string, r.max as number]));
+}
+
+/** I4 and the ledger's books: reserved = open reservations, billed = settled bills, within quota. */
+export async function assertLedgerBalances(sql: postgres.Sql): Promise<void> {
+  const rows = await sql`
+    select l.tenant_id, l.period_start, l.billed, l.reserved, t.quota,
+      coalesce((select sum(credits) from reservations r where r.tenant_id = l.tenant_id and r.period_start = l.period_start and r.settled_at is null), 0) as open,
+      coalesce((select sum(billed) from reservations r where r.tenant_id = l.tenant_id and r.period_start = l.period_start and r.settled_at is not null), 0) as settled
+    from tenant_ledger l join sched_tenants t using (tenant_id)`;
+  for (const r of rows) {
+    assert.equal(Number(r.reserved), Number(r.open), `tenant ${r.tenant_id}: reserved matches open reservations`);
+    assert.equal(Number(r.billed), Number(r.settled), `tenant ${r.tenant_id}: billed matches settled reservations`);
+    assert.ok(Number(r.billed) + Number(r.reserved) <= Number(r.quota), `tenant ${r.tenant_id}: I4 billed + reserved <= quota`);
+  }
+}
+
+/** I5 after quiescence: nothing outstanding anywhere. */
+export async function assertQuiescent(sql: postgres.Sql): Promise<void> {
+  const [open] = await sql`select count(*)::int as n from reservations where settled_at is null`;
+  assert.equal(open!.n, 0, 'I5: every reservation is settled');
+  const [reserved] = await sql`select coalesce(sum(reserved), 0)::int as n from tenant_ledger`;
+  assert.equal(reserved!.n, 0, 'I5: no credits left reserved');
+  const [tenants] = await sql`select coalesce(sum(in_flight), 0)::int as n from sched_tenants`;
+  assert.equal(tenants!.n, 0, 'no tenant slot left taken');
+  const [windows] = await sql`select coalesce(sum(in_flight), 0)::int as n from windows`;
+  assert.equal(windows!.n, 0, 'no window slot left taken');
+}
+
+/** I6/I7: every job ended (or waits), has at most one result row, and pg-boss holds nothing unacknowledged. */
+export async function assertJobsAccountedFor(sql: postgres.Sql): Promise<Record<string, number>> {
+  const rows = await sql`select state, count(*)::int as n from jobs group by state`;
+  const byState = Object.fromEntries(rows.map((r) => [r.state as string, r.n as number]));
+  assert.equal(byState.RUNNING ?? 0, 0, 'no job left RUNNING');
+  const [dupes] = await sql`select count(*)::int as n from (select job_id from job_results group by job_id having count(*) > 1) d`;
+  assert.equal(dupes!.n, 0, 'I6: one result row per job');
+  const [unacked] = await sql`
+    select count(*)::int as n from pgboss.job b join jobs j on j.id = b.id
+    where j.state in ('SUCCEEDED', 'FAILED') and b.state not in ('completed', 'cancelled', 'failed')`;
+  assert.equal(unacked!.n, 0, 'finished jobs are acknowledged in pg-boss');
+  const [finishedWithoutResult] = await sql`
+    select count(*)::int as n from jobs j where j.state in ('SUCCEEDED', 'FAILED') and not exists (select 1 from job_results r where r.job_id = j.id)`;
+  assert.equal(finishedWithoutResult!.n, 0, 'I6: no job finished without its result');
+  return byState;
+}
+
+/**
+ * I1 from the simulator's per-second timeline: in any run of k whole seconds,
+ * calls <= burst + rate × (k + 1) (one extra second covers the bucket
+ * boundaries of a per-second timeline).
+ */
+export function assertPaced(timeline: Record<string, number>, burst: number, perSecond: number): void {
+  const seconds = Object.keys(timeline).map(Number);
+  if (seconds.length === 0) return;
+  const last = Math.max(...seconds);
+  const counts = Array.from({ length: last + 1 }, (_, s) => timeline[String(s)] ?? 0);
+  for (let start = 0; start < counts.length; start++) {
+    let sum = 0;
+    for (let k = 1; start + k <= counts.length; k++) {
+      sum += counts[start + k - 1]!;
+      assert.ok(sum <= burst + perSecond * (k + 1), `I1: ${sum} calls in seconds ${start}..${start + k - 1} exceeds ${burst} + ${perSecond} x ${k + 1}`);
+    }
+  }
+}
