@@ -8,12 +8,15 @@ import path from 'node:path';
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { buildCatalog } from './config/apis.ts';
-import type { Env } from './config/env.ts';
+import { ConfigError, type Env } from './config/env.ts';
 import { connect, ensureDatabase } from './db/client.ts';
 import { startEmbeddedPostgres, type EmbeddedDatabase } from './db/embedded.ts';
 import { runMigrations } from './db/migrate.ts';
 import { resolveAdminToken } from './db/settings.ts';
 import { Dispatcher } from './dispatch/dispatcher.ts';
+import { Breakers } from './dispatch/breakers.ts';
+import { desiredAlerts } from './alerts/rules.ts';
+import { createNotifier } from './alerts/notifier.ts';
 import { EventBus } from './events/bus.ts';
 import type { Services } from './graphql/context.ts';
 import { JobService } from './jobs/service.ts';
@@ -27,7 +30,7 @@ import { TenantStore } from './tenants/store.ts';
 import * as sched from './scheduler/store.ts';
 import { Sweeper } from './scheduler/sweeper.ts';
 import { parseClassWindows, planWindows } from './scheduler/windows.ts';
-import { parseClassSeconds } from './config/classes.ts';
+import { parseClassNumbers, parseClassSeconds } from './config/classes.ts';
 
 export interface SluiceApp {
   /** http://host:port/graphql when this process serves the API. */
@@ -105,7 +108,13 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       burst: env.PACER_BURST,
       primaryKey,
       subKeys,
-      classWindows: parseClassWindows(env.CLASS_WINDOWS, subKeys),
+      classWindows: (() => {
+        try {
+          return parseClassWindows(env.CLASS_WINDOWS, subKeys);
+        } catch (err) {
+          throw new ConfigError(`invalid configuration:\n  CLASS_WINDOWS: ${(err as Error).message}`);
+        }
+      })(),
     });
     await sched.ensureClasses(sql);
     await sched.upsertWindows(sql, windowSpecs);
@@ -124,7 +133,13 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     const services: Services = {
       sql,
       tenants: new TenantStore(db),
-      jobs: new JobService({ sql, boss, catalog, maxJobsPerSubmission: env.MAX_JOBS_PER_SUBMISSION }),
+      jobs: new JobService({
+        sql,
+        boss,
+        catalog,
+        maxJobsPerSubmission: env.MAX_JOBS_PER_SUBMISSION,
+        admission: { globalBound: env.GLOBAL_QUEUE_BOUND, classShare: parseClassNumbers(env.CLASS_SHARES), windows: windowSpecs },
+      }),
       bus,
       catalog,
       adminTokenHash: admin.hash,
@@ -154,6 +169,13 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     }
     if (env.SLUICE_ROLE !== 'api') {
       const nodeId = randomUUID();
+      const breakers = new Breakers({
+        threshold: env.BREAKER_THRESHOLD,
+        size: env.BREAKER_WINDOW,
+        minimumCalls: env.BREAKER_MIN_CALLS,
+        halfOpenAfterMs: env.BREAKER_HALF_OPEN_SECONDS * 1000,
+      });
+      const agePromises = parseClassSeconds(env.CLASS_AGE_PROMISE_SECONDS);
       const dispatcher = new Dispatcher({
         sql,
         boss,
@@ -170,6 +192,8 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         retryDelaySeconds: env.JOB_RETRY_DELAY_SECONDS,
         heartbeatSeconds: env.JOB_HEARTBEAT_SECONDS,
         timeoutBilling: env.TIMEOUT_BILLING,
+        breakers,
+        creditsStopSeconds: env.CREDITS_STOP_SECONDS,
         log,
       });
       const sweeper = new Sweeper({
@@ -186,7 +210,26 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
             if (lat.count > 0) await sched.reportWindowLatency(sql, w.name, dispatcher.poolFor(w), lat.percentile(50), lat.percentile(95));
           }
           dispatcher.oldestWaitMs = await sched.oldestWaitByClass(sql);
+          await sched.publishBreakers(sql, breakers.states().map((b) => ({ ...b, retryAt: b.state === 'OPEN' ? new Date(breakers.retryAt(b.api) ?? Date.now()) : null })));
+          const status = client.lastStatus();
+          if (status) await sched.publishProviderStatus(sql, status);
         },
+        desiredAlerts: async (tx) => {
+          const [totals, account, windows, breakerRows] = await Promise.all([
+            sched.classTotals(tx),
+            sched.readAccount(tx),
+            sched.readWindows(tx),
+            sched.readBreakers(tx),
+          ]);
+          return desiredAlerts({
+            oldestAgeSeconds: Object.fromEntries(totals.filter((c) => c.oldestAgeSeconds !== null).map((c) => [c.jobClass, c.oldestAgeSeconds!])),
+            agePromiseSeconds: Object.fromEntries(Object.entries(agePromises).map(([c, ms]) => [c, ms! / 1000])),
+            accountStop: account.dispatchStoppedUntil ? { reason: account.stopReason ?? 'STOPPED', until: account.dispatchStoppedUntil } : null,
+            windowsStopped: windows.filter((w) => w.pausedUntil !== null && w.pausedUntil > w.dbNow && w.pauseReason === 'KEY_UNUSABLE').map((w) => ({ name: w.name, reason: w.pauseReason! })),
+            openBreakers: breakerRows.filter((b) => b.state === 'OPEN').map((b) => b.api),
+          });
+        },
+        notifier: createNotifier({ webhookUrl: env.ALERT_WEBHOOK_URL, log }),
       });
       await sweeper.start();
       cleanups.push(() => sweeper.stop());

@@ -25,10 +25,13 @@ export class SluiceError extends Error {
   readonly code: ErrorCode;
   readonly extensions: Record<string, unknown>;
   readonly httpStatus: number | undefined;
-  constructor(code: ErrorCode, message: string, extensions: Record<string, unknown> = {}, httpStatus?: number) {
+  /** HTTP headers for the response (e.g. Retry-After); ignored over WebSocket. */
+  readonly httpHeaders: Record<string, string> | undefined;
+  constructor(code: ErrorCode, message: string, extensions: Record<string, unknown> = {}, httpStatus?: number, httpHeaders?: Record<string, string>) {
     super(message);
     this.code = code;
     this.extensions = extensions;
     this.httpStatus = httpStatus;
+    this.httpHeaders = httpHeaders;
   }
 }

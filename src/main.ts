@@ -18,6 +18,10 @@ try {
 const log = createLogger(env.LOG_LEVEL);
 
 const app = await startSluice(env, log).catch((err) => {
+  if (err instanceof ConfigError) {
+    console.error(`sluice: ${err.message}`);
+    process.exit(2);
+  }
   log.fatal({ err }, 'start-up failed');
   process.exit(1);
 });

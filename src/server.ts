@@ -13,6 +13,10 @@ import { useOperationAuth } from './graphql/auth-plugin.ts';
 import { useInputErrorCodes } from './graphql/input-errors-plugin.ts';
 import { authenticate, type Context, type Services } from './graphql/context.ts';
 import { schema } from './graphql/schema.ts';
+// --- front door and metrics ---
+import { DEFAULT_QUERY_LIMITS, hardeningPlugins, type QueryLimits } from './http/hardening.ts';
+import type { Metrics } from './metrics.ts';
+// --- end front door and metrics ---
 
 export const GRAPHQL_PATH = '/graphql';
 
@@ -21,6 +25,12 @@ export interface ServerOptions {
   maxBodyBytes: number;
   log: Logger;
   development: boolean;
+  // --- front door and metrics ---
+  /** Query depth/cost/alias/token limits (queryLimitsFromEnv); default DEFAULT_QUERY_LIMITS. */
+  limits?: QueryLimits;
+  /** Serves GET /metrics and counts GraphQL requests; absent: /metrics answers 404. */
+  metrics?: Metrics;
+  // --- end front door and metrics ---
 }
 
 /** SluiceError → a GraphQL error with its code; anything else is logged and masked (no stack traces outside development). */
@@ -34,7 +44,7 @@ function maskError(log: Logger, error: unknown, message: string, isDev?: boolean
       extensions: {
         code: original.code,
         ...original.extensions,
-        ...(original.httpStatus ? { http: { status: original.httpStatus } } : {}),
+        ...(original.httpStatus ? { http: { status: original.httpStatus, ...(original.httpHeaders ? { headers: original.httpHeaders } : {}) } } : {}),
       },
     });
   }
@@ -58,7 +68,12 @@ export function createGraphQL(opts: ServerOptions): YogaServerInstance<Record<st
         null;
       return { auth: await authenticate(opts.services, authorization), services: opts.services };
     },
-    plugins: [useOperationAuth(), useInputErrorCodes()],
+    plugins: [
+      ...hardeningPlugins(opts.limits ?? DEFAULT_QUERY_LIMITS), // front door: CSRF, then query limits (before auth, before execution)
+      useOperationAuth(),
+      useInputErrorCodes(),
+      ...(opts.metrics ? [opts.metrics.yogaPlugin()] : []),
+    ],
   });
 }
 
@@ -91,6 +106,17 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
         res.writeHead(200, { 'content-type': 'text/plain' }).end('ok');
         return;
       }
+      // --- metrics ---
+      if (url.pathname === '/metrics' && (req.method === 'GET' || req.method === 'HEAD')) {
+        if (!opts.metrics) {
+          res.writeHead(404, { 'content-type': 'text/plain' }).end('metrics are not enabled in this process');
+          return;
+        }
+        const { contentType, body } = await opts.metrics.render();
+        res.writeHead(200, { 'content-type': contentType }).end(req.method === 'HEAD' ? undefined : body);
+        return;
+      }
+      // --- end metrics ---
       if (url.pathname === '/' && req.method === 'GET') {
         res.writeHead(302, { location: GRAPHQL_PATH }).end();
         return;
@@ -150,10 +176,18 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
           params: payload,
           connectionParams: ctx.connectionParams,
         });
+        // A refused document (syntax, TOO_MANY_TOKENS) is an error for this operation, not a dropped socket.
+        let document: ReturnType<typeof parse>;
+        try {
+          document = parse(payload.query);
+        } catch (err) {
+          if (err instanceof GraphQLError) return [err];
+          throw err;
+        }
         const args = {
           schema: s,
           operationName: payload.operationName,
-          document: parse(payload.query),
+          document,
           variableValues: payload.variables,
           contextValue: await contextFactory(),
           rootValue: { execute, subscribe },

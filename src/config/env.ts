@@ -5,6 +5,7 @@
  */
 import { z } from 'zod';
 import { PLAN_NAMES } from './plans.ts';
+import { parseClassNumbers } from './classes.ts';
 
 const int = (def: number, min = 0) => z.coerce.number().int().min(min).default(def);
 const bool = (def: boolean) =>
@@ -16,6 +17,18 @@ const optionalString = z
   .string()
   .optional()
   .transform((v) => (v === undefined || v.trim() === '' ? undefined : v.trim()));
+/** `CLASS=number,…`, checked at start so a typo names its variable. */
+const classNumbers = (def: string) =>
+  z
+    .string()
+    .default(def)
+    .superRefine((v, ctx) => {
+      try {
+        parseClassNumbers(v);
+      } catch (err) {
+        ctx.addIssue({ code: 'custom', message: (err as Error).message });
+      }
+    });
 const list = z
   .string()
   .default('')
@@ -66,7 +79,7 @@ export const envSchema = z.object({
   /** Class-to-window map, e.g. `INTERACTIVE=sub1,BULK=sub2`; default: INTERACTIVE on sub1 when a sub-key exists. */
   CLASS_WINDOWS: z.string().default(''),
   /** Starvation guard: a lower class waiting longer than this is served anyway (`STANDARD=30,BULK=120`). */
-  CLASS_MAX_WAIT_SECONDS: z.string().default('STANDARD=30,BULK=120'),
+  CLASS_MAX_WAIT_SECONDS: classNumbers('STANDARD=30,BULK=120'),
 
   /** Pools: ceil(paced rate × p95 latency) per window, at most this (and the plan's concurrent calls). */
   POOL_MAX: int(256, 1),
@@ -80,8 +93,34 @@ export const envSchema = z.object({
   NODE_TIMEOUT_SECONDS: int(10, 1),
   SWEEP_INTERVAL_MS: int(1_000, 50),
 
+  /** Admission: the bound on waiting jobs across all tenants, and the share of it each class may fill. */
+  GLOBAL_QUEUE_BOUND: int(1_000_000, 1),
+  CLASS_SHARES: classNumbers('BULK=0.7,STANDARD=0.9,INTERACTIVE=1'),
+  /** Age promises: an alert is raised when a class's oldest job is older than this. */
+  CLASS_AGE_PROMISE_SECONDS: classNumbers('INTERACTIVE=10,STANDARD=300,BULK=14400'),
+  /** Alerts are POSTed here (JSON) when raised and when cleared. */
+  ALERT_WEBHOOK_URL: z.url().optional(),
+
+  /** Breakers per API: open when this share of the last BREAKER_WINDOW calls failed (5xx, timeouts). */
+  BREAKER_THRESHOLD: z.coerce.number().gt(0).max(1).default(0.5),
+  BREAKER_WINDOW: int(20, 2),
+  BREAKER_MIN_CALLS: int(10, 1),
+  BREAKER_HALF_OPEN_SECONDS: z.coerce.number().gt(0).default(5),
+  /** Credits exhausted with no renewal time from the provider: stop dispatch this long (an admin can resume sooner). */
+  CREDITS_STOP_SECONDS: int(3_600, 1),
+
   /** Demo mode: the in-process simulator's settings (see `npm run simulator`). */
   DEMO_SIMULATOR: bool(true),
+
+  // --- Front door and metrics (src/http/hardening.ts, src/metrics.ts) ---
+  /** Query limits, checked before execution; they count the document, not the variables. */
+  MAX_QUERY_DEPTH: int(12, 1),
+  MAX_QUERY_COST: int(50_000, 1),
+  MAX_ALIASES: int(30, 0),
+  MAX_TOKENS: int(5_000, 100),
+  /** Per-tenant series on GET /metrics (one series per tenant and class): off by default to bound cardinality. */
+  METRICS_TENANT_LABELS: bool(false),
+  // --- end front door and metrics ---
 });
 
 export type Env = z.infer<typeof envSchema>;

@@ -79,6 +79,7 @@ export const jobs = pgTable(
     index('jobs_tenant_created_idx').on(t.tenantId, t.createdAt.desc(), t.id.desc()),
     index('jobs_queued_idx').on(t.tenantId, t.priority, t.runAfter).where(sql`${t.state} = 'QUEUED'`),
     index('jobs_queued_age_idx').on(t.priority, t.createdAt).where(sql`${t.state} = 'QUEUED'`),
+    index('jobs_tenant_queued_age_idx').on(t.tenantId, t.priority, t.createdAt).where(sql`${t.state} in ('QUEUED', 'WAITING_QUOTA')`),
     check('jobs_priority_check', sql`${t.priority} in ('INTERACTIVE', 'STANDARD', 'BULK')`),
     check('jobs_state_check', sql`${t.state} in ('QUEUED', 'WAITING_QUOTA', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED')`),
   ],
@@ -135,6 +136,8 @@ export const schedQueues = pgTable(
     vtime: doublePrecision('vtime').notNull().default(0),
     /** null: nothing queued. Otherwise the queue has work ready from this instant. */
     readyAt: timestamp('ready_at', { withTimezone: true }),
+    /** Jobs waiting (QUEUED or WAITING_QUOTA), kept exact by triggers on jobs (migration 0003). */
+    depth: integer('depth').notNull().default(0),
   },
   (t) => [
     primaryKey({ columns: [t.tenantId, t.jobClass] }),
@@ -213,4 +216,43 @@ export const nodes = pgTable('nodes', {
   pid: integer('pid').notNull(),
   startedAt: timestamp('started_at', { withTimezone: true }).notNull().defaultNow(),
   heartbeatAt: timestamp('heartbeat_at', { withTimezone: true }).notNull().defaultNow(),
+});
+
+/** The account as a whole: one row. A credits-exhausted signal stops all dispatch until renewal or an admin resumes. */
+export const accountState = pgTable('account_state', {
+  id: integer('id').primaryKey().default(1),
+  dispatchStoppedUntil: timestamp('dispatch_stopped_until', { withTimezone: true }),
+  stopReason: text('stop_reason'),
+  /** The newest provider status any worker saw (x-api-* headers). */
+  creditsRemaining: bigint('credits_remaining', { mode: 'number' }),
+  maxCredits: bigint('max_credits', { mode: 'number' }),
+  renewalAt: timestamp('renewal_at', { withTimezone: true }),
+  statusAt: timestamp('status_at', { withTimezone: true }),
+});
+
+/** Active and past alerts, shared by every node (the sweeper raises and clears them). */
+export const alerts = pgTable(
+  'alerts',
+  {
+    id: uuid('id').primaryKey(),
+    /** e.g. AGE_PROMISE:BULK, CREDITS_EXHAUSTED, KEY_UNUSABLE:sub1, BREAKER_OPEN:dnslookup */
+    key: text('key').notNull(),
+    severity: text('severity').notNull(),
+    message: text('message').notNull(),
+    raisedAt: timestamp('raised_at', { withTimezone: true }).notNull().defaultNow(),
+    clearedAt: timestamp('cleared_at', { withTimezone: true }),
+  },
+  (t) => [uniqueIndex('alerts_active_key').on(t.key).where(sql`${t.clearedAt} is null`)],
+);
+
+/** Circuit breakers per API, shared by every node. */
+export const breakers = pgTable('breakers', {
+  api: text('api').primaryKey(),
+  /** CLOSED, OPEN or HALF_OPEN */
+  state: text('state').notNull().default('CLOSED'),
+  openedAt: timestamp('opened_at', { withTimezone: true }),
+  /** While OPEN: when a half-open probe may go. */
+  retryAt: timestamp('retry_at', { withTimezone: true }),
+  failures: integer('failures').notNull().default(0),
+  updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
 });

@@ -33,6 +33,7 @@ import * as sched from '../scheduler/store.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
 import { quotaPeriod } from '../tenants/policy.ts';
 import { errorCodeFor, planSettlement } from './retry.ts';
+import { BreakerOpen, type Breakers } from './breakers.ts';
 
 export interface DispatcherOptions {
   sql: Sql;
@@ -50,6 +51,9 @@ export interface DispatcherOptions {
   retryDelaySeconds: number;
   heartbeatSeconds: number;
   timeoutBilling: 'billed' | 'refunded';
+  breakers: Breakers;
+  /** How long a credits-exhausted account stops when the provider gave no renewal time. */
+  creditsStopSeconds: number;
   log: Logger;
 }
 
@@ -144,6 +148,8 @@ export class Dispatcher {
   private async dispatchOnce(w: WindowSpec): Promise<number> {
     const [state] = await sched.readWindows(this.o.sql, [w.name]);
     if (!state) throw new Error(`window ${w.name} is not in the database`);
+    // Credits exhausted: nothing leaves on any window until the renewal or an admin resumes.
+    if (state.accountStoppedUntil !== null && state.accountStoppedUntil > state.dbNow) return this.o.idlePollMs;
     const pool = this.poolFor(w);
     const room = pool - state.inFlight;
     if (room <= 0) return Math.min(this.o.idlePollMs, 50); // a settle here pokes; another node's does not
@@ -181,7 +187,11 @@ export class Dispatcher {
       // Cancelled or finished meanwhile: acknowledge without a call.
       const gone = fetched.filter((j) => !claimed.has(j.id));
       if (gone.length > 0) await boss.complete(queue, gone.map((j) => j.id), null, { db });
-      const live = fetched.filter((j) => claimed.has(j.id));
+      const claimedLive = fetched.filter((j) => claimed.has(j.id));
+      // Jobs for an API whose breaker is open wait for its probe; they take no token and no credit.
+      const held = claimedLive.filter((j) => this.o.breakers.isOpen(j.data.api));
+      if (held.length > 0) await this.holdForBreaker(tx, queue, tenantId, jobClass, held, events);
+      const live = claimedLive.filter((j) => !this.o.breakers.isOpen(j.data.api));
 
       const period = quotaPeriod(slots.periodAnchor, new Date());
       const ledger = await sched.lockLedger(tx, tenantId, period.start);
@@ -240,6 +250,18 @@ export class Dispatcher {
     }
   }
 
+  /** Puts jobs back until their API's breaker lets a probe through. */
+  private async holdForBreaker(tx: postgres.TransactionSql, queue: string, tenantId: string, jobClass: JobClass, held: JobWithMetadata<JobData>[], events: JobEvent[]): Promise<void> {
+    const db = inTransaction(tx);
+    const retryAt = Math.max(...held.map((j) => this.o.breakers.retryAt(j.data.api) ?? Date.now() + 1000));
+    const startAfter = new Date(Math.max(retryAt, Date.now() + 100));
+    await unclaimJobs(tx, held.map((j) => j.id), 'QUEUED', startAfter);
+    await this.o.boss.deleteJob(queue, held.map((j) => j.id), { db });
+    await this.o.boss.insert(queue, held.map((j) => ({ id: j.id, data: j.data, startAfter })), { db });
+    await sched.markQueuesReady(tx, tenantId, [jobClass], startAfter);
+    for (const j of held) events.push({ jobId: j.id, tenantId, state: 'QUEUED' });
+  }
+
   private track(p: Promise<void>): void {
     const tracked = p
       .catch((err) => this.o.log.error({ err }, 'job run failed'))
@@ -257,7 +279,14 @@ export class Dispatcher {
     const heartbeat = setInterval(() => void boss.touch(a.queue, a.job).catch(() => {}), (this.o.heartbeatSeconds * 1000) / 2);
     let outcome: CallOutcome;
     try {
-      outcome = await this.o.client.call({ api: a.job.data.api, params: a.job.data.params, apiKey: w.apiKey });
+      outcome = await this.o.breakers.run(a.job.data.api, () => this.o.client.call({ api: a.job.data.api, params: a.job.data.params, apiKey: w.apiKey }));
+    } catch (err) {
+      if (!(err instanceof BreakerOpen)) throw err;
+      // The breaker opened after this job was leased: no call was made; it waits for the probe.
+      const retryAt = this.o.breakers.retryAt(err.api) ?? Date.now() + 1000;
+      outcome = { kind: 'server_error', httpStatus: null, creditsBilled: 0, data: null, message: err.message, status: null, retryAfterSeconds: Math.max(1, Math.ceil((retryAt - Date.now()) / 1000)), latencyMs: 0 };
+      await this.settle(w, a, outcome, { putBack: true });
+      return;
     } finally {
       clearInterval(heartbeat);
     }
@@ -271,16 +300,14 @@ export class Dispatcher {
    * the pg-boss acknowledgement. A rate-limit 429 also pauses the window on
    * every node (I2).
    */
-  private async settle(w: WindowSpec, a: Attempt, outcome: CallOutcome): Promise<void> {
+  private async settle(w: WindowSpec, a: Attempt, outcome: CallOutcome, opts: { putBack?: boolean } = {}): Promise<void> {
     const { sql, boss } = this.o;
     const { tenantId } = a.job.data;
-    const plan = planSettlement(reactionTo(outcome), outcome, a.attempt, this.o.retryLimit, this.o.retryDelaySeconds);
+    const plan = planSettlement(opts.putBack ? 'put_back' : reactionTo(outcome), outcome, a.attempt, this.o.retryLimit, this.o.retryDelaySeconds);
     const billed = billedCredits(outcome.kind, outcome.creditsBilled, a.credits);
     await sql.begin(async (tx) => {
       await sched.settleReservation(tx, a.reservationId, billed, outcome.kind);
-      if (outcome.kind === 'rate_limited') {
-        await sched.pauseWindow(tx, w.name, Math.max(1, outcome.retryAfterSeconds ?? 1), 'RATE_LIMITED');
-      }
+      await this.react(tx, w, outcome);
       const db = inTransaction(tx);
       if (plan.action === 'requeue') {
         if (!(await requeueJob(tx, a.job.id, a.attempt, plan.countsAsAttempt, plan.delaySeconds))) return;
@@ -300,6 +327,33 @@ export class Dispatcher {
       await boss.complete(a.queue, a.job.id, null, { db });
       await publishJobEvents(tx, [{ jobId: a.job.id, tenantId, state }]);
     });
+  }
+
+  /**
+   * The account-level reactions to a provider signal, committed with the
+   * settlement so every node sees them before this attempt is acknowledged:
+   * a rate-limit 429 pauses the window (I2); credits exhausted stops all
+   * dispatch until the renewal; an unusable key stops its window only.
+   */
+  private async react(tx: postgres.TransactionSql, w: WindowSpec, outcome: CallOutcome): Promise<void> {
+    switch (outcome.kind) {
+      case 'rate_limited':
+        await sched.pauseWindow(tx, w.name, Math.max(1, outcome.retryAfterSeconds ?? 1), 'RATE_LIMITED');
+        return;
+      case 'credits_exhausted': {
+        const renewal = outcome.status?.renewalAt?.getTime();
+        const until = renewal && renewal > Date.now() ? new Date(renewal) : new Date(Date.now() + this.o.creditsStopSeconds * 1000);
+        await sched.stopAccount(tx, until, 'CREDITS_EXHAUSTED');
+        this.o.log.error({ until, window: w.name, message: outcome.message }, 'provider credits exhausted: all dispatch stopped');
+        return;
+      }
+      case 'key_unusable':
+        await sched.stopWindow(tx, w.name, 'KEY_UNUSABLE');
+        this.o.log.error({ window: w.name, status: outcome.httpStatus, message: outcome.message }, 'upstream key unusable: its window is stopped');
+        return;
+      default:
+        return;
+    }
   }
 
   private storeResult(tx: postgres.TransactionSql, a: Attempt, outcome: CallOutcome, billed: number, attempts: number) {

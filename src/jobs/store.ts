@@ -148,10 +148,11 @@ export async function claimJobs(tx: Tx, ids: readonly string[]): Promise<Map<str
 }
 
 /** Undoes a claim inside the dispatch transaction (the job did not fit the quota). */
-export async function unclaimJobs(tx: Tx, ids: readonly string[], state: 'QUEUED' | 'WAITING_QUOTA'): Promise<void> {
+export async function unclaimJobs(tx: Tx, ids: readonly string[], state: 'QUEUED' | 'WAITING_QUOTA', runAfter: Date | null = null): Promise<void> {
   if (ids.length === 0) return;
   await tx`
-    update jobs set state = ${state}, attempts = greatest(attempts - 1, 0), updated_at = now()
+    update jobs set state = ${state}, attempts = greatest(attempts - 1, 0), updated_at = now(),
+      run_after = coalesce(${runAfter}::timestamptz, run_after)
     where id = any(${ids as string[]}::uuid[]) and state = 'RUNNING'`;
 }
 

@@ -122,6 +122,77 @@ export async function oldestWaitByClass(sql: Tx): Promise<Partial<Record<JobClas
   return Object.fromEntries(rows.map((r) => [r.class, Math.max(0, Number(r.wait_ms))]));
 }
 
+/** Per class: waiting jobs (exact, from the depth counters), running jobs, and the oldest queued job's age. */
+export async function classTotals(sql: Tx): Promise<Array<{ jobClass: JobClass; depth: number; running: number; oldestAgeSeconds: number | null }>> {
+  const rows = await sql`
+    select c.class,
+      (select coalesce(sum(depth), 0) from sched_queues q where q.class = c.class)::int as depth,
+      (select count(*) from jobs j where j.priority = c.class and j.state = 'RUNNING')::int as running,
+      (select extract(epoch from now() - min(created_at)) from (
+        select created_at from jobs where priority = c.class and state = 'QUEUED' order by created_at limit 1) o) as oldest
+    from unnest(${CLASSES as unknown as string[]}::text[]) as c(class)`;
+  return rows.map((r) => ({ jobClass: r.class as JobClass, depth: r.depth as number, running: r.running as number, oldestAgeSeconds: r.oldest === null ? null : Number(r.oldest) }));
+}
+
+/** Per class of one tenant: waiting, running, oldest waiting job's age, quota block, and the tenant's cap state. */
+export async function tenantQueues(sql: Tx, tenantId: string): Promise<Array<{ jobClass: JobClass; depth: number; running: number; oldestAgeSeconds: number | null; headApi: string | null }>> {
+  const rows = await sql`
+    select q.class, q.depth,
+      (select count(*) from jobs j where j.tenant_id = q.tenant_id and j.priority = q.class and j.state = 'RUNNING')::int as running,
+      h.age, h.api
+    from sched_queues q
+    left join lateral (
+      select extract(epoch from now() - created_at) as age, api from jobs j
+      where j.tenant_id = q.tenant_id and j.priority = q.class and j.state in ('QUEUED', 'WAITING_QUOTA')
+      order by created_at limit 1
+    ) h on true
+    where q.tenant_id = ${tenantId}`;
+  const order = CLASSES as readonly string[];
+  return rows
+    .map((r) => ({ jobClass: r.class as JobClass, depth: r.depth as number, running: r.running as number, oldestAgeSeconds: r.age === null ? null : Number(r.age), headApi: (r.api as string | null) ?? null }))
+    .sort((a, b) => order.indexOf(a.jobClass) - order.indexOf(b.jobClass));
+}
+
+export async function tenantSchedState(sql: Tx, tenantId: string): Promise<{ inFlight: number; cap: number; weight: number; quotaBlocked: boolean } | null> {
+  const [r] = await sql`select in_flight, cap, weight, quota_blocked from sched_tenants where tenant_id = ${tenantId}`;
+  return r ? { inFlight: r.in_flight as number, cap: r.cap as number, weight: r.weight as number, quotaBlocked: r.quota_blocked as boolean } : null;
+}
+
+/** Locks the tenant's scheduler row (serializing its submissions) and returns its waiting jobs. */
+export async function lockTenantDepth(tx: Tx, tenantId: string): Promise<number> {
+  await tx`select 1 from sched_tenants where tenant_id = ${tenantId} for update`;
+  const [r] = await tx`select coalesce(sum(depth), 0)::int as n from sched_queues where tenant_id = ${tenantId}`;
+  return r!.n as number;
+}
+
+/** Waiting jobs per class across all tenants, from the exact depth counters. */
+export async function globalDepthByClass(sql: Tx): Promise<Partial<Record<JobClass, number>>> {
+  const rows = await sql`select class, sum(depth)::int as n from sched_queues where depth > 0 group by class`;
+  return Object.fromEntries(rows.map((r) => [r.class, r.n as number]));
+}
+
+/** Sum of the weights of tenants with waiting work in a class (for fair-share estimates). */
+export async function busyWeights(sql: Tx, classes: readonly JobClass[]): Promise<number> {
+  const [r] = await sql`
+    select coalesce(sum(t.weight), 0)::int as w from sched_tenants t
+    where exists (select 1 from sched_queues q where q.tenant_id = t.tenant_id and q.depth > 0 and q.class = any(${classes as string[]}::text[]))`;
+  return r!.w as number;
+}
+
+export async function publishBreakers(sql: Tx, states: ReadonlyArray<{ api: string; state: string; retryAt: Date | null }>): Promise<void> {
+  for (const b of states) {
+    await sql`
+      insert into breakers (api, state, retry_at, opened_at) values (${b.api}, ${b.state}, ${b.retryAt}, case when ${b.state} = 'CLOSED' then null else now() end)
+      on conflict (api) do update set state = excluded.state, retry_at = excluded.retry_at,
+        opened_at = case when excluded.state = 'CLOSED' then null else coalesce(breakers.opened_at, now()) end, updated_at = now()`;
+  }
+}
+
+export async function readBreakers(sql: Tx): Promise<Array<{ api: string; state: string; openedAt: Date | null; retryAt: Date | null }>> {
+  const rows = await sql`select api, state, opened_at, retry_at from breakers order by api`;
+  return rows.map((r) => ({ api: r.api as string, state: r.state as string, openedAt: r.opened_at as Date | null, retryAt: r.retry_at as Date | null }));
+}
+
 /* ---------- the dispatch transaction ---------- */
 
 /** Takes up to `want` of the tenant's free in-flight slots; returns how many (0 when at cap or quota-blocked). */
@@ -177,6 +248,7 @@ export async function takeWindow(tx: Tx, window: string, n: number, pool: number
     from w
     where windows.name = w.name
       and (windows.paused_until is null or windows.paused_until <= clock_timestamp())
+      and not exists (select 1 from account_state a where a.dispatch_stopped_until > clock_timestamp())
       and (w.now_tokens is null or w.now_tokens >= ${n} - 1e-9)
       and windows.in_flight + ${n} <= ${pool}
     returning windows.name`;
@@ -264,6 +336,60 @@ export async function pauseWindow(sql: Tx, window: string, seconds: number, reas
     where name = ${window}`;
 }
 
+/** An unusable key (401/403): its window stops until an admin resumes it; other windows carry on. */
+export async function stopWindow(sql: Tx, window: string, reason: string): Promise<void> {
+  await sql`update windows set tokens = 0, paused_until = 'infinity', pause_reason = ${reason}, updated_at = now() where name = ${window}`;
+}
+
+/* ---------- the account ---------- */
+
+export interface AccountRow {
+  dispatchStoppedUntil: Date | null;
+  stopReason: string | null;
+  creditsRemaining: number | null;
+  maxCredits: number | null;
+  renewalAt: Date | null;
+  statusAt: Date | null;
+}
+
+/** Credits exhausted: every node stops dispatching until `until` (the renewal) or an admin resumes. */
+export async function stopAccount(sql: Tx, until: Date, reason: string): Promise<void> {
+  await sql`
+    insert into account_state (id, dispatch_stopped_until, stop_reason) values (1, ${until}, ${reason})
+    on conflict (id) do update set dispatch_stopped_until = greatest(coalesce(account_state.dispatch_stopped_until, ${until}), ${until}),
+      stop_reason = ${reason}`;
+}
+
+export async function readAccount(sql: Tx): Promise<AccountRow> {
+  const [r] = await sql`select * from account_state where id = 1`;
+  return {
+    dispatchStoppedUntil: r?.dispatch_stopped_until && (r.dispatch_stopped_until as Date) > new Date() ? (r.dispatch_stopped_until as Date) : null,
+    stopReason: r?.dispatch_stopped_until && (r.dispatch_stopped_until as Date) > new Date() ? (r.stop_reason as string) : null,
+    creditsRemaining: r?.credits_remaining === null || r?.credits_remaining === undefined ? null : Number(r.credits_remaining),
+    maxCredits: r?.max_credits === null || r?.max_credits === undefined ? null : Number(r.max_credits),
+    renewalAt: (r?.renewal_at as Date | null) ?? null,
+    statusAt: (r?.status_at as Date | null) ?? null,
+  };
+}
+
+/** The newest provider status (x-api-* headers) a worker saw, for the admin view and alerts. */
+export async function publishProviderStatus(sql: Tx, s: { remainingCredits: number | null; maxCredits: number | null; renewalAt: Date | null; observedAt: Date }): Promise<void> {
+  await sql`
+    insert into account_state (id, credits_remaining, max_credits, renewal_at, status_at)
+    values (1, ${s.remainingCredits}, ${s.maxCredits}, ${s.renewalAt}, ${s.observedAt})
+    on conflict (id) do update set credits_remaining = excluded.credits_remaining, max_credits = excluded.max_credits,
+      renewal_at = excluded.renewal_at, status_at = excluded.status_at
+    where account_state.status_at is null or account_state.status_at < excluded.status_at`;
+}
+
+/** An admin's resumeDispatch: lifts the account stop, and the stop of key-unusable windows (all, or one). */
+export async function resumeDispatch(sql: Tx, window: string | null): Promise<void> {
+  await sql`update account_state set dispatch_stopped_until = null, stop_reason = null where id = 1`;
+  await sql`
+    update windows set paused_until = null, pause_reason = null, updated_at = now()
+    where pause_reason = 'KEY_UNUSABLE' and (${window}::text is null or name = ${window})`;
+}
+
 /* ---------- windows ---------- */
 
 export async function upsertWindows(sql: Tx, specs: readonly WindowSpec[]): Promise<void> {
@@ -285,12 +411,15 @@ export interface WindowRow extends BucketState {
   latencyP95Ms: number | null;
   /** The database's clock when read, so waits are computed on one clock. */
   dbNow: number;
+  /** All dispatch is stopped until then (credits exhausted), or null. */
+  accountStoppedUntil: number | null;
 }
 
 export async function readWindows(sql: Tx, names?: readonly string[]): Promise<WindowRow[]> {
   const rows = await sql`
-    select *, clock_timestamp() as db_now from windows
-    where ${names ? sql`name = any(${names as string[]}::text[])` : sql`true`} order by name`;
+    select w.*, clock_timestamp() as db_now, a.dispatch_stopped_until from windows w
+    left join account_state a on a.id = 1
+    where ${names ? sql`w.name = any(${names as string[]}::text[])` : sql`true`} order by w.name`;
   return rows.map((r) => ({
     name: r.name as string,
     ratePerMinute: r.rate_per_minute as number | null,
@@ -304,6 +433,7 @@ export async function readWindows(sql: Tx, names?: readonly string[]): Promise<W
     latencyP50Ms: r.latency_p50_ms as number | null,
     latencyP95Ms: r.latency_p95_ms as number | null,
     dbNow: (r.db_now as Date).getTime(),
+    accountStoppedUntil: r.dispatch_stopped_until ? (r.dispatch_stopped_until as Date).getTime() : null,
   }));
 }
 

@@ -9,6 +9,10 @@
  *    heartbeat check), and lifts quota blocks that no longer hold.
  */
 import type { Logger } from 'pino';
+import type postgres from 'postgres';
+import type { AlertNotifier } from '../alerts/notifier.ts';
+import type { DesiredAlert } from '../alerts/rules.ts';
+import { syncAlerts, type AlertRow } from '../alerts/store.ts';
 import type { Sql } from '../db/client.ts';
 import { publishJobEvents } from '../events/bus.ts';
 import { releaseLostJob } from '../jobs/store.ts';
@@ -26,8 +30,11 @@ export interface SweeperOptions {
   intervalMs: number;
   nodeTimeoutSeconds: number;
   timeoutBilling: 'billed' | 'refunded';
-  /** Called each round before the sweep: publish pools, refresh the guard. */
+  /** Called each round before the sweep: publish pools, breakers and provider status, refresh the guard. */
   onRound?: () => Promise<void>;
+  /** The alerts that should be active now (evaluated by the one sweeping node). */
+  desiredAlerts?: (tx: postgres.TransactionSql) => Promise<DesiredAlert[]>;
+  notifier?: AlertNotifier;
   log: Logger;
 }
 
@@ -67,7 +74,8 @@ export class Sweeper {
     const { sql } = this.o;
     await sched.heartbeatNode(sql, this.o.nodeId, this.o.role);
     await this.o.onRound?.();
-    return sql.begin(async (tx) => {
+    let transitions: { raised: AlertRow[]; cleared: AlertRow[] } = { raised: [], cleared: [] };
+    const result = await sql.begin(async (tx) => {
       const [lock] = await tx`select pg_try_advisory_xact_lock(${SWEEP_LOCK}) as ok`;
       if (!lock!.ok) return { released: 0, unblocked: 0 };
       let released = 0;
@@ -94,7 +102,12 @@ export class Sweeper {
         }
       }
       await sched.forgetDeadNodes(tx, this.o.nodeTimeoutSeconds);
+      if (this.o.desiredAlerts) transitions = await syncAlerts(tx, await this.o.desiredAlerts(tx));
       return { released, unblocked };
     });
+    // Tell humans after the alert rows are committed, outside the transaction (a webhook may be slow).
+    for (const a of transitions.raised) await this.o.notifier?.raised(a);
+    for (const a of transitions.cleared) await this.o.notifier?.cleared(a);
+    return result;
   }
 }

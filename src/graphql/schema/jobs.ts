@@ -158,7 +158,7 @@ builder.mutationFields((t) => ({
     description: 'Queues one job and answers at once with state QUEUED.',
     args: { input: t.arg({ type: JobInput, required: true }) },
     resolve: async (_r, { input }, ctx) => {
-      const [job] = await ctx.services.jobs.submit(tenantOf(ctx).id, [{ ...input, params: asParams(input.params) }]);
+      const [job] = await ctx.services.jobs.submit(tenantOf(ctx), [{ ...input, params: asParams(input.params) }]);
       return { job: job! };
     },
   }),
@@ -169,7 +169,7 @@ builder.mutationFields((t) => ({
     args: { input: t.arg({ type: SubmitJobsInput, required: true }) },
     resolve: async (_r, { input }, ctx) => {
       const jobs = await ctx.services.jobs.submit(
-        tenantOf(ctx).id,
+        tenantOf(ctx),
         input.jobs.map((j) => ({ ...j, params: asParams(j.params) })),
       );
       return { jobs };

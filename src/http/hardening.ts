@@ -1,0 +1,132 @@
+/**
+ * Front-door hardening: Yoga plugins that refuse abusive requests before
+ * anything executes.
+ *
+ * - Query limits (graphql-armor's rules): depth, cost, aliases in validation,
+ *   tokens while parsing. Each refusal is HTTP 400 with its own
+ *   `extensions.code`, whatever the client's Accept header (Yoga would answer a
+ *   plain `application/json` validation error with 200; Sluice's refusals keep
+ *   one status, like 401/403/413). Limits count the document, never the
+ *   variables: bulk input (10,000 jobs in `submitJobs`) belongs in variables.
+ * - CSRF prevention (@graphql-yoga/plugin-csrf-prevention): a request a browser
+ *   could send cross-site without a CORS preflight (a GET, or a POST with a
+ *   "simple" content type: form-urlencoded, multipart/form-data, text/plain)
+ *   must carry a header a page cannot set without a preflight:
+ *   `x-graphql-yoga-csrf` or `authorization`. Refused with 403 CSRF_PREVENTED.
+ *   JSON POSTs (GraphiQL's, every client's) and graphql-ws are not affected.
+ */
+import { GraphQLError, type ParseOptions, type Source, type ValidationContext } from 'graphql';
+import type { Plugin } from 'graphql-yoga';
+import { useCSRFPrevention } from '@graphql-yoga/plugin-csrf-prevention';
+import { costLimitRule } from '@escape.tech/graphql-armor-cost-limit';
+import { maxAliasesRule } from '@escape.tech/graphql-armor-max-aliases';
+import { maxDepthRule } from '@escape.tech/graphql-armor-max-depth';
+import { MaxTokensParserWLexer } from '@escape.tech/graphql-armor-max-tokens';
+
+export interface QueryLimits {
+  /** Nested field levels (`{ me { usage { quota } } }` is 3); `__schema` introspection is exempt. */
+  maxDepth: number;
+  /**
+   * graphql-armor's cost: 1 per scalar, 2 per object, children × 1.5 per level,
+   * a literal `first:`/`last:` multiplies its subtree. A full page of `jobs(first: 500)`
+   * with every field costs about 41,000.
+   */
+  maxCost: number;
+  /** Aliased fields in one operation (`__typename` aliases are free). */
+  maxAliases: number;
+  /** Lexical tokens in the document (not the variables). GraphiQL's introspection is about 200. */
+  maxTokens: number;
+}
+
+/** The defaults (src/config/env.ts has the same numbers; a test checks they agree). */
+export const DEFAULT_QUERY_LIMITS: QueryLimits = { maxDepth: 12, maxCost: 50_000, maxAliases: 30, maxTokens: 5_000 };
+
+export function queryLimitsFromEnv(env: { MAX_QUERY_DEPTH: number; MAX_QUERY_COST: number; MAX_ALIASES: number; MAX_TOKENS: number }): QueryLimits {
+  return { maxDepth: env.MAX_QUERY_DEPTH, maxCost: env.MAX_QUERY_COST, maxAliases: env.MAX_ALIASES, maxTokens: env.MAX_TOKENS };
+}
+
+export const LIMIT_CODES = {
+  depth: 'QUERY_TOO_DEEP',
+  cost: 'QUERY_TOO_COSTLY',
+  aliases: 'TOO_MANY_ALIASES',
+  tokens: 'TOO_MANY_TOKENS',
+} as const;
+export type LimitCode = (typeof LIMIT_CODES)[keyof typeof LIMIT_CODES];
+
+/** A limit refusal: 400 for every client (`spec: false` stops Yoga from turning it into 200 for application/json). */
+function limitError(code: LimitCode, armorError: GraphQLError, limit: number): GraphQLError {
+  return new GraphQLError(armorError.message.replace(/^Syntax Error: /, ''), {
+    extensions: { code, limit, http: { status: 400, spec: false } },
+  });
+}
+
+/** Reports a validation-rule refusal as a validation error (so nothing executes) with our code. */
+function reportAs(code: LimitCode, limit: number) {
+  return (ctx: ValidationContext | null, err: GraphQLError) => {
+    const error = limitError(code, err, limit);
+    if (ctx) ctx.reportError(error);
+    else throw error;
+  };
+}
+
+export function useQueryLimits(limits: QueryLimits): Plugin {
+  const common = { exposeLimits: true, propagateOnRejection: false } as const;
+  const rules = [
+    maxDepthRule({ ...common, n: limits.maxDepth, onReject: [reportAs(LIMIT_CODES.depth, limits.maxDepth)] }),
+    costLimitRule({ ...common, maxCost: limits.maxCost, onReject: [reportAs(LIMIT_CODES.cost, limits.maxCost)] }),
+    maxAliasesRule({ ...common, n: limits.maxAliases, onReject: [reportAs(LIMIT_CODES.aliases, limits.maxAliases)] }),
+  ];
+  const tokenReject = reportAs(LIMIT_CODES.tokens, limits.maxTokens); // no validation context while parsing: it throws
+  const parseWithTokenLimit = (source: string | Source, options?: ParseOptions) => {
+    const parser = new MaxTokensParserWLexer(typeof source === 'string' ? source : source.body, {
+      ...options,
+      n: limits.maxTokens,
+      exposeLimits: true,
+      onReject: [tokenReject],
+      propagateOnRejection: true,
+    });
+    return parser.parseDocument();
+  };
+  return {
+    onParse({ setParseFn }) {
+      setParseFn(parseWithTokenLimit);
+      return ({ result }) => {
+        // Yoga marks parse errors `http.spec = true` (so application/json would get 200); keep ours at 400.
+        // Mutated in place: Yoga's parse cache holds this same object for repeats of the document.
+        if (result instanceof GraphQLError && result.extensions.code === LIMIT_CODES.tokens) {
+          (result.extensions.http as { spec?: boolean }).spec = false;
+        }
+      };
+    },
+    onValidate({ addValidationRule }) {
+      for (const rule of rules) addValidationRule(rule);
+    },
+  };
+}
+
+/** Headers a cross-site page cannot add without a CORS preflight; one of them marks a request as not forged. */
+export const CSRF_HEADERS = ['x-graphql-yoga-csrf', 'authorization'];
+
+/** @graphql-yoga/plugin-csrf-prevention, with its refusal given a code (403 CSRF_PREVENTED). */
+export function useCsrfPrevention(requestHeaders: string[] = CSRF_HEADERS): Plugin {
+  const inner = useCSRFPrevention({ requestHeaders }) as Plugin;
+  const check = inner.onRequestParse!;
+  return {
+    onRequestParse(payload) {
+      try {
+        return check(payload);
+      } catch (err) {
+        if (!(err instanceof GraphQLError)) throw err;
+        throw new GraphQLError(
+          `${err.message}: a GET or a form/text POST must carry one of these headers: ${requestHeaders.join(', ')} (or send a JSON POST)`,
+          { extensions: { code: 'CSRF_PREVENTED', http: { status: 403 } } },
+        );
+      }
+    },
+  };
+}
+
+/** Every hardening plugin, in the order src/server.ts registers them. */
+export function hardeningPlugins(limits: QueryLimits = DEFAULT_QUERY_LIMITS): Plugin[] {
+  return [useCsrfPrevention(), useQueryLimits(limits)];
+}
