@@ -142,6 +142,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       }),
       bus,
       catalog,
+      windows: windowSpecs,
       adminTokenHash: admin.hash,
       queuePolicy,
       tenantChanged: async (tenant) => {

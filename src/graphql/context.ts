@@ -10,6 +10,7 @@ import type { JobService } from '../jobs/service.ts';
 import { bearerToken, hashSecret, sameHash } from '../tenants/keys.ts';
 import type { TenantRecord } from '../tenants/policy.ts';
 import type { TenantStore } from '../tenants/store.ts';
+import type { WindowSpec } from '../scheduler/windows.ts';
 
 export type Auth =
   | { kind: 'anonymous' }
@@ -26,6 +27,8 @@ export interface Services {
   jobs: JobService;
   bus: EventBus;
   catalog: ApiCatalog;
+  /** The windows (keys) and the classes they carry. */
+  windows: readonly WindowSpec[];
   adminTokenHash: string;
   queuePolicy: { retryLimit: number; retryDelaySeconds: number; heartbeatSeconds: number; expireInSeconds: number };
   /** After a tenant is created or changed: its pg-boss queues exist and the scheduler has its limits. */

@@ -53,11 +53,10 @@ export const LIMIT_CODES = {
 } as const;
 export type LimitCode = (typeof LIMIT_CODES)[keyof typeof LIMIT_CODES];
 
-/** A limit refusal: 400 for every client (`spec: false` stops Yoga from turning it into 200 for application/json). */
+const LIMIT_CODE_SET = new Set<unknown>(Object.values(LIMIT_CODES));
+
 function limitError(code: LimitCode, armorError: GraphQLError, limit: number): GraphQLError {
-  return new GraphQLError(armorError.message.replace(/^Syntax Error: /, ''), {
-    extensions: { code, limit, http: { status: 400, spec: false } },
-  });
+  return new GraphQLError(armorError.message.replace(/^Syntax Error: /, ''), { extensions: { code, limit, http: { status: 400 } } });
 }
 
 /** Reports a validation-rule refusal as a validation error (so nothing executes) with our code. */
@@ -90,16 +89,17 @@ export function useQueryLimits(limits: QueryLimits): Plugin {
   return {
     onParse({ setParseFn }) {
       setParseFn(parseWithTokenLimit);
-      return ({ result }) => {
-        // Yoga marks parse errors `http.spec = true` (so application/json would get 200); keep ours at 400.
-        // Mutated in place: Yoga's parse cache holds this same object for repeats of the document.
-        if (result instanceof GraphQLError && result.extensions.code === LIMIT_CODES.tokens) {
-          (result.extensions.http as { spec?: boolean }).spec = false;
-        }
-      };
     },
     onValidate({ addValidationRule }) {
       for (const rule of rules) addValidationRule(rule);
+    },
+    onResultProcess({ result, setResult }) {
+      // Yoga marks parse and validation errors `http.spec`, which makes an application/json answer 200;
+      // a status on the result itself wins, so a limit refusal is 400 for every client.
+      if (Array.isArray(result) || Symbol.asyncIterator in result) return;
+      if (!result.errors?.some((e) => LIMIT_CODE_SET.has(e.extensions?.code))) return;
+      const extensions = (result.extensions ?? {}) as Record<string, unknown>;
+      setResult({ ...result, extensions: { ...extensions, http: { ...(extensions.http as object | undefined), status: 400 } } });
     },
   };
 }

@@ -206,14 +206,3 @@ export async function releaseLostJob(tx: Tx, id: string, attempt: number): Promi
     returning tenant_id, priority`;
   return row ? { tenantId: row.tenant_id as string, priority: row.priority as JobClass } : null;
 }
-
-/** Depth and running count per class, exact at query time. */
-export async function queueCounts(sql: Tx, tenantId: string): Promise<Map<JobClass, { depth: number; running: number }>> {
-  const rows = await sql`
-    select priority,
-      count(*) filter (where state in ('QUEUED', 'WAITING_QUOTA'))::int as depth,
-      count(*) filter (where state = 'RUNNING')::int as running
-    from jobs where tenant_id = ${tenantId} and state in ('QUEUED', 'WAITING_QUOTA', 'RUNNING')
-    group by priority`;
-  return new Map(rows.map((r) => [r.priority as JobClass, { depth: r.depth as number, running: r.running as number }]));
-}

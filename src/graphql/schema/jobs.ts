@@ -5,6 +5,7 @@ import { SluiceError } from '../../errors.ts';
 import { builder, role } from '../builder.ts';
 import { tenantOf } from '../context.ts';
 import { asId } from '../ids.ts';
+import { estimatedStartAt } from '../../visibility/status.ts';
 
 export const PriorityEnum = builder.enumType('Priority', {
   description: 'Priority class. INTERACTIVE is served first; BULK sheds first when queues fill.',
@@ -37,6 +38,12 @@ export const JobRef = builder.objectRef<JobRow>('Job').implement({
     createdAt: t.field({ type: 'DateTime', resolve: (j) => j.createdAt }),
     startedAt: t.field({ type: 'DateTime', nullable: true, resolve: (j) => j.startedAt }),
     finishedAt: t.field({ type: 'DateTime', nullable: true, resolve: (j) => j.finishedAt }),
+    estimatedStartAt: t.field({
+      type: 'DateTime',
+      nullable: true,
+      description: "For a waiting job: when it should start, from the jobs ahead of it and your fair share of the pace. Null once started, or when nothing drains the queue now.",
+      resolve: (j, _a, ctx) => (ctx.auth.kind === 'tenant' ? estimatedStartAt(ctx.services, ctx.auth.tenant, { id: j.id, priority: j.priority, state: j.state, createdAt: j.createdAt }) : null),
+    }),
   }),
 });
 

@@ -1,21 +1,11 @@
-import { queueCounts } from '../../jobs/store.ts';
-import { ledgerFor } from '../../scheduler/store.ts';
-import { CLASSES, type JobClass } from '../../queue/boss.ts';
-import { effectiveLimits, quotaPeriod, type TenantRecord } from '../../tenants/policy.ts';
+import type { TenantRecord } from '../../tenants/policy.ts';
+import { changes, tenantQueueStatus, tenantUsage, type QueueStatus, type Usage } from '../../visibility/status.ts';
 import { builder, role } from '../builder.ts';
 import { tenantOf } from '../context.ts';
 import { PriorityEnum } from './jobs.ts';
 import { TenantRef } from './tenants.ts';
 
-interface Usage {
-  creditsUsed: number;
-  creditsReserved: number;
-  quota: number;
-  periodStart: Date;
-  periodEnd: Date;
-}
-
-const UsageRef = builder.objectRef<Usage>('Usage').implement({
+export const UsageRef = builder.objectRef<Usage>('Usage').implement({
   description: "The calling tenant's credits in the current monthly period (it starts on the tenant's anniversary).",
   fields: (t) => ({
     creditsUsed: t.exposeInt('creditsUsed', { description: 'Credits billed this period.' }),
@@ -27,42 +17,68 @@ const UsageRef = builder.objectRef<Usage>('Usage').implement({
   }),
 });
 
-const QueueRef = builder.objectRef<{ priority: JobClass; depth: number; running: number }>('QueueStatus').implement({
+export const WaitReasonEnum = builder.enumType('WaitReason', {
+  description: "Why a queue's head job is waiting, the most fundamental reason first.",
+  values: {
+    CREDITS_EXHAUSTED: { description: 'The upstream account is out of credits: all dispatch is stopped until renewal.' },
+    KEY_UNUSABLE: { description: "The class's upstream key was refused (401/403): its window is stopped." },
+    WINDOW_PAUSED: { description: "The class's window is paused after a rate-limit 429." },
+    BREAKER_OPEN: { description: "The head job's API is failing: its breaker is open." },
+    QUOTA: { description: 'The next job would pass your monthly credit quota.' },
+    CAP: { description: 'You have as many calls in flight as your concurrency cap allows.' },
+    RATE: { description: 'Waiting its turn in the fair share of the pace.' },
+  },
+});
+
+export const QueueRef = builder.objectRef<QueueStatus>('QueueStatus').implement({
   description: 'One class of your queue, counted at query time.',
   fields: (t) => ({
     priority: t.field({ type: PriorityEnum, resolve: (q) => q.priority }),
-    depth: t.exposeInt('depth', { description: 'Jobs waiting.' }),
+    depth: t.exposeInt('depth', { description: 'Jobs waiting (QUEUED or WAITING_QUOTA).' }),
     running: t.exposeInt('running', { description: 'Jobs with an upstream call in flight.' }),
+    oldestAgeSeconds: t.float({ nullable: true, description: 'Age of the oldest waiting job.', resolve: (q) => q.oldestAgeSeconds }),
+    waitReason: t.field({ type: WaitReasonEnum, nullable: true, description: 'Why the head job is waiting (null when nothing waits).', resolve: (q) => q.waitReason }),
+    estimatedDrainSeconds: t.float({ nullable: true, description: 'Depth ÷ your fair share of the pace; null when nothing drains it now.', resolve: (q) => q.estimatedDrainSeconds }),
   }),
 });
 
 const MeRef = builder.objectRef<TenantRecord>('Me').implement({
   fields: (t) => ({
     tenant: t.field({ type: TenantRef, resolve: (tenant) => tenant }),
-    usage: t.field({
-      type: UsageRef,
+    usage: t.field({ type: UsageRef, resolve: (tenant, _a, ctx) => tenantUsage(ctx.services, tenant) }),
+    queues: t.field({ type: [QueueRef], resolve: (tenant, _a, ctx) => tenantQueueStatus(ctx.services, tenant) }),
+    estimatedDrainSeconds: t.float({
+      nullable: true,
+      description: 'When all your waiting work should be done, in seconds (the slowest class).',
       resolve: async (tenant, _a, ctx) => {
-        const period = quotaPeriod(tenant.periodAnchor, new Date());
-        const ledger = await ledgerFor(ctx.services.sql, tenant.id, period.start);
-        return {
-          creditsUsed: ledger.billed,
-          creditsReserved: ledger.reserved,
-          quota: effectiveLimits(tenant).monthlyQuota,
-          periodStart: period.start,
-          periodEnd: period.end,
-        };
-      },
-    }),
-    queues: t.field({
-      type: [QueueRef],
-      resolve: async (tenant, _a, ctx) => {
-        const counts = await queueCounts(ctx.services.sql, tenant.id);
-        return CLASSES.map((priority) => ({ priority, ...(counts.get(priority) ?? { depth: 0, running: 0 }) }));
+        const qs = await tenantQueueStatus(ctx.services, tenant);
+        if (qs.some((q) => q.depth > 0 && q.estimatedDrainSeconds === null)) return null;
+        return Math.max(0, ...qs.map((q) => q.estimatedDrainSeconds ?? 0));
       },
     }),
   }),
 });
 
+const TenantUsageRef = builder.objectRef<{ usage: Usage; queues: QueueStatus[] }>('TenantUsage').implement({
+  fields: (t) => ({
+    usage: t.field({ type: UsageRef, resolve: (x) => x.usage }),
+    queues: t.field({ type: [QueueRef], resolve: (x) => x.queues }),
+  }),
+});
+
 builder.queryFields((t) => ({
   me: t.field({ ...role('tenant'), type: MeRef, description: 'The calling tenant.', resolve: (_r, _a, ctx) => tenantOf(ctx) }),
+}));
+
+builder.subscriptionFields((t) => ({
+  tenantUsage: t.field({
+    ...role('tenant'),
+    type: TenantUsageRef,
+    description: 'Your usage and queues, pushed when they change, at most once a second.',
+    subscribe: (_r, _a, ctx) => {
+      const tenant = tenantOf(ctx);
+      return changes(async () => ({ usage: await tenantUsage(ctx.services, tenant), queues: await tenantQueueStatus(ctx.services, tenant) }));
+    },
+    resolve: (x) => x,
+  }),
 }));

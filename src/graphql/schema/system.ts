@@ -1,4 +1,7 @@
-import { readWindows, type WindowRow } from '../../scheduler/store.ts';
+import type { AlertRow } from '../../alerts/store.ts';
+import { resumeDispatch, type AccountRow, type WindowRow } from '../../scheduler/store.ts';
+import { changes, systemStatus, type SystemStatus } from '../../visibility/status.ts';
+import { PriorityEnum } from './jobs.ts';
 import { tokensAt } from '../../scheduler/pacer.ts';
 import { builder, role } from '../builder.ts';
 
@@ -18,13 +21,81 @@ const WindowRef = builder.objectRef<WindowRow>('Window').implement({
   }),
 });
 
-const SystemRef = builder.objectRef<Record<string, never>>('System').implement({
+const AccountRef = builder.objectRef<AccountRow>('Account').implement({
+  description: 'The upstream account, as its newest response headers and the dispatch state say.',
+  fields: (t) => ({
+    creditsRemaining: t.float({ nullable: true, description: 'x-api-remaining-credits (may be negative).', resolve: (a) => a.creditsRemaining }),
+    maxCredits: t.float({ nullable: true, resolve: (a) => a.maxCredits }),
+    renewalAt: t.field({ type: 'DateTime', nullable: true, resolve: (a) => a.renewalAt }),
+    statusAt: t.field({ type: 'DateTime', nullable: true, description: 'When these figures were seen.', resolve: (a) => a.statusAt }),
+    dispatchStoppedUntil: t.field({ type: 'DateTime', nullable: true, description: 'All dispatch is stopped until then (credits exhausted).', resolve: (a) => a.dispatchStoppedUntil }),
+    stopReason: t.string({ nullable: true, resolve: (a) => a.stopReason }),
+  }),
+});
+
+const BreakerRef = builder.objectRef<SystemStatus['breakers'][number]>('Breaker').implement({
+  fields: (t) => ({
+    api: t.exposeString('api'),
+    state: t.exposeString('state', { description: 'CLOSED, OPEN or HALF_OPEN.' }),
+    openedAt: t.field({ type: 'DateTime', nullable: true, resolve: (b) => b.openedAt }),
+    retryAt: t.field({ type: 'DateTime', nullable: true, description: 'When a half-open probe may go.', resolve: (b) => b.retryAt }),
+  }),
+});
+
+const AlertRef = builder.objectRef<AlertRow>('Alert').implement({
+  fields: (t) => ({
+    key: t.exposeString('key', { description: 'e.g. AGE_PROMISE:BULK, CREDITS_EXHAUSTED, KEY_UNUSABLE:sub1, BREAKER_OPEN:dnslookup' }),
+    severity: t.exposeString('severity', { description: 'page or warning.' }),
+    message: t.exposeString('message'),
+    raisedAt: t.field({ type: 'DateTime', resolve: (a) => a.raisedAt }),
+  }),
+});
+
+const ClassTotalRef = builder.objectRef<SystemStatus['classes'][number]>('ClassStatus').implement({
+  description: 'One class across all tenants.',
+  fields: (t) => ({
+    priority: t.field({ type: PriorityEnum, resolve: (c) => c.priority }),
+    depth: t.exposeInt('depth'),
+    running: t.exposeInt('running'),
+    oldestAgeSeconds: t.float({ nullable: true, resolve: (c) => c.oldestAgeSeconds }),
+  }),
+});
+
+const SystemRef = builder.objectRef<SystemStatus>('System').implement({
   description: 'The shared machinery (admin).',
   fields: (t) => ({
-    windows: t.field({ type: [WindowRef], resolve: (_s, _a, ctx) => readWindows(ctx.services.sql) }),
+    windows: t.field({ type: [WindowRef], resolve: (s) => s.windows }),
+    account: t.field({ type: AccountRef, resolve: (s) => s.account }),
+    breakers: t.field({ type: [BreakerRef], resolve: (s) => s.breakers }),
+    alerts: t.field({ type: [AlertRef], description: 'Active alerts.', resolve: (s) => s.alerts }),
+    classes: t.field({ type: [ClassTotalRef], resolve: (s) => s.classes }),
+    estimatedDrainSeconds: t.float({ nullable: true, description: 'All waiting work ÷ the whole pace.', resolve: (s) => s.estimatedDrainSeconds }),
   }),
 });
 
 builder.queryFields((t) => ({
-  system: t.field({ ...role('admin'), type: SystemRef, resolve: () => ({}) }),
+  system: t.field({ ...role('admin'), type: SystemRef, resolve: (_r, _a, ctx) => systemStatus(ctx.services) }),
+}));
+
+builder.mutationFields((t) => ({
+  resumeDispatch: t.field({
+    ...role('admin'),
+    type: SystemRef,
+    description: 'Resumes dispatch stopped by credits exhaustion, and windows stopped for an unusable key (all, or the one named) once the key is fixed.',
+    args: { window: t.arg.string() },
+    resolve: async (_r, args, ctx) => {
+      await resumeDispatch(ctx.services.sql, args.window ?? null);
+      return systemStatus(ctx.services);
+    },
+  }),
+}));
+
+builder.subscriptionFields((t) => ({
+  systemStatus: t.field({
+    ...role('admin'),
+    type: SystemRef,
+    description: 'The system view, pushed when it changes, at most once a second.',
+    subscribe: (_r, _a, ctx) => changes(() => systemStatus(ctx.services)),
+    resolve: (s) => s,
+  }),
 }));
