@@ -15,6 +15,10 @@ import { runMigrations } from './db/migrate.ts';
 import { resolveAdminToken } from './db/settings.ts';
 import { Dispatcher } from './dispatch/dispatcher.ts';
 import { Breakers } from './dispatch/breakers.ts';
+import { createMetrics } from './metrics.ts';
+import { queryLimitsFromEnv } from './http/hardening.ts';
+import { systemStatus } from './visibility/status.ts';
+import { tokensAt } from './scheduler/pacer.ts';
 import { desiredAlerts } from './alerts/rules.ts';
 import { createNotifier } from './alerts/notifier.ts';
 import { EventBus } from './events/bus.ts';
@@ -139,6 +143,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         catalog,
         maxJobsPerSubmission: env.MAX_JOBS_PER_SUBMISSION,
         admission: { globalBound: env.GLOBAL_QUEUE_BOUND, classShare: parseClassNumbers(env.CLASS_SHARES), windows: windowSpecs },
+        onRefused: (code, jobClass) => metrics.refused(code, jobClass ?? 'ALL'),
       }),
       bus,
       catalog,
@@ -156,11 +161,31 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       if (tenant) await services.tenantChanged(tenant);
     }
 
+    const metrics = createMetrics({ tenantLabels: env.METRICS_TENANT_LABELS, onCollectError: (err) => log.warn({ err }, 'metrics collector failed') });
+    metrics.setCollector(async () => {
+      const status = await systemStatus(services);
+      const tenantRows = metrics.tenantLabels ? await sched.tenantDepths(sql) : [];
+      return {
+        queues: status.classes.map((c) => ({ class: c.priority, depth: c.depth, oldestAgeSeconds: c.oldestAgeSeconds })),
+        windows: status.windows.map((w) => ({ window: w.name, tokens: w.ratePerMinute === null ? null : tokensAt(w, w.dbNow), poolSize: w.poolSize, busy: w.inFlight })),
+        breakers: status.breakers.map((b) => ({ api: b.api, state: b.state === 'OPEN' ? 'open' : b.state === 'HALF_OPEN' ? 'half-open' : 'closed' })),
+        alerts: status.alerts.map((a) => ({ alert: a.key.split(':')[0]!, active: true })),
+        ...(metrics.tenantLabels ? { tenantQueues: tenantRows } : {}),
+      };
+    });
+
     // 4. The parts this process runs.
     let url: string | null = null;
     let port: number | null = null;
     if (env.SLUICE_ROLE !== 'worker') {
-      const { server } = createHttpServer({ services, maxBodyBytes: env.MAX_BODY_BYTES, log, development: env.NODE_ENV === 'development' });
+      const { server } = createHttpServer({
+        services,
+        maxBodyBytes: env.MAX_BODY_BYTES,
+        log,
+        development: env.NODE_ENV === 'development',
+        limits: queryLimitsFromEnv(env),
+        metrics,
+      });
       await listen(server, env.PORT, env.HOST);
       cleanups.push(() => closeServer(server));
       port = (server.address() as AddressInfo).port;
@@ -195,6 +220,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         timeoutBilling: env.TIMEOUT_BILLING,
         breakers,
         creditsStopSeconds: env.CREDITS_STOP_SECONDS,
+        metrics,
         log,
       });
       const sweeper = new Sweeper({
@@ -230,7 +256,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
             openBreakers: breakerRows.filter((b) => b.state === 'OPEN').map((b) => b.api),
           });
         },
-        notifier: createNotifier({ webhookUrl: env.ALERT_WEBHOOK_URL, log }),
+        notifier: createNotifier({ webhookUrl: env.ALERT_WEBHOOK_URL, log, onRaised: (name) => metrics.alertRaised(name) }),
       });
       await sweeper.start();
       cleanups.push(() => sweeper.stop());

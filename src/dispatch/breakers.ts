@@ -71,15 +71,34 @@ export class Breakers {
     } catch (err) {
       if (isBrokenCircuitError(err)) throw new BreakerOpen(api);
       throw err;
+    } finally {
+      this.probing.delete(api);
     }
   }
 
-  /** Whether a call to `api` would be refused right now (open and not yet due for a probe). */
+  private readonly probing = new Set<string>();
+
+  /**
+   * Whether to dispatch a job for `api` now. Closed: yes. Open: no, until
+   * its half-open time; then exactly one job goes as the probe, and the rest
+   * wait for its verdict, so a failing API never spends more than one pacer
+   * token per probe interval.
+   */
+  admit(api: string): boolean {
+    const p = this.policies.get(api);
+    if (!p || p.state === CircuitState.Closed) return true;
+    if (p.state === CircuitState.Open && Date.now() - (this.openedAt.get(api) ?? 0) < this.config.halfOpenAfterMs) return false;
+    if (this.probing.has(api)) return false;
+    this.probing.add(api);
+    return true;
+  }
+
+  /** Whether jobs for `api` are being held back (open, or half-open with its probe out). */
   isOpen(api: string): boolean {
     const p = this.policies.get(api);
-    if (!p || p.state !== CircuitState.Open) return false;
-    const since = this.openedAt.get(api) ?? 0;
-    return Date.now() - since < this.config.halfOpenAfterMs;
+    if (!p || p.state === CircuitState.Closed) return false;
+    if (p.state === CircuitState.Open && Date.now() - (this.openedAt.get(api) ?? 0) < this.config.halfOpenAfterMs) return true;
+    return this.probing.has(api);
   }
 
   /** When an open breaker lets its probe through (ms epoch), or null. */

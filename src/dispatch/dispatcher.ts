@@ -24,7 +24,7 @@ import { WORK_CHANNEL } from '../jobs/service.ts';
 import { claimJobs, finishJob, requeueJob, unclaimJobs, upsertResult } from '../jobs/store.ts';
 import { reactionTo } from '../provider/classify.ts';
 import type { CallOutcome, ProviderClient } from '../provider/types.ts';
-import { inTransaction, queueName, type JobClass } from '../queue/boss.ts';
+import { deferApiJobs, inTransaction, queueName, type JobClass } from '../queue/boss.ts';
 import { classOrder, pickQueue, type Pick } from '../scheduler/fair.ts';
 import { billedCredits, fitCount } from '../scheduler/ledger.ts';
 import { msUntilTokens, takeable } from '../scheduler/pacer.ts';
@@ -34,6 +34,7 @@ import type { WindowSpec } from '../scheduler/windows.ts';
 import { quotaPeriod } from '../tenants/policy.ts';
 import { errorCodeFor, planSettlement } from './retry.ts';
 import { BreakerOpen, type Breakers } from './breakers.ts';
+import type { Metrics } from '../metrics.ts';
 
 export interface DispatcherOptions {
   sql: Sql;
@@ -54,6 +55,7 @@ export interface DispatcherOptions {
   breakers: Breakers;
   /** How long a credits-exhausted account stops when the provider gave no renewal time. */
   creditsStopSeconds: number;
+  metrics?: Metrics | undefined;
   log: Logger;
 }
 
@@ -189,9 +191,10 @@ export class Dispatcher {
       if (gone.length > 0) await boss.complete(queue, gone.map((j) => j.id), null, { db });
       const claimedLive = fetched.filter((j) => claimed.has(j.id));
       // Jobs for an API whose breaker is open wait for its probe; they take no token and no credit.
-      const held = claimedLive.filter((j) => this.o.breakers.isOpen(j.data.api));
+      const admitted = new Set(claimedLive.filter((j) => this.o.breakers.admit(j.data.api)).map((j) => j.id));
+      const held = claimedLive.filter((j) => !admitted.has(j.id));
       if (held.length > 0) await this.holdForBreaker(tx, queue, tenantId, jobClass, held, events);
-      const live = claimedLive.filter((j) => !this.o.breakers.isOpen(j.data.api));
+      const live = claimedLive.filter((j) => admitted.has(j.id));
 
       const period = quotaPeriod(slots.periodAnchor, new Date());
       const ledger = await sched.lockLedger(tx, tenantId, period.start);
@@ -210,6 +213,7 @@ export class Dispatcher {
       }
       for (const j of go) events.push({ jobId: j.id, tenantId, state: 'RUNNING' });
       await publishJobEvents(tx, events);
+      if (rows.length > 0) this.o.metrics?.dispatched(w.name, jobClass, rows.length);
       return go.map((job, i) => ({ queue, jobClass, job, attempt: rows[i]!.attempt, reservationId: rows[i]!.id, credits: rows[i]!.credits }));
     });
     return attempts;
@@ -253,11 +257,15 @@ export class Dispatcher {
   /** Puts jobs back until their API's breaker lets a probe through. */
   private async holdForBreaker(tx: postgres.TransactionSql, queue: string, tenantId: string, jobClass: JobClass, held: JobWithMetadata<JobData>[], events: JobEvent[]): Promise<void> {
     const db = inTransaction(tx);
-    const retryAt = Math.max(...held.map((j) => this.o.breakers.retryAt(j.data.api) ?? Date.now() + 1000));
-    const startAfter = new Date(Math.max(retryAt, Date.now() + 100));
+    // Until the probe is due, or (with a probe out) a second from now.
+    const retryAt = Math.max(...held.map((j) => this.o.breakers.retryAt(j.data.api) ?? 0));
+    const startAfter = new Date(Math.max(retryAt, Date.now() + 1000));
     await unclaimJobs(tx, held.map((j) => j.id), 'QUEUED', startAfter);
     await this.o.boss.deleteJob(queue, held.map((j) => j.id), { db });
     await this.o.boss.insert(queue, held.map((j) => ({ id: j.id, data: j.data, startAfter })), { db });
+    // The queue's other jobs for those APIs wait too, so the next decisions serve its other APIs
+    // (and other tenants) instead of fetching and holding them one by one.
+    await deferApiJobs(tx, queue, tenantId, jobClass, [...new Set(held.map((j) => j.data.api))], startAfter);
     await sched.markQueuesReady(tx, tenantId, [jobClass], startAfter);
     for (const j of held) events.push({ jobId: j.id, tenantId, state: 'QUEUED' });
   }
@@ -303,8 +311,17 @@ export class Dispatcher {
   private async settle(w: WindowSpec, a: Attempt, outcome: CallOutcome, opts: { putBack?: boolean } = {}): Promise<void> {
     const { sql, boss } = this.o;
     const { tenantId } = a.job.data;
-    const plan = planSettlement(opts.putBack ? 'put_back' : reactionTo(outcome), outcome, a.attempt, this.o.retryLimit, this.o.retryDelaySeconds);
+    const planned = planSettlement(opts.putBack ? 'put_back' : reactionTo(outcome), outcome, a.attempt, this.o.retryLimit, this.o.retryDelaySeconds);
+    // Out of credits or an unusable key: the account or window stop holds the job back, so it is
+    // ready again the moment an admin resumes (no stale retry-after on top).
+    const heldByStop = outcome.kind === 'credits_exhausted' || outcome.kind === 'key_unusable';
+    const plan = heldByStop && planned.action === 'requeue' ? { ...planned, delaySeconds: 0 } : planned;
     const billed = billedCredits(outcome.kind, outcome.creditsBilled, a.credits);
+    const m = this.o.metrics;
+    m?.outcome(outcome.kind);
+    if (outcome.kind === 'rate_limited') m?.provider429('rate');
+    if (outcome.kind === 'credits_exhausted' && outcome.httpStatus === 429) m?.provider429('credits');
+    m?.credits(billed, a.credits - billed);
     await sql.begin(async (tx) => {
       await sched.settleReservation(tx, a.reservationId, billed, outcome.kind);
       await this.react(tx, w, outcome);

@@ -171,6 +171,15 @@ export async function globalDepthByClass(sql: Tx): Promise<Partial<Record<JobCla
   return Object.fromEntries(rows.map((r) => [r.class, r.n as number]));
 }
 
+/** Per tenant and class: waiting and running (only for METRICS_TENANT_LABELS). */
+export async function tenantDepths(sql: Tx): Promise<Array<{ tenant: string; class: string; depth: number; running: number }>> {
+  const rows = await sql`
+    select q.tenant_id, q.class, q.depth,
+      (select count(*) from jobs j where j.tenant_id = q.tenant_id and j.priority = q.class and j.state = 'RUNNING')::int as running
+    from sched_queues q where q.depth > 0 or exists (select 1 from jobs j where j.tenant_id = q.tenant_id and j.priority = q.class and j.state = 'RUNNING')`;
+  return rows.map((r) => ({ tenant: r.tenant_id as string, class: r.class as string, depth: r.depth as number, running: r.running as number }));
+}
+
 /** Sum of the weights of tenants with waiting work in a class (for fair-share estimates). */
 export async function busyWeights(sql: Tx, classes: readonly JobClass[]): Promise<number> {
   const [r] = await sql`
@@ -338,7 +347,8 @@ export async function pauseWindow(sql: Tx, window: string, seconds: number, reas
 
 /** An unusable key (401/403): its window stops until an admin resumes it; other windows carry on. */
 export async function stopWindow(sql: Tx, window: string, reason: string): Promise<void> {
-  await sql`update windows set tokens = 0, paused_until = 'infinity', pause_reason = ${reason}, updated_at = now() where name = ${window}`;
+  // Far in the future rather than 'infinity', which JavaScript Dates cannot hold.
+  await sql`update windows set tokens = 0, paused_until = '9999-12-31T00:00:00Z', pause_reason = ${reason}, updated_at = now() where name = ${window}`;
 }
 
 /* ---------- the account ---------- */
