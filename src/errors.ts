@@ -17,6 +17,12 @@ export const ERROR_CODES = [
   'NOT_CANCELLABLE',
   'QUOTA_EXCEEDED',
   'QUEUE_FULL',
+  // Refused before execution by the front door (src/http/hardening.ts):
+  'QUERY_TOO_DEEP',
+  'QUERY_TOO_COSTLY',
+  'TOO_MANY_ALIASES',
+  'TOO_MANY_TOKENS',
+  'CSRF_PREVENTED',
 ] as const;
 export type ErrorCode = (typeof ERROR_CODES)[number];
 
