@@ -171,9 +171,14 @@ describe('front door (API role)', () => {
     assertRefused({ status: r.status, body: await r.json() }, 413, 'BODY_TOO_LARGE');
   });
 
-  test('/metrics answers 404 when the process was given no metrics', async () => {
+  test('/metrics answers in the Prometheus text format, with GraphQL request counts', async () => {
+    await t.gql(`{ tenants { id } }`);
     const r = await fetch(new URL('/metrics', t.url));
-    assert.equal(r.status, 404);
+    assert.equal(r.status, 200);
+    assert.match(r.headers.get('content-type') ?? '', /text\/plain/);
+    const text = await r.text();
+    assert.match(text, /^sluice_graphql_requests_total\{operation="query",transport="http"\} \d+/m);
+    assert.match(text, /^# TYPE sluice_queue_depth gauge$/m);
   });
 });
 
