@@ -212,6 +212,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         poolMax: env.POOL_MAX,
         initialLatencyMs: env.INITIAL_LATENCY_MS,
         leaseMax: env.LEASE_MAX,
+        loopsPerWindow: env.DISPATCH_LOOPS,
         idlePollMs: env.DISPATCH_IDLE_POLL_MS,
         maxWaitMs: parseClassSeconds(env.CLASS_MAX_WAIT_SECONDS),
         retryLimit: env.JOB_RETRY_LIMIT,

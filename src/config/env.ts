@@ -87,6 +87,8 @@ export const envSchema = z.object({
   INITIAL_LATENCY_MS: int(1_000, 1),
   /** Most jobs one dispatch decision takes from one queue. */
   LEASE_MAX: int(8, 1),
+  /** Decision loops per window per worker process (leases of different tenants in parallel). */
+  DISPATCH_LOOPS: int(4, 1),
   /** How often an idle dispatcher looks for work (new work also wakes it at once). */
   DISPATCH_IDLE_POLL_MS: int(1_000, 10),
   /** A worker node that has not heartbeated for this long is dead: its reservations and slots are released. */

@@ -84,13 +84,18 @@ export class Breakers {
    * wait for its verdict, so a failing API never spends more than one pacer
    * token per probe interval.
    */
-  admit(api: string): boolean {
+  admit(api: string): 'go' | 'probe' | 'hold' {
     const p = this.policies.get(api);
-    if (!p || p.state === CircuitState.Closed) return true;
-    if (p.state === CircuitState.Open && Date.now() - (this.openedAt.get(api) ?? 0) < this.config.halfOpenAfterMs) return false;
-    if (this.probing.has(api)) return false;
+    if (!p || p.state === CircuitState.Closed) return 'go';
+    if (p.state === CircuitState.Open && Date.now() - (this.openedAt.get(api) ?? 0) < this.config.halfOpenAfterMs) return 'hold';
+    if (this.probing.has(api)) return 'hold';
     this.probing.add(api);
-    return true;
+    return 'probe';
+  }
+
+  /** A probe that was admitted but never sent (its lease rolled back): let another go. */
+  release(api: string): void {
+    this.probing.delete(api);
   }
 
   /** Whether jobs for `api` are being held back (open, or half-open with its probe out). */

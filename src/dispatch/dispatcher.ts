@@ -46,6 +46,8 @@ export interface DispatcherOptions {
   poolMax: number;
   initialLatencyMs: number;
   leaseMax: number;
+  /** Decision loops per window in this process: leases of different tenants run side by side. */
+  loopsPerWindow: number;
   idlePollMs: number;
   maxWaitMs: Partial<Record<JobClass, number>>;
   retryLimit: number;
@@ -86,6 +88,8 @@ export class Dispatcher {
   private readonly wakers = new Set<() => void>();
   private unlisten: (() => Promise<void>) | null = null;
   readonly latency = new Map<string, LatencyTracker>();
+  /** Tenants one of this process's loops is leasing right now: the other loops pick someone else. */
+  private readonly leasing = new Set<string>();
   /** Oldest ready job's wait per class, refreshed by the sweeper for the starvation guard. */
   oldestWaitMs: Partial<Record<JobClass, number>> = {};
 
@@ -103,7 +107,7 @@ export class Dispatcher {
     this.running = true;
     const { unlisten } = await this.o.sql.listen(WORK_CHANNEL, () => this.poke());
     this.unlisten = unlisten;
-    for (const w of this.o.windows) this.loops.push(this.windowLoop(w));
+    for (const w of this.o.windows) for (let i = 0; i < this.o.loopsPerWindow; i++) this.loops.push(this.windowLoop(w));
   }
 
   /** Stops taking work and waits for in-flight calls to settle. */
@@ -158,10 +162,16 @@ export class Dispatcher {
     const tokens = takeable(state, state.dbNow);
     if (tokens < 1) return Math.min(this.o.idlePollMs, Math.max(1, msUntilTokens(state, state.dbNow, 1)));
     const maxTake = Math.min(room, tokens, this.o.leaseMax);
-    const candidates = await sched.loadCandidates(this.o.sql, w.classes, 32);
+    const candidates = (await sched.loadCandidates(this.o.sql, w.classes, 32)).filter((c) => !this.leasing.has(c.tenantId));
     const pick = pickQueue(candidates, classOrder(w.classes, this.oldestWaitMs, this.o.maxWaitMs), maxTake);
-    if (!pick) return this.o.idlePollMs;
-    const attempts = await this.lease(w, pick, pool);
+    if (!pick) return this.leasing.size > 0 ? Math.min(this.o.idlePollMs, 20) : this.o.idlePollMs;
+    this.leasing.add(pick.queue.tenantId);
+    let attempts: Attempt[];
+    try {
+      attempts = await this.lease(w, pick, pool);
+    } finally {
+      this.leasing.delete(pick.queue.tenantId);
+    }
     for (const a of attempts) this.track(this.run(w, a));
     return 0;
   }
@@ -175,6 +185,7 @@ export class Dispatcher {
     const { tenantId, jobClass } = pick.queue;
     const queue = queueName(tenantId, jobClass);
     const events: JobEvent[] = [];
+    const probes: string[] = [];
     const attempts = await sql.begin(async (tx) => {
       const db = inTransaction(tx);
       const slots = await sched.claimTenantSlots(tx, tenantId, pick.take);
@@ -191,7 +202,9 @@ export class Dispatcher {
       if (gone.length > 0) await boss.complete(queue, gone.map((j) => j.id), null, { db });
       const claimedLive = fetched.filter((j) => claimed.has(j.id));
       // Jobs for an API whose breaker is open wait for its probe; they take no token and no credit.
-      const admitted = new Set(claimedLive.filter((j) => this.o.breakers.admit(j.data.api)).map((j) => j.id));
+      const verdicts = claimedLive.map((j) => ({ j, v: this.o.breakers.admit(j.data.api) }));
+      for (const { j, v } of verdicts) if (v === 'probe') probes.push(j.data.api);
+      const admitted = new Set(verdicts.filter((x) => x.v !== 'hold').map((x) => x.j.id));
       const held = claimedLive.filter((j) => !admitted.has(j.id));
       if (held.length > 0) await this.holdForBreaker(tx, queue, tenantId, jobClass, held, events);
       const live = claimedLive.filter((j) => admitted.has(j.id));
@@ -215,7 +228,12 @@ export class Dispatcher {
       await publishJobEvents(tx, events);
       if (rows.length > 0) this.o.metrics?.dispatched(w.name, jobClass, rows.length);
       return go.map((job, i) => ({ queue, jobClass, job, attempt: rows[i]!.attempt, reservationId: rows[i]!.id, credits: rows[i]!.credits }));
+    }).catch((err) => {
+      for (const api of probes) this.o.breakers.release(api);
+      throw err;
     });
+    // A probe admitted but not sent (over quota, say) must not hold its API's breaker half-open forever.
+    for (const api of probes) if (!attempts.some((a) => a.job.data.api === api)) this.o.breakers.release(api);
     return attempts;
   }
 
