@@ -87,6 +87,10 @@ export const envSchema = z.object({
   INITIAL_LATENCY_MS: int(1_000, 1),
   /** Most jobs one dispatch decision takes from one queue. */
   LEASE_MAX: int(8, 1),
+  /** Most jobs one decision takes when the queue's head API batches (one batch call; 1 = never batch). */
+  BATCH_MAX: int(200, 1),
+  /** APIs never batched, comma-separated (the catalog says which batch otherwise). */
+  BATCH_DISABLED_APIS: z.string().default(''),
   /** How often an idle dispatcher looks for work (new work also wakes it at once). */
   DISPATCH_IDLE_POLL_MS: int(1_000, 10),
   /** A worker node that has not heartbeated for this long is dead: its reservations and slots are released. */
