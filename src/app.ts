@@ -78,7 +78,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     cleanups.push(() => boss.stop({ graceful: false, close: true }));
 
     // 2. Provider: the real account, or the simulator in demo mode (same plan, rate and keys).
-    const catalog = buildCatalog(env.API_COSTS);
+    const catalog = buildCatalog(env.API_COSTS, env.BATCH_DISABLED_APIS);
     let simulator: Simulator | null = null;
     let primaryKey: string | undefined = env.APIVERVE_API_KEY;
     let subKeys: readonly string[] = env.APIVERVE_SUB_KEYS;
@@ -213,6 +213,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         initialLatencyMs: env.INITIAL_LATENCY_MS,
         leaseMax: env.LEASE_MAX,
         loopsPerWindow: env.DISPATCH_LOOPS,
+        batchMax: env.BATCH_MAX,
         idlePollMs: env.DISPATCH_IDLE_POLL_MS,
         maxWaitMs: parseClassSeconds(env.CLASS_MAX_WAIT_SECONDS),
         retryLimit: env.JOB_RETRY_LIMIT,

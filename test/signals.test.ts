@@ -52,6 +52,9 @@ describe('credits run out mid-run', () => {
       SWEEP_INTERVAL_MS: '200',
       INITIAL_LATENCY_MS: '30',
       LEASE_MAX: '2',
+      // Single calls: this checks that only calls in flight meet the empty account. A batch's items
+      // beyond the credits get per-item 402s by design (test/batching.test.ts covers that).
+      BATCH_MAX: '1',
     });
     sql = postgres(t.databaseUrl, { max: 2, onnotice: () => {} });
   });

@@ -34,8 +34,14 @@ export type ApiCatalog = ReadonlyMap<string, ApiSpec>;
  * Throws on an unknown name or a cost that is not a positive integer, so a typo
  * in configuration stops start-up instead of silently billing the default.
  */
-export function buildCatalog(costOverrides = ''): ApiCatalog {
+export function buildCatalog(costOverrides = '', batchDisabled = ''): ApiCatalog {
   const map = new Map(API_CATALOG.map((spec) => [spec.name, spec]));
+  // `BATCH_DISABLED_APIS`: APIs always called one by one (a provider's batch endpoint misbehaving, or tests).
+  for (const name of batchDisabled.split(',').map((s) => s.trim()).filter(Boolean)) {
+    const spec = map.get(name);
+    if (!spec) throw new Error(`unknown api "${name}" in BATCH_DISABLED_APIS`);
+    map.set(name, { ...spec, batch: { ...spec.batch, enabled: false } });
+  }
   for (const part of costOverrides.split(',').map((s) => s.trim()).filter(Boolean)) {
     const [name, raw] = part.split('=').map((s) => s.trim());
     const spec = name ? map.get(name) : undefined;

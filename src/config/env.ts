@@ -82,13 +82,17 @@ export const envSchema = z.object({
   CLASS_MAX_WAIT_SECONDS: classNumbers('STANDARD=30,BULK=120'),
 
   /** Pools: ceil(paced rate × p95 latency) per window, at most this (and the plan's concurrent calls). */
-  POOL_MAX: int(256, 1),
+  POOL_MAX: int(1_024, 1),
   /** Latency assumed before any call was measured. */
   INITIAL_LATENCY_MS: int(1_000, 1),
   /** Most jobs one dispatch decision takes from one queue. */
   LEASE_MAX: int(8, 1),
   /** Decision loops per window per worker process (leases of different tenants in parallel). */
   DISPATCH_LOOPS: int(4, 1),
+  /** Most jobs one decision takes when the queue's head API batches (one batch call; 1 = never batch). */
+  BATCH_MAX: int(200, 1),
+  /** APIs never batched, comma-separated (the catalog says which batch otherwise). */
+  BATCH_DISABLED_APIS: z.string().default(''),
   /** How often an idle dispatcher looks for work (new work also wakes it at once). */
   DISPATCH_IDLE_POLL_MS: int(1_000, 10),
   /** A worker node that has not heartbeated for this long is dead: its reservations and slots are released. */

@@ -202,6 +202,8 @@ export const reservations = pgTable(
     settledAt: timestamp('settled_at', { withTimezone: true }),
     billed: integer('billed'),
     outcome: text('outcome'),
+    /** Whether settling it releases a window pool slot (a batch's items share one slot: only one carries it). */
+    windowSlot: boolean('window_slot').notNull().default(true),
   },
   (t) => [
     index('reservations_open_idx').on(t.nodeId).where(sql`${t.settledAt} is null`),

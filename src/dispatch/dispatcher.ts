@@ -23,7 +23,7 @@ import { publishJobEvents, type JobEvent } from '../events/bus.ts';
 import { WORK_CHANNEL } from '../jobs/service.ts';
 import { claimJobs, finishJob, requeueJob, unclaimJobs, upsertResult } from '../jobs/store.ts';
 import { reactionTo } from '../provider/classify.ts';
-import type { CallOutcome, ProviderClient } from '../provider/types.ts';
+import type { BatchOutcome, CallOutcome, ProviderClient } from '../provider/types.ts';
 import { deferApiJobs, inTransaction, queueName, type JobClass } from '../queue/boss.ts';
 import { classOrder, pickQueue, type Pick } from '../scheduler/fair.ts';
 import { billedCredits, fitCount } from '../scheduler/ledger.ts';
@@ -34,6 +34,7 @@ import type { WindowSpec } from '../scheduler/windows.ts';
 import { quotaPeriod } from '../tenants/policy.ts';
 import { errorCodeFor, planSettlement } from './retry.ts';
 import { BreakerOpen, type Breakers } from './breakers.ts';
+import { batchSpec, batchTake, planLease } from './batching.ts';
 import type { Metrics } from '../metrics.ts';
 
 export interface DispatcherOptions {
@@ -48,6 +49,8 @@ export interface DispatcherOptions {
   leaseMax: number;
   /** Decision loops per window in this process: leases of different tenants run side by side. */
   loopsPerWindow: number;
+  /** Most jobs one decision takes when the queue's head API batches (1 = never batch). Default 1. */
+  batchMax?: number;
   idlePollMs: number;
   maxWaitMs: Partial<Record<JobClass, number>>;
   retryLimit: number;
@@ -75,6 +78,17 @@ interface Attempt {
   attempt: number;
   reservationId: string;
   credits: number;
+}
+
+/** One batch call: its distinct items, each with the attempts that share its input (the first is the one sent). */
+interface BatchAttempt {
+  api: string;
+  items: Array<{ attempts: Attempt[] }>;
+}
+
+interface Leased {
+  singles: Attempt[];
+  batches: BatchAttempt[];
 }
 
 /** The window changed under us between the read and the take (another node was faster): decide again. */
@@ -162,17 +176,37 @@ export class Dispatcher {
     const tokens = takeable(state, state.dbNow);
     if (tokens < 1) return Math.min(this.o.idlePollMs, Math.max(1, msUntilTokens(state, state.dbNow, 1)));
     const maxTake = Math.min(room, tokens, this.o.leaseMax);
-    const candidates = (await sched.loadCandidates(this.o.sql, w.classes, 32)).filter((c) => !this.leasing.has(c.tenantId));
-    const pick = pickQueue(candidates, classOrder(w.classes, this.oldestWaitMs, this.o.maxWaitMs), maxTake);
-    if (!pick) return this.leasing.size > 0 ? Math.min(this.o.idlePollMs, 20) : this.o.idlePollMs;
+    const candidates = await sched.loadCandidates(this.o.sql, w.classes, 32);
+    const order = classOrder(w.classes, this.oldestWaitMs, this.o.maxWaitMs);
+    let pick = pickQueue(candidates, order, maxTake);
+    if (!pick) return this.o.idlePollMs;
+    if (this.leasing.has(pick.queue.tenantId)) {
+      // Another loop here is leasing the fairest queue. Lease the next one in parallel only if it is
+      // within one lease of the front: parallel loops must not let a tenant that is ahead jump the queue.
+      const front = pick.queue;
+      const next = pickQueue(candidates.filter((c) => !this.leasing.has(c.tenantId)), order, maxTake);
+      if (!next || next.queue.jobClass !== front.jobClass || next.queue.vtime > front.vtime + this.o.leaseMax / front.weight) return Math.min(this.o.idlePollMs, 20);
+      pick = next;
+    }
+    const batchMax = this.o.batchMax ?? 1;
+    if (batchMax > 1) {
+      // The queue's next job batches: take up to a batch's worth (one pool slot, one token per item).
+      const head = await sched.headApi(this.o.sql, pick.queue.tenantId, pick.queue.jobClass);
+      const spec = head ? batchSpec(this.o.catalog, head) : null;
+      if (spec) {
+        const take = batchTake({ tokens, batchMax, apiMaxSize: spec.maxSize, capFree: pick.queue.cap - pick.queue.inFlight, singleTake: pick.take });
+        pick = { ...pick, take };
+      }
+    }
     this.leasing.add(pick.queue.tenantId);
-    let attempts: Attempt[];
+    let leased: Leased;
     try {
-      attempts = await this.lease(w, pick, pool);
+      leased = await this.lease(w, pick, pool, room);
     } finally {
       this.leasing.delete(pick.queue.tenantId);
     }
-    for (const a of attempts) this.track(this.run(w, a));
+    for (const a of leased.singles) this.track(this.run(w, a));
+    for (const b of leased.batches) this.track(this.runBatch(w, b));
     return 0;
   }
 
@@ -180,7 +214,7 @@ export class Dispatcher {
    * The dispatch transaction: cap, fetch, claim, quota, tokens, virtual time,
    * all or nothing.
    */
-  private async lease(w: WindowSpec, pick: Pick, pool: number): Promise<Attempt[]> {
+  private async lease(w: WindowSpec, pick: Pick, pool: number, room: number): Promise<Leased> {
     const { sql, boss, catalog } = this.o;
     const { tenantId, jobClass } = pick.queue;
     const queue = queueName(tenantId, jobClass);
@@ -189,12 +223,12 @@ export class Dispatcher {
     const attempts = await sql.begin(async (tx) => {
       const db = inTransaction(tx);
       const slots = await sched.claimTenantSlots(tx, tenantId, pick.take);
-      if (slots.granted === 0) return [];
+      if (slots.granted === 0) return { singles: [], batches: [] };
       const fetched = await boss.fetch<JobData>(queue, { batchSize: slots.granted, includeMetadata: true, db });
       if (fetched.length === 0) {
         await sched.releaseTenantSlots(tx, tenantId, slots.granted);
         await sched.refreshReadyAt(tx, tenantId, jobClass);
-        return [];
+        return { singles: [], batches: [] };
       }
       const claimed = await claimJobs(tx, fetched.map((j) => j.id));
       // Cancelled or finished meanwhile: acknowledge without a call.
@@ -217,23 +251,48 @@ export class Dispatcher {
       const over = live.slice(fit);
       if (over.length > 0) await this.overQuota(tx, queue, tenantId, slots.quotaPolicy, over, costs[fit]!, events);
 
-      if (go.length > 0 && !(await sched.takeWindow(tx, w.name, go.length, pool))) throw new LostRace();
-      await sched.releaseTenantSlots(tx, tenantId, slots.granted - go.length);
-      const rows = go.map((j, i) => ({ id: randomUUID(), jobId: j.id, attempt: claimed.get(j.id)!, credits: costs[i]! }));
+      // Group by API into batch calls (deduplicated) and single calls, within the window's room.
+      const plan = planLease(go.map((j) => j.data), catalog, room, this.o.batchMax ?? 1);
+      if (plan.back.length > 0) {
+        const back = plan.back.map((i) => go[i]!);
+        await unclaimJobs(tx, back.map((j) => j.id), 'QUEUED');
+        await boss.deleteJob(queue, back.map((j) => j.id), { db });
+        await boss.insert(queue, back.map((j) => ({ id: j.id, data: j.data })), { db });
+        for (const j of back) events.push({ jobId: j.id, tenantId, state: 'QUEUED' });
+      }
+      const kept = go.length - plan.back.length;
+      if (kept > 0 && !(await sched.takeWindow(tx, w.name, plan.tokens, pool, plan.slots))) throw new LostRace();
+      await sched.releaseTenantSlots(tx, tenantId, slots.granted - kept);
+      const attemptOf = new Map<number, Attempt>();
+      const rows: sched.ReservationRow[] = [];
+      const add = (i: number, windowSlot: boolean) => {
+        const job = go[i]!;
+        const row = { id: randomUUID(), jobId: job.id, attempt: claimed.get(job.id)!, credits: costs[i]!, windowSlot };
+        rows.push(row);
+        attemptOf.set(i, { queue, jobClass, job, attempt: row.attempt, reservationId: row.id, credits: row.credits });
+      };
+      for (const i of plan.singles) add(i, true);
+      // A batch holds one pool slot: its first job's reservation carries it.
+      for (const b of plan.batches) b.items.flatMap((it) => it.jobs).forEach((i, k) => add(i, k === 0));
       if (rows.length > 0) {
         await sched.reserve(tx, tenantId, period.start, w.name, this.o.nodeId, rows);
+        // Fair share counts jobs, batched or not: a batch advances the queue by its item count.
         await sched.advanceQueue(tx, tenantId, jobClass, rows.length, slots.weight);
       }
-      for (const j of go) events.push({ jobId: j.id, tenantId, state: 'RUNNING' });
+      for (const r of rows) events.push({ jobId: r.jobId, tenantId, state: 'RUNNING' });
       await publishJobEvents(tx, events);
       if (rows.length > 0) this.o.metrics?.dispatched(w.name, jobClass, rows.length);
-      return go.map((job, i) => ({ queue, jobClass, job, attempt: rows[i]!.attempt, reservationId: rows[i]!.id, credits: rows[i]!.credits }));
+      return {
+        singles: plan.singles.map((i) => attemptOf.get(i)!),
+        batches: plan.batches.map((b) => ({ api: b.api, items: b.items.map((it) => ({ attempts: it.jobs.map((i) => attemptOf.get(i)!) })) })),
+      };
     }).catch((err) => {
       for (const api of probes) this.o.breakers.release(api);
       throw err;
     });
     // A probe admitted but not sent (over quota, say) must not hold its API's breaker half-open forever.
-    for (const api of probes) if (!attempts.some((a) => a.job.data.api === api)) this.o.breakers.release(api);
+    const sent = [...attempts.singles.map((a) => a.job.data.api), ...attempts.batches.map((b) => b.api)];
+    for (const api of probes) if (!sent.includes(api)) this.o.breakers.release(api);
     return attempts;
   }
 
@@ -320,6 +379,46 @@ export class Dispatcher {
     await this.settle(w, a, outcome);
   }
 
+  /** Calls one batch for its distinct items and settles every attempt from its item's outcome. */
+  private async runBatch(w: WindowSpec, b: BatchAttempt): Promise<void> {
+    const { boss } = this.o;
+    const all = b.items.flatMap((it) => it.attempts);
+    const heartbeat = setInterval(() => {
+      for (const a of all) void boss.touch(a.queue, a.job).catch(() => {});
+    }, (this.o.heartbeatSeconds * 1000) / 2);
+    let batch: BatchOutcome | null = null;
+    try {
+      await this.o.breakers.run(b.api, async () => {
+        batch = await this.o.client.callBatch({
+          api: b.api,
+          items: b.items.map((it, i) => ({ id: String(i), params: it.attempts[0]!.job.data.params })),
+          apiKey: w.apiKey,
+        });
+        return batch.call;
+      });
+    } catch (err) {
+      if (!(err instanceof BreakerOpen)) throw err;
+      const retryAt = this.o.breakers.retryAt(err.api) ?? Date.now() + 1000;
+      const outcome: CallOutcome = { kind: 'server_error', httpStatus: null, creditsBilled: 0, data: null, message: err.message, status: null, retryAfterSeconds: Math.max(1, Math.ceil((retryAt - Date.now()) / 1000)), latencyMs: 0 };
+      await this.settleBatch(w, b, b.items.map(() => outcome), { putBack: true });
+      return;
+    } finally {
+      clearInterval(heartbeat);
+    }
+    const result = batch as BatchOutcome | null;
+    if (!result) throw new Error('batch call returned nothing');
+    const call = result.call;
+    if (call.httpStatus !== null) this.latency.get(w.name)!.record(call.latencyMs);
+    const outcomes: CallOutcome[] = b.items.map((it, i) => {
+      const item = result.items[i];
+      // Refused as a whole (or no usable answer): every item shares the call's outcome; a worst-case bill is per item.
+      if (!item) return { ...call, creditsBilled: call.creditsBilled > 0 ? it.attempts[0]!.credits : 0 };
+      const { id: _id, ...rest } = item;
+      return { ...rest, status: call.status, latencyMs: call.latencyMs };
+    });
+    await this.settleBatch(w, b, outcomes);
+  }
+
   /**
    * Settles one attempt in one transaction: the reservation (billed or
    * refunded, I5), the result (upsert by job id, I6), the job's next state and
@@ -327,8 +426,45 @@ export class Dispatcher {
    * every node (I2).
    */
   private async settle(w: WindowSpec, a: Attempt, outcome: CallOutcome, opts: { putBack?: boolean } = {}): Promise<void> {
-    const { sql, boss } = this.o;
-    const { tenantId } = a.job.data;
+    const s = this.prepare(a, outcome, opts);
+    await this.o.sql.begin(async (tx) => {
+      await sched.settleReservation(tx, a.reservationId, s.billed, outcome.kind);
+      await this.react(tx, w, outcome);
+      const events = await this.applyJobState(tx, a, outcome, s);
+      await publishJobEvents(tx, events);
+    });
+  }
+
+  /**
+   * Settles every attempt of a batch in ONE transaction, each from its item's
+   * outcome: reservations first (lock order: tenants, ledger, windows), then the
+   * account reactions once per kind, then each job's state. Duplicates share the
+   * sent item's outcome and result; only the sent one is billed.
+   */
+  private async settleBatch(w: WindowSpec, b: BatchAttempt, outcomes: CallOutcome[], opts: { putBack?: boolean } = {}): Promise<void> {
+    const work: Array<{ a: Attempt; outcome: CallOutcome; s: ReturnType<Dispatcher['prepare']> }> = [];
+    b.items.forEach((it, i) => {
+      it.attempts.forEach((a, k) => {
+        const outcome = k === 0 ? outcomes[i]! : { ...outcomes[i]!, creditsBilled: 0 };
+        work.push({ a, outcome, s: this.prepare(a, outcome, opts) });
+      });
+    });
+    const reactions = new Map<string, CallOutcome>();
+    for (const o of outcomes) {
+      const prev = reactions.get(o.kind);
+      if (!prev || (o.retryAfterSeconds ?? 0) > (prev.retryAfterSeconds ?? 0)) reactions.set(o.kind, o);
+    }
+    await this.o.sql.begin(async (tx) => {
+      for (const x of work) await sched.settleReservation(tx, x.a.reservationId, x.s.billed, x.outcome.kind);
+      for (const o of reactions.values()) await this.react(tx, w, o);
+      const events: JobEvent[] = [];
+      for (const x of work) events.push(...(await this.applyJobState(tx, x.a, x.outcome, x.s)));
+      await publishJobEvents(tx, events);
+    });
+  }
+
+  /** The plan and the bill of one attempt's outcome (and its metrics). */
+  private prepare(a: Attempt, outcome: CallOutcome, opts: { putBack?: boolean }) {
     const planned = planSettlement(opts.putBack ? 'put_back' : reactionTo(outcome), outcome, a.attempt, this.o.retryLimit, this.o.retryDelaySeconds);
     // Out of credits or an unusable key: the account or window stop holds the job back, so it is
     // ready again the moment an admin resumes (no stale retry-after on top).
@@ -340,28 +476,31 @@ export class Dispatcher {
     if (outcome.kind === 'rate_limited') m?.provider429('rate');
     if (outcome.kind === 'credits_exhausted' && outcome.httpStatus === 429) m?.provider429('credits');
     m?.credits(billed, a.credits - billed);
-    await sql.begin(async (tx) => {
-      await sched.settleReservation(tx, a.reservationId, billed, outcome.kind);
-      await this.react(tx, w, outcome);
-      const db = inTransaction(tx);
-      if (plan.action === 'requeue') {
-        if (!(await requeueJob(tx, a.job.id, a.attempt, plan.countsAsAttempt, plan.delaySeconds))) return;
-        await this.storeResult(tx, a, outcome, billed, plan.countsAsAttempt ? a.attempt : a.attempt - 1);
-        // Delete and re-insert under the same id: the job waits out its delay
-        // without spending pg-boss's own retry budget, kept for crash redelivery.
-        const startAfter = new Date(Date.now() + plan.delaySeconds * 1000);
-        await boss.deleteJob(a.queue, a.job.id, { db });
-        await boss.insert(a.queue, [{ id: a.job.id, data: a.job.data, startAfter }], { db });
-        await sched.markQueuesReady(tx, tenantId, [a.jobClass], startAfter);
-        await publishJobEvents(tx, [{ jobId: a.job.id, tenantId, state: 'QUEUED' }]);
-        return;
-      }
-      const state = plan.action === 'succeed' ? 'SUCCEEDED' : 'FAILED';
-      if (!(await finishJob(tx, a.job.id, a.attempt, state))) return;
-      await this.storeResult(tx, a, outcome, billed, a.attempt);
-      await boss.complete(a.queue, a.job.id, null, { db });
-      await publishJobEvents(tx, [{ jobId: a.job.id, tenantId, state }]);
-    });
+    return { plan, billed };
+  }
+
+  /** The job's next state, its result and the pg-boss acknowledgement, fenced by the attempt; returns the events to publish. */
+  private async applyJobState(tx: postgres.TransactionSql, a: Attempt, outcome: CallOutcome, s: { plan: ReturnType<typeof planSettlement>; billed: number }): Promise<JobEvent[]> {
+    const { boss } = this.o;
+    const { tenantId } = a.job.data;
+    const { plan, billed } = s;
+    const db = inTransaction(tx);
+    if (plan.action === 'requeue') {
+      if (!(await requeueJob(tx, a.job.id, a.attempt, plan.countsAsAttempt, plan.delaySeconds))) return [];
+      await this.storeResult(tx, a, outcome, billed, plan.countsAsAttempt ? a.attempt : a.attempt - 1);
+      // Delete and re-insert under the same id: the job waits out its delay
+      // without spending pg-boss's own retry budget, kept for crash redelivery.
+      const startAfter = new Date(Date.now() + plan.delaySeconds * 1000);
+      await boss.deleteJob(a.queue, a.job.id, { db });
+      await boss.insert(a.queue, [{ id: a.job.id, data: a.job.data, startAfter }], { db });
+      await sched.markQueuesReady(tx, tenantId, [a.jobClass], startAfter);
+      return [{ jobId: a.job.id, tenantId, state: 'QUEUED' }];
+    }
+    const state = plan.action === 'succeed' ? 'SUCCEEDED' : 'FAILED';
+    if (!(await finishJob(tx, a.job.id, a.attempt, state))) return [];
+    await this.storeResult(tx, a, outcome, billed, a.attempt);
+    await boss.complete(a.queue, a.job.id, null, { db });
+    return [{ jobId: a.job.id, tenantId, state }];
   }
 
   /**

@@ -204,6 +204,14 @@ export async function readBreakers(sql: Tx): Promise<Array<{ api: string; state:
 
 /* ---------- the dispatch transaction ---------- */
 
+/** The API of the queue's next ready job (what pg-boss will hand out first), or null. */
+export async function headApi(sql: Tx, tenantId: string, jobClass: JobClass): Promise<string | null> {
+  const [r] = await sql`
+    select api from jobs where tenant_id = ${tenantId} and priority = ${jobClass} and state = 'QUEUED' and run_after <= now()
+    order by created_at limit 1`;
+  return (r?.api as string | undefined) ?? null;
+}
+
 /** Takes up to `want` of the tenant's free in-flight slots; returns how many (0 when at cap or quota-blocked). */
 export async function claimTenantSlots(tx: Tx, tenantId: string, want: number): Promise<{ granted: number; weight: number; quota: number; quotaPolicy: 'WAIT' | 'FAIL'; periodAnchor: Date }> {
   const [row] = await tx`
@@ -239,11 +247,12 @@ export async function lockLedger(tx: Tx, tenantId: string, periodStart: Date): P
 }
 
 /**
- * Takes `n` tokens and `n` in-flight slots of a window, only if the window is
- * not paused, has the tokens (continuous refill, same formula as pacer.ts
- * `tokensAt`) and stays within its pool. Returns false when it cannot.
+ * Takes `n` tokens and `slots` in-flight slots (default `n`) of a window, only
+ * if the window is not paused, has the tokens (continuous refill, same formula
+ * as pacer.ts `tokensAt`) and stays within its pool. Returns false when it
+ * cannot. A batch call takes one token per item sent and one slot.
  */
-export async function takeWindow(tx: Tx, window: string, n: number, pool: number): Promise<boolean> {
+export async function takeWindow(tx: Tx, window: string, n: number, pool: number, slots: number = n): Promise<boolean> {
   const rows = await tx`
     with w as (
       select name, case when rate_per_minute is null then null
@@ -253,13 +262,13 @@ export async function takeWindow(tx: Tx, window: string, n: number, pool: number
     update windows set
       tokens = coalesce(w.now_tokens - ${n}, 0),
       refilled_at = clock_timestamp(),
-      in_flight = windows.in_flight + ${n}
+      in_flight = windows.in_flight + ${slots}
     from w
     where windows.name = w.name
       and (windows.paused_until is null or windows.paused_until <= clock_timestamp())
       and not exists (select 1 from account_state a where a.dispatch_stopped_until > clock_timestamp())
       and (w.now_tokens is null or w.now_tokens >= ${n} - 1e-9)
-      and windows.in_flight + ${n} <= ${pool}
+      and windows.in_flight + ${slots} <= ${pool}
     returning windows.name`;
   return rows.length > 0;
 }
@@ -269,6 +278,8 @@ export interface ReservationRow {
   jobId: string;
   attempt: number;
   credits: number;
+  /** Whether settling it releases a window pool slot (default true; a batch's items share one). */
+  windowSlot?: boolean;
 }
 
 /** Reserves credits and records the attempts' reservations (one row each). */
@@ -284,11 +295,11 @@ export async function reserve(
   await tx`update tenant_ledger set reserved = reserved + ${total} where tenant_id = ${tenantId} and period_start = ${periodStart}`;
   // clock_timestamp(), not now(): the tenant's row lock was taken after any settlement it waited for
   // committed, so a reservation's interval never appears to overlap one it actually followed.
-  const payload = rows.map((r) => ({ id: r.id, job_id: r.jobId, attempt: r.attempt, credits: r.credits }));
+  const payload = rows.map((r) => ({ id: r.id, job_id: r.jobId, attempt: r.attempt, credits: r.credits, window_slot: r.windowSlot ?? true }));
   await tx`
-    insert into reservations (id, job_id, attempt, tenant_id, period_start, "window", node_id, credits, created_at)
-    select x.id, x.job_id, x.attempt, ${tenantId}, ${periodStart}, ${window}, ${nodeId}, x.credits, clock_timestamp()
-    from jsonb_to_recordset(${tx.json(payload as never)}::jsonb) as x(id uuid, job_id uuid, attempt int, credits int)`;
+    insert into reservations (id, job_id, attempt, tenant_id, period_start, "window", node_id, credits, window_slot, created_at)
+    select x.id, x.job_id, x.attempt, ${tenantId}, ${periodStart}, ${window}, ${nodeId}, x.credits, x.window_slot, clock_timestamp()
+    from jsonb_to_recordset(${tx.json(payload as never)}::jsonb) as x(id uuid, job_id uuid, attempt int, credits int, window_slot boolean)`;
 }
 
 /** Serving `items` advances the queue's virtual time and its class's clock. */
@@ -325,14 +336,14 @@ export async function settleReservation(tx: Tx, id: string, billed: number, outc
   const [r] = await tx`
     update reservations set settled_at = clock_timestamp(), billed = least(credits, ${billed}), outcome = ${outcome}
     where id = ${id} and settled_at is null
-    returning tenant_id, period_start, "window", credits, billed`;
+    returning tenant_id, period_start, "window", credits, billed, window_slot`;
   if (!r) return false;
   await tx`update sched_tenants set in_flight = greatest(0, in_flight - 1) where tenant_id = ${r.tenant_id as string}`;
   await tx`
     update tenant_ledger set reserved = reserved - ${r.credits as number}, billed = billed + ${r.billed as number},
       refunded = refunded + ${(r.credits as number) - (r.billed as number)}
     where tenant_id = ${r.tenant_id as string} and period_start = ${r.period_start as Date}`;
-  await tx`update windows set in_flight = greatest(0, in_flight - 1) where name = ${r.window as string}`;
+  if (r.window_slot) await tx`update windows set in_flight = greatest(0, in_flight - 1) where name = ${r.window as string}`;
   return true;
 }
 

@@ -1,0 +1,422 @@
+/**
+ * `npm run bench -- dispatch`: how fast Sluice's dispatch path completes jobs
+ * when nothing upstream limits it (plan MEGA: no per-minute window; simulator
+ * latency 0, over real HTTP), against a raw pg-boss fetch/complete loop on the
+ * same Postgres, with few and with many active tenants.
+ *
+ * For each shape (default 10 tenants × 2,000 jobs and 10,000 × 2):
+ *   1. a fresh database; a Sluice process with SLUICE_ROLE=api (no dispatcher);
+ *   2. tenants: through GraphQL (createTenant + updateTenant) up to
+ *      --graphql-tenants (100); beyond that in bulk SQL (tenants, keys,
+ *      scheduler rows as syncTenant writes them, pg-boss queues through
+ *      pg-boss's own create_queue());
+ *   3. jobs: submitJobs through GraphQL, in parallel, up to --graphql-tenants
+ *      tenants; beyond that a bulk fill with the submit path's own statements
+ *      (insertJobs, pg-boss insert, markQueuesReady), see --fill;
+ *   4. the API process stops and a worker process (SLUICE_ROLE=worker) starts
+ *      on the filled queues; the drain is measured from the first claim
+ *      (min jobs.started_at) for --window seconds (or to the end with --full),
+ *      on Postgres timestamps.
+ * The baseline: one pg-boss queue (a tenant queue's policy) with as many jobs,
+ * drained by one fetch loop (batches of LEASE_MAX=8, at most the pool's 50 in
+ * flight, like the dispatcher) completing each job on its own (like a
+ * settlement), on a fresh database; --baseline-repeats runs interleaved with
+ * the Sluice runs, median reported. A control run repeats it with as many
+ * empty queues as the many-tenant run has, to show pg-boss's own per-queue cost.
+ */
+import { randomUUID } from 'node:crypto';
+import postgres from 'postgres';
+import type { PgBoss } from 'pg-boss';
+import { insertJobs, type NewJob } from '../src/jobs/store.ts';
+import { CLASSES, inTransaction, queueName, startBoss } from '../src/queue/boss.ts';
+import { markQueuesReady } from '../src/scheduler/store.ts';
+import { startSimulator, type Simulator } from '../src/simulator/index.ts';
+import { generateSecret, hashSecret, TENANT_KEY_PREFIX } from '../src/tenants/keys.ts';
+import { effectiveLimits } from '../src/tenants/policy.ts';
+import type { FlagReader } from './lib/args.ts';
+import { createTenant, gqlRaw, submitBody, type JobSpec } from './lib/gql.ts';
+import { progress } from './lib/log.ts';
+import { sampleActivity } from './lib/activity.ts';
+import { cpuMeter } from './lib/machine.ts';
+import { freshDatabase, type BenchPostgres } from './lib/pg.ts';
+import { ADMIN_TOKEN, parseEnvFlag, startSluiceFor, type SluiceHandle } from './lib/sluice.ts';
+import { check, mapLimit, median, round, sleep, type Check } from './lib/stats.ts';
+
+export const description = 'jobs/s through the whole dispatch path (MEGA, zero latency) vs a raw pg-boss loop; 10 vs 10,000 active tenants';
+
+// What Sluice's app.ts gives every tenant queue (keep in step with src/app.ts queuePolicy).
+const QUEUE_POLICY = { retryLimit: 10, retryDelaySeconds: 1, heartbeatSeconds: 10, expireInSeconds: 60 };
+const POOL = 50; // MEGA's concurrent calls: the dispatcher's pool (POOL_MAX 256 does not bind)
+const LEASE_MAX = 8; // Sluice's default LEASE_MAX
+
+interface Shape {
+  tenants: number;
+  jobsPerTenant: number;
+}
+
+function job(i: number): JobSpec {
+  return { api: 'exchangerate', params: { currency1: 'USD', currency2: i % 2 ? 'EUR' : 'GBP' }, priority: 'STANDARD' };
+}
+
+async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: number | null; graphqlTenants: number; fill: string; submitConcurrency: number; inproc: boolean; extraEnv: Record<string, string> }) {
+  const label = `${shape.tenants}x${shape.jobsPerTenant}`;
+  const total = shape.tenants * shape.jobsPerTenant;
+  const db = await freshDatabase(pg.adminUrl, `dispatch${shape.tenants}`);
+  let sim: Simulator | null = null;
+  let api: SluiceHandle | null = null;
+  let worker: SluiceHandle | null = null;
+  const sql = postgres(db.url, { max: 3, onnotice: () => {} });
+  try {
+    sim = await startSimulator({ plan: 'MEGA', latencyMs: 0, credits: 100_000_000, maxCredits: 100_000_000 });
+    const env = {
+      DATABASE_URL: db.url,
+      APIVERVE_API_KEY: sim.apiKey,
+      APIVERVE_BASE_URL: sim.url,
+      APIVERVE_PLAN: 'MEGA',
+      ...o.extraEnv,
+    };
+    api = await startSluiceFor({ ...env, SLUICE_ROLE: 'api' }, o.inproc ? 'inproc' : 'child');
+    const url = api.url!;
+    progress(`[dispatch ${label}] API process at ${url}; creating ${shape.tenants} tenants`);
+
+    // Tenants.
+    const limits = { weight: 1, concurrencyCap: POOL, monthlyQuota: 1_000_000_000, queueBound: 1_000_000 };
+    const tCreate = Date.now();
+    let keys: Array<{ id: string; apiKey: string }>;
+    let creation: string;
+    if (shape.tenants <= o.graphqlTenants) {
+      keys = [];
+      for (let i = 0; i < shape.tenants; i++) keys.push(await createTenant(url, ADMIN_TOKEN, `t${i}`, limits));
+      creation = 'GraphQL createTenant + updateTenant';
+    } else {
+      keys = await bulkTenants(db.url, shape.tenants, limits);
+      creation =
+        'bulk SQL in the bench process: tenants + tenant_api_keys rows (keys generated and hashed with src/tenants/keys.ts), sched_tenants/sched_queues rows as scheduler syncTenant writes them (effectiveLimits), and each class queue through pg-boss\'s own create_queue() SQL function with the tenant queue policy (what boss.createQueue runs, minus its advisory lock), one statement each';
+    }
+    const createS = (Date.now() - tCreate) / 1000;
+
+    // Submissions through GraphQL, in parallel.
+    progress(`[dispatch ${label}] tenants in ${createS.toFixed(1)}s; submitting ${total} jobs`);
+    const viaGraphql = o.fill === 'graphql' || (o.fill === 'auto' && shape.tenants <= o.graphqlTenants);
+    const tSubmit = Date.now();
+    if (viaGraphql) {
+      const bodies = keys.map(() => submitBody(Array.from({ length: shape.jobsPerTenant }, (_, i) => job(i))));
+      await mapLimit(keys, o.submitConcurrency, (key, i) => gqlRaw(url, key.apiKey, bodies[i]!));
+    } else {
+      await bulkFill(db.url, keys.map((k) => k.id), shape.jobsPerTenant);
+    }
+    const submitS = (Date.now() - tSubmit) / 1000;
+    const apiCpu = await api.stop();
+    api = null;
+    const [queued] = await sql`select count(*)::int as n, count(distinct tenant_id)::int as tenants from jobs where state = 'QUEUED'`;
+    if (queued!.n !== total) throw new Error(`expected ${total} queued jobs, found ${queued!.n}`);
+    progress(`[dispatch ${label}] ${total} jobs queued in ${submitS.toFixed(1)}s (${round(total / submitS, 0)}/s); starting the worker`);
+
+    // The drain.
+    const cpu = cpuMeter();
+    const activity = sampleActivity(sql);
+    const tFork = Date.now();
+    worker = await startSluiceFor({ ...env, SLUICE_ROLE: 'worker' }, o.inproc ? 'inproc' : 'child');
+    const readyMs = Date.now() - tFork;
+    let firstStartMs: number | null = null;
+    let stopReason = 'drained';
+    for (;;) {
+      await sleep(250);
+      const [r] = await sql`
+        select count(*) filter (where finished_at is not null)::int as done,
+          (extract(epoch from min(started_at)) * 1000)::float8 as first
+        from jobs`;
+      if (r!.first !== null) firstStartMs = Number(r!.first);
+      if (r!.done >= total) break;
+      if (o.windowS !== null && firstStartMs !== null && Date.now() - firstStartMs >= o.windowS * 1000 + 500) {
+        stopReason = 'window';
+        break;
+      }
+      if (Date.now() - tFork > 900_000) {
+        stopReason = 'safety stop (15 min)';
+        break;
+      }
+    }
+    const [left] = await sql`select count(*)::int as n, count(distinct tenant_id)::int as tenants from jobs where state = 'QUEUED'`;
+    const machineBusy = cpu.end();
+    const postgresActivity = await activity.stop();
+    const workerCpu = await worker.stop();
+    worker = null;
+
+    const [agg] = await sql`
+      with f as (select (extract(epoch from min(started_at)) * 1000)::float8 as t0 from jobs)
+      select f.t0,
+        (extract(epoch from max(finished_at)) * 1000)::float8 as last,
+        count(*) filter (where finished_at is not null)::int as finished,
+        count(*) filter (where state = 'SUCCEEDED')::int as succeeded,
+        count(*) filter (where state = 'FAILED')::int as failed,
+        count(*) filter (where finished_at is not null and extract(epoch from finished_at) * 1000 <= f.t0 + ${(o.windowS ?? 1e9) * 1000})::int as in_window
+      from jobs, f group by f.t0`;
+    const t0 = Number(agg!.t0);
+    const drained = agg!.finished === total;
+    const drainS = (Number(agg!.last) - t0) / 1000;
+    const whole = drained && (o.windowS === null || drainS <= o.windowS);
+    const measuredS = whole ? drainS : o.windowS!;
+    const completed = whole ? total : (agg!.in_window as number);
+    // The jobs one dispatch transaction claims share its now() as started_at.
+    const decisions = await sql`
+      select count(*)::int as n, count(distinct started_at)::int as tx from jobs
+      where started_at is not null and extract(epoch from started_at) * 1000 <= ${t0 + measuredS * 1000}`;
+    const jobsPerSecond = completed / measuredS;
+    return {
+      shape: label,
+      tenants: shape.tenants,
+      jobsPerTenant: shape.jobsPerTenant,
+      jobs: total,
+      tenantCreation: { how: creation, seconds: round(createS, 1) },
+      submission: {
+        how: viaGraphql
+          ? `GraphQL submitJobs, one per tenant, ${Math.min(o.submitConcurrency, keys.length)} at a time`
+          : 'bulk fill in the bench process with the submit path\'s own statements per tenant (jobs/store.ts insertJobs, pg-boss insert into the tenant\'s class queue, scheduler markQueuesReady), 1,000 tenants per transaction; skips GraphQL, auth and admission (--fill graphql to submit through GraphQL)',
+        seconds: round(submitS, 2),
+        jobsPerSecond: round(total / submitS, 1),
+        apiProcessCpu: apiCpu,
+        note: 'no dispatcher runs while jobs are submitted (the API process has SLUICE_ROLE=api and is stopped before the worker starts)',
+      },
+      drain: {
+        workerStartupMs: readyMs,
+        measuredSeconds: round(measuredS, 3),
+        completed,
+        jobsPerSecond: round(jobsPerSecond, 1),
+        perJobMs: round(1000 / jobsPerSecond, 3),
+        stopReason,
+        fullyDrained: drained,
+        succeeded: agg!.succeeded,
+        failed: agg!.failed,
+        activeTenantsAtStart: queued!.tenants,
+        activeTenantsAtEnd: left!.tenants,
+        decisions: { count: decisions[0]!.tx, jobsPerDecision: decisions[0]!.tx ? round(decisions[0]!.n / decisions[0]!.tx, 2) : null },
+        note: 'from the first claim (min jobs.started_at) to the last finish in the window (Postgres timestamps)',
+      },
+      postgresActivity,
+      noise: { machineCpuBusy: machineBusy, workerProcessCpu: workerCpu, workerCpuPerJobMs: workerCpu ? round((workerCpu.cpuUserMs + workerCpu.cpuSystemMs) / Math.max(1, agg!.finished as number), 3) : null },
+    };
+  } finally {
+    if (worker) await worker.stop().catch(() => null);
+    if (api) await api.stop().catch(() => null);
+    await sql.end({ timeout: 2 }).catch(() => {});
+    if (sim) await sim.stop();
+    await db.drop();
+  }
+}
+
+/** Many tenants at once, in the state createTenant + updateTenant + services.tenantChanged leave them in. */
+async function bulkTenants(url: string, n: number, limits: { weight: number; concurrencyCap: number; monthlyQuota: number; queueBound: number }) {
+  const sql = postgres(url, { max: 1, onnotice: () => {} });
+  try {
+    const rows = Array.from({ length: n }, (_, i) => ({ id: randomUUID(), name: `t${i}`, apiKey: generateSecret(TENANT_KEY_PREFIX) }));
+    const l = effectiveLimits({ tier: 'PRO', ...limits });
+    await sql.begin(async (tx) => {
+      const payload = rows.map((r) => ({ id: r.id, name: r.name, key_hash: hashSecret(r.apiKey), key_prefix: r.apiKey.slice(0, 10) }));
+      const json = tx.json(payload as never);
+      await tx`
+        insert into tenants (id, name, tier, weight, concurrency_cap, monthly_quota, queue_bound)
+        select x.id, x.name, 'PRO', ${limits.weight}, ${limits.concurrencyCap}, ${limits.monthlyQuota}, ${limits.queueBound}
+        from jsonb_to_recordset(${json}::jsonb) as x(id uuid, name text)`;
+      await tx`
+        insert into tenant_api_keys (tenant_id, key_hash, key_prefix)
+        select x.id, x.key_hash, x.key_prefix from jsonb_to_recordset(${json}::jsonb) as x(id uuid, key_hash text, key_prefix text)`;
+      // scheduler syncTenant, for every tenant at once:
+      await tx`
+        insert into sched_tenants (tenant_id, weight, cap, quota, quota_policy, period_anchor)
+        select t.id, ${l.weight}, ${l.concurrencyCap}, ${l.monthlyQuota}, t.quota_policy, t.period_anchor from tenants t
+        where t.id = any(${rows.map((r) => r.id)}::uuid[])`;
+      await tx`
+        insert into sched_queues (tenant_id, class)
+        select t, c from unnest(${rows.map((r) => r.id)}::uuid[]) as t cross join unnest(${CLASSES as unknown as string[]}::text[]) as c`;
+    });
+    // pg-boss: its own create_queue() with the options boss.createQueue would pass.
+    const options = { retryLimit: QUEUE_POLICY.retryLimit, retryDelay: QUEUE_POLICY.retryDelaySeconds, retryBackoff: true, heartbeatSeconds: QUEUE_POLICY.heartbeatSeconds, expireInSeconds: QUEUE_POLICY.expireInSeconds, policy: 'standard' };
+    const names = rows.flatMap((r) => CLASSES.map((c) => queueName(r.id, c)));
+    await sql`select pgboss.create_queue(q, ${sql.json(options)}::jsonb) from unnest(${names}::text[]) as q`;
+    const [count] = await sql`select count(*)::int as n from pgboss.queue where name like 't.%'`;
+    if (count!.n !== names.length) throw new Error(`expected ${names.length} pg-boss queues, found ${count!.n}`);
+    return rows.map((r) => ({ id: r.id, apiKey: r.apiKey }));
+  } finally {
+    await sql.end();
+  }
+}
+
+/** Queued jobs for many tenants: what JobService.submit writes, with its own statements, many tenants per transaction. */
+async function bulkFill(url: string, tenantIds: readonly string[], perTenant: number) {
+  const sql = postgres(url, { max: 2, onnotice: () => {}, transform: { undefined: null } });
+  const boss = await startBoss(url, { max: 2, supervise: false });
+  try {
+    const chunks: string[][] = [];
+    for (let i = 0; i < tenantIds.length; i += 1000) chunks.push(tenantIds.slice(i, i + 1000));
+    await mapLimit(chunks, 2, (chunk) =>
+      sql.begin(async (tx) => {
+        const db = inTransaction(tx);
+        for (const tenantId of chunk) {
+          const jobs: NewJob[] = Array.from({ length: perTenant }, (_, i) => ({ api: 'exchangerate', params: { currency1: 'USD', currency2: i % 2 ? 'EUR' : 'GBP' }, priority: 'STANDARD', idempotencyKey: null, id: randomUUID() }));
+          await insertJobs(tx, tenantId, jobs);
+          await boss.insert(queueName(tenantId, 'STANDARD'), jobs.map((j) => ({ id: j.id, data: { tenantId, api: j.api, params: j.params } })), { db });
+          await markQueuesReady(tx, tenantId, ['STANDARD']);
+        }
+      }),
+    );
+  } finally {
+    await boss.stop({ graceful: false, close: true });
+    await sql.end();
+  }
+}
+
+/** A plain pg-boss loop: fetch up to 8 while fewer than 50 are in flight, complete each on its own. */
+async function baselineOnce(pg: BenchPostgres, total: number, windowS: number | null, repeat: number, idleQueues = 0) {
+  const db = await freshDatabase(pg.adminUrl, `pgboss${repeat}`);
+  let boss: PgBoss | null = null;
+  try {
+    boss = await startBoss(db.url, { max: 20 });
+    if (idleQueues > 0) {
+      // The control: as many other (empty) queues as the many-tenant run has, made like bulkTenants makes them.
+      const sql = postgres(db.url, { max: 1, onnotice: () => {} });
+      const options = { retryLimit: QUEUE_POLICY.retryLimit, retryDelay: QUEUE_POLICY.retryDelaySeconds, retryBackoff: true, heartbeatSeconds: QUEUE_POLICY.heartbeatSeconds, expireInSeconds: QUEUE_POLICY.expireInSeconds, policy: 'standard' };
+      await sql`select pgboss.create_queue('t.idle.' || i, ${sql.json(options)}::jsonb) from generate_series(1, ${idleQueues}::int) as i`;
+      await sql.end();
+      // pg-boss reads its queues at start: restart it so it knows them, as a Sluice process starting on them would.
+      await boss.stop({ graceful: false, close: true });
+      boss = await startBoss(db.url, { max: 20 });
+    }
+    const queue = 'bench.baseline';
+    await boss.createQueue(queue, { retryLimit: QUEUE_POLICY.retryLimit, retryDelay: QUEUE_POLICY.retryDelaySeconds, retryBackoff: true, heartbeatSeconds: QUEUE_POLICY.heartbeatSeconds, expireInSeconds: QUEUE_POLICY.expireInSeconds });
+    const tInsert = Date.now();
+    for (let i = 0; i < total; i += 1000) {
+      await boss.insert(queue, Array.from({ length: Math.min(1000, total - i) }, (_, k) => ({ data: { tenantId: 'baseline', api: 'exchangerate', params: job(i + k).params } })));
+    }
+    const insertS = (Date.now() - tInsert) / 1000;
+    const cpu = cpuMeter();
+    const cpuProc = process.cpuUsage();
+    let inFlight = 0;
+    let done = 0;
+    let failed = 0;
+    let wake: (() => void) | null = null;
+    const t0 = Date.now();
+    const deadline = windowS === null ? Infinity : t0 + windowS * 1000;
+    const b = boss;
+    let fetches = 0;
+    let empty = false;
+    while (done < total && Date.now() < deadline) {
+      const room = POOL - inFlight;
+      if (room <= 0 || empty) {
+        if (inFlight === 0) break;
+        await new Promise<void>((r) => (wake = r));
+        continue;
+      }
+      const jobs = await b.fetch(queue, { batchSize: Math.min(LEASE_MAX, room) });
+      fetches++;
+      if (jobs.length === 0) {
+        empty = true;
+        continue;
+      }
+      for (const j of jobs) {
+        inFlight++;
+        void b
+          .complete(queue, j.id)
+          .catch(() => failed++)
+          .finally(() => {
+            inFlight--;
+            done++;
+            const w = wake;
+            wake = null;
+            w?.();
+          });
+      }
+    }
+    while (inFlight > 0) await new Promise<void>((r) => (wake = r));
+    const seconds = (Date.now() - t0) / 1000;
+    const c = process.cpuUsage(cpuProc);
+    return { idleQueues, insertSeconds: round(insertS, 2), seconds: round(seconds, 3), completed: done, failed, fetches, jobsPerSecond: round(done / seconds, 1), machineCpuBusy: cpu.end(), benchProcessCpuMs: round((c.user + c.system) / 1000, 0) };
+  } finally {
+    if (boss) await boss.stop({ graceful: false, close: true }).catch(() => {});
+    await db.drop();
+  }
+}
+
+function parseShape(text: string): Shape {
+  const m = /^(\d+)x(\d+)$/.exec(text);
+  if (!m) throw new Error(`a shape is TENANTSxJOBS, e.g. 10x2000; got "${text}"`);
+  return { tenants: Number(m[1]), jobsPerTenant: Number(m[2]) };
+}
+
+export async function run(pg: BenchPostgres, flags: FlagReader) {
+  const few = parseShape(flags.string('few', '10x2000'));
+  const many = parseShape(flags.string('many', '10000x2'));
+  const full = flags.bool('full');
+  const windowS = full ? null : flags.number('window', 20);
+  const repeats = flags.number('baseline-repeats', 3);
+  const baselineWindowS = full ? null : flags.number('baseline-window', 10);
+  const controlQueues = flags.number('control-queues', many.tenants * 3);
+  const graphqlTenants = flags.number('graphql-tenants', 100);
+  const submitConcurrency = flags.number('submit-concurrency', 32);
+  const fill = flags.string('fill', 'auto');
+  if (!['auto', 'graphql', 'bulk'].includes(fill)) throw new Error('--fill is auto, graphql or bulk');
+  const inproc = flags.bool('inproc');
+  const extraEnv = parseEnvFlag(flags.optionalString('env'));
+  flags.done();
+
+  const opts = { windowS, graphqlTenants, fill, submitConcurrency, inproc, extraEnv };
+  // Baselines interleaved with the Sluice runs (before, between, after), so both see the same machine.
+  const baselines: Array<Awaited<ReturnType<typeof baselineOnce>>> = [];
+  const baseTotal = Math.max(few.tenants * few.jobsPerTenant, many.tenants * many.jobsPerTenant);
+  const baseline = async () => {
+    if (baselines.length >= repeats) return;
+    const b = await baselineOnce(pg, baseTotal, baselineWindowS, baselines.length);
+    baselines.push(b);
+    progress(`[dispatch] raw pg-boss run ${baselines.length}/${repeats}: ${b.jobsPerSecond} jobs/s`);
+  };
+  await baseline();
+  const fewResult = await sluiceScenario(pg, few, opts);
+  progress(`[dispatch] ${fewResult.shape}: ${fewResult.drain.jobsPerSecond} jobs/s`);
+  await baseline();
+  const manyResult = await sluiceScenario(pg, many, opts);
+  progress(`[dispatch] ${manyResult.shape}: ${manyResult.drain.jobsPerSecond} jobs/s`);
+  while (baselines.length < repeats) await baseline();
+  let control: Awaited<ReturnType<typeof baselineOnce>> | null = null;
+  if (controlQueues > 0) {
+    control = await baselineOnce(pg, baseTotal, baselineWindowS, 99, controlQueues);
+    progress(`[dispatch] raw pg-boss with ${controlQueues} idle queues: ${control.jobsPerSecond} jobs/s`);
+  }
+  const baseRate = median(baselines.map((b) => b.jobsPerSecond));
+  // Load drifts on a shared machine: also compare each drain with the baseline runs just before and after it.
+  const adjacent = (i: number) => (baselines.length >= i + 2 ? (baselines[i]!.jobsPerSecond + baselines[i + 1]!.jobsPerSecond) / 2 : baseRate);
+  const fewAdj = adjacent(0);
+  const manyAdj = adjacent(1);
+  const fewRate = fewResult.drain.jobsPerSecond;
+  const manyRate = manyResult.drain.jobsPerSecond;
+  const costRatio = fewRate / manyRate; // per-job cost = 1 / rate
+  const targets: Record<string, Check> = {
+    [`sluiceVsPgBoss.${fewResult.shape}`]: check(fewRate / baseRate, '>= 0.5 (at least half of raw pg-boss)', fewRate / baseRate >= 0.5),
+    [`sluiceVsPgBoss.${manyResult.shape}`]: check(manyRate / baseRate, '>= 0.5 (at least half of raw pg-boss)', manyRate / baseRate >= 0.5),
+    perJobCostManyVsFew: check(costRatio, `<= 1.5 (per-job cost with ${many.tenants} active tenants vs ${few.tenants})`, costRatio <= 1.5),
+  };
+  return {
+    summary: {
+      rawPgBossJobsPerSecond: { median: baseRate, runs: baselines.map((b) => b.jobsPerSecond) },
+      sluiceJobsPerSecond: { [fewResult.shape]: fewRate, [manyResult.shape]: manyRate },
+      sluiceVsPgBoss: { [fewResult.shape]: round(fewRate / baseRate, 3), [manyResult.shape]: round(manyRate / baseRate, 3) },
+      perJobMs: { [fewResult.shape]: fewResult.drain.perJobMs, [manyResult.shape]: manyResult.drain.perJobMs, rawPgBoss: round(1000 / baseRate, 3) },
+      perJobCostRatio: round(costRatio, 3),
+      vsAdjacentBaselines: {
+        [fewResult.shape]: round(fewRate / fewAdj, 3),
+        [manyResult.shape]: round(manyRate / manyAdj, 3),
+        perJobCostRatio: round(fewRate / fewAdj / (manyRate / manyAdj), 3),
+        note: 'each Sluice drain against the mean of the raw pg-boss runs just before and after it (run 1+2 for the few-tenant drain, 2+3 for the many-tenant one): less sensitive to load drifting during the invocation; the judged figures use the median',
+      },
+      rawPgBossWithIdleQueues: control ? { idleQueues: control.idleQueues, jobsPerSecond: control.jobsPerSecond, vsOneQueue: round(control.jobsPerSecond / baseRate, 3) } : null,
+      measured: windowS === null ? 'full drains' : `the first ${windowS} s of each Sluice drain (all tenants stay active; --full drains everything), ${baselineWindowS} s of each raw pg-boss loop`,
+    },
+    targets,
+    setup: {
+      simulator: 'plan MEGA (no per-minute window), latency 0, over real HTTP',
+      sluice: `APIVERVE_PLAN=MEGA: pool = ${POOL} (the plan's concurrent calls), LEASE_MAX ${LEASE_MAX}; API and worker in separate processes (${inproc ? 'in the bench process' : 'child processes'})`,
+      control: `the same raw pg-boss loop with ${controlQueues} other, empty queues in pg-boss (as many as the many-tenant run has: tenants × 3 classes): what pg-boss's per-queue upkeep costs by itself`,
+      baseline: `one pg-boss queue (tenant queue policy), ${baseTotal} jobs inserted in chunks of 1,000, one loop fetching up to ${LEASE_MAX} while fewer than ${POOL} are in flight, boss.complete per job, pg-boss pool of 20 connections (Sluice's hot-path pool size); fresh database each run`,
+    },
+    runs: { sluice: [fewResult, manyResult], rawPgBoss: baselines, rawPgBossControl: control },
+  };
+}

@@ -1,0 +1,46 @@
+/**
+ * Machine noise, reported next to every figure: cores, load, and how busy the
+ * CPUs were during a measurement (from /proc/stat; null where unavailable).
+ */
+import { readFileSync } from 'node:fs';
+import os from 'node:os';
+
+interface CpuTimes {
+  busy: number;
+  total: number;
+}
+
+function cpuTimes(): CpuTimes | null {
+  try {
+    const line = readFileSync('/proc/stat', 'utf8').split('\n')[0]!;
+    const v = line.trim().split(/\s+/).slice(1).map(Number);
+    const idle = (v[3] ?? 0) + (v[4] ?? 0);
+    const total = v.reduce((a, b) => a + b, 0);
+    return { busy: total - idle, total };
+  } catch {
+    return null;
+  }
+}
+
+/** Starts a CPU measurement; `end()` gives the machine's busy share (0..1, all cores) since. */
+export function cpuMeter(): { end(): number | null } {
+  const a = cpuTimes();
+  return {
+    end() {
+      const b = cpuTimes();
+      if (!a || !b || b.total === a.total) return null;
+      return Math.round(((b.busy - a.busy) / (b.total - a.total)) * 1000) / 1000;
+    },
+  };
+}
+
+export function machine() {
+  return {
+    cores: os.availableParallelism(),
+    cpuModel: os.cpus()[0]?.model ?? null,
+    memGb: Math.round(os.totalmem() / 2 ** 30),
+    loadavg: os.loadavg().map((x) => Math.round(x * 100) / 100),
+    node: process.version,
+    platform: `${process.platform} ${os.release()}`,
+  };
+}

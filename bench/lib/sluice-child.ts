@@ -1,0 +1,29 @@
+/**
+ * A Sluice process for a benchmark: startSluice with the environment the
+ * parent gave, then "ready" over IPC. "stop" stops it and reports the
+ * process's CPU time. Logs (pino, stdout) are piped to the parent's stderr.
+ */
+import { startSluice } from '../../src/app.ts';
+import { loadEnv } from '../../src/config/env.ts';
+import { createLogger } from '../../src/log.ts';
+
+const env = loadEnv(process.env);
+const log = createLogger(env.LOG_LEVEL, 'sluice-bench');
+const app = await startSluice(env, log);
+const cpuAtReady = process.cpuUsage();
+process.send!({ type: 'ready', url: app.url, port: app.port });
+
+let stopping = false;
+async function stop(): Promise<void> {
+  if (stopping) return;
+  stopping = true;
+  const cpu = process.cpuUsage(cpuAtReady);
+  await app.stop();
+  if (process.connected) {
+    process.send!({ type: 'stopped', cpuUserMs: cpu.user / 1000, cpuSystemMs: cpu.system / 1000, rssMb: process.memoryUsage().rss / 2 ** 20 }, () => process.exit(0));
+  } else process.exit(0);
+}
+process.on('message', (m: { type?: string }) => {
+  if (m?.type === 'stop') void stop();
+});
+process.on('disconnect', () => void stop());

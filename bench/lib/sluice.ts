@@ -1,0 +1,90 @@
+/**
+ * Starting Sluice for a benchmark: in a child process (default: its own event
+ * loop and CPU time, like a deployment) or in the bench process (`--inproc`).
+ * The environment is built from scratch (only PATH/HOME/TMPDIR/LANG are
+ * inherited), so a SLUICE_* or APIVERVE_* variable in the shell cannot change
+ * a run behind the report's back; pass extra settings with `--env K=V,K=V`.
+ */
+import { fork } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { startSluice } from '../../src/app.ts';
+import { loadEnv } from '../../src/config/env.ts';
+import { pino } from 'pino';
+
+export const ADMIN_TOKEN = 'slcadm_bench_admin_token';
+
+export interface SluiceHandle {
+  url: string | null;
+  mode: 'child' | 'inproc';
+  pid: number;
+  /** Stops it; a child reports the CPU time it used since it was ready. */
+  stop(): Promise<{ cpuUserMs: number; cpuSystemMs: number; rssMb: number } | null>;
+}
+
+const INHERITED = ['PATH', 'HOME', 'TMPDIR', 'LANG', 'TZ'];
+
+export function parseEnvFlag(text: string | undefined): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const part of (text ?? '').split(',').map((s) => s.trim()).filter(Boolean)) {
+    const eq = part.indexOf('=');
+    if (eq <= 0) throw new Error(`--env wants K=V pairs, got "${part}"`);
+    out[part.slice(0, eq)] = part.slice(eq + 1);
+  }
+  return out;
+}
+
+export async function startSluiceFor(env: Record<string, string>, mode: 'child' | 'inproc'): Promise<SluiceHandle> {
+  const full: Record<string, string> = {
+    NODE_ENV: 'production',
+    LOG_LEVEL: 'warn',
+    HOST: '127.0.0.1',
+    PORT: '0',
+    SLUICE_ADMIN_TOKEN: ADMIN_TOKEN,
+    ...env,
+  };
+  if (mode === 'inproc') {
+    const config = loadEnv(full);
+    // pino would write to stdout; the bench's stdout is for the JSON result only.
+    const log = pino({ name: 'sluice-bench', level: config.LOG_LEVEL }, pino.destination(2));
+    const app = await startSluice(config, log);
+    return { url: app.url, mode, pid: process.pid, stop: async () => (await app.stop(), null) };
+  }
+  const childEnv: Record<string, string> = {};
+  for (const k of INHERITED) if (process.env[k] !== undefined) childEnv[k] = process.env[k]!;
+  Object.assign(childEnv, full);
+  const child = fork(fileURLToPath(new URL('./sluice-child.ts', import.meta.url)), [], {
+    env: childEnv,
+    stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
+  });
+  child.stdout!.on('data', (d: Buffer) => process.stderr.write(d));
+  child.stderr!.on('data', (d: Buffer) => process.stderr.write(d));
+  const ready = await new Promise<{ url: string | null }>((resolve, reject) => {
+    const onExit = (code: number | null) => reject(new Error(`the Sluice child exited with ${code} before it was ready`));
+    child.once('exit', onExit);
+    child.on('message', (m: { type?: string; url?: string | null }) => {
+      if (m?.type === 'ready') {
+        child.off('exit', onExit);
+        resolve({ url: m.url ?? null });
+      }
+    });
+  });
+  let stopped: Promise<{ cpuUserMs: number; cpuSystemMs: number; rssMb: number } | null> | null = null;
+  return {
+    url: ready.url,
+    mode,
+    pid: child.pid!,
+    stop() {
+      stopped ??= new Promise((resolve) => {
+        let report: { cpuUserMs: number; cpuSystemMs: number; rssMb: number } | null = null;
+        child.on('message', (m: { type?: string; cpuUserMs: number; cpuSystemMs: number; rssMb: number }) => {
+          if (m?.type === 'stopped') report = { cpuUserMs: m.cpuUserMs, cpuSystemMs: m.cpuSystemMs, rssMb: m.rssMb };
+        });
+        child.once('exit', () => resolve(report));
+        const killer = setTimeout(() => child.kill('SIGKILL'), 30_000);
+        killer.unref();
+        child.send({ type: 'stop' });
+      });
+      return stopped;
+    },
+  };
+}
