@@ -3,7 +3,7 @@
  * object on stdout (progress goes to stderr). See bench/README.md.
  *
  * A benchmark is a module with `description` and `run(pg, flags)`; add one to
- * BENCHMARKS below (overload and batching come with later issues).
+ * BENCHMARKS below.
  */
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
@@ -18,6 +18,8 @@ import type { Check } from './lib/stats.ts';
 import * as fairness from './fairness.ts';
 import * as badDay from './bad-day.ts';
 import * as dispatch from './dispatch.ts';
+import * as overload from './overload.ts';
+import * as batching from './batching.ts';
 
 interface Benchmark {
   description: string;
@@ -28,6 +30,8 @@ const BENCHMARKS: Record<string, Benchmark> = {
   fairness,
   'bad-day': badDay,
   dispatch,
+  overload,
+  batching,
 };
 
 function usage(): string {

@@ -213,6 +213,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         initialLatencyMs: env.INITIAL_LATENCY_MS,
         leaseMax: env.LEASE_MAX,
         loopsPerWindow: env.DISPATCH_LOOPS,
+        batchQuantum: env.BATCH_QUANTUM,
         batchMax: env.BATCH_MAX,
         idlePollMs: env.DISPATCH_IDLE_POLL_MS,
         maxWaitMs: parseClassSeconds(env.CLASS_MAX_WAIT_SECONDS),

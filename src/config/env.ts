@@ -89,6 +89,8 @@ export const envSchema = z.object({
   LEASE_MAX: int(8, 1),
   /** Decision loops per window per worker process (leases of different tenants in parallel). */
   DISPATCH_LOOPS: int(4, 1),
+  /** A batch turn takes at most this many items per unit of the tenant's weight (deficit round robin). */
+  BATCH_QUANTUM: int(20, 1),
   /** Most jobs one decision takes when the queue's head API batches (one batch call; 1 = never batch). */
   BATCH_MAX: int(200, 1),
   /** APIs never batched, comma-separated (the catalog says which batch otherwise). */

@@ -47,6 +47,8 @@ export interface DispatcherOptions {
   poolMax: number;
   initialLatencyMs: number;
   leaseMax: number;
+  /** Items per unit of weight one batch turn may take. */
+  batchQuantum: number;
   /** Decision loops per window in this process: leases of different tenants run side by side. */
   loopsPerWindow: number;
   /** Most jobs one decision takes when the queue's head API batches (1 = never batch). Default 1. */
@@ -185,7 +187,8 @@ export class Dispatcher {
       // within one lease of the front: parallel loops must not let a tenant that is ahead jump the queue.
       const front = pick.queue;
       const next = pickQueue(candidates.filter((c) => !this.leasing.has(c.tenantId)), order, maxTake);
-      if (!next || next.queue.jobClass !== front.jobClass || next.queue.vtime > front.vtime + this.o.leaseMax / front.weight) return Math.min(this.o.idlePollMs, 20);
+      const turn = Math.max(this.o.leaseMax, this.o.batchQuantum * front.weight) / front.weight;
+      if (!next || next.queue.jobClass !== front.jobClass || next.queue.vtime > front.vtime + turn) return Math.min(this.o.idlePollMs, 20);
       pick = next;
     }
     const batchMax = this.o.batchMax ?? 1;
@@ -195,7 +198,9 @@ export class Dispatcher {
       const spec = head ? batchSpec(this.o.catalog, head) : null;
       if (spec) {
         const take = batchTake({ tokens, batchMax, apiMaxSize: spec.maxSize, capFree: pick.queue.cap - pick.queue.inFlight, singleTake: pick.take });
-        pick = { ...pick, take };
+        // A batch is a deficit-round-robin turn: at most BATCH_QUANTUM items per unit of weight, so
+        // tenants taking turns (in sequence or in parallel loops) get items in proportion to weight.
+        pick = { ...pick, take: Math.max(pick.take, Math.min(take, this.o.batchQuantum * pick.queue.weight)) };
       }
     }
     this.leasing.add(pick.queue.tenantId);
