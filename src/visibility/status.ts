@@ -67,12 +67,14 @@ export async function tenantQueueStatus(services: Services, tenant: TenantRecord
 }
 
 /** When a waiting job should start: the jobs ahead of it in its tenant's class queue at the tenant's fair-share rate. */
+// The job's own created_at is read in SQL, not passed as a JS Date, which would drop the
+// microseconds that order the jobs of one submission.
 export async function estimatedStartAt(services: Services, tenant: TenantRecord, job: { id: string; priority: JobClass; state: string; createdAt: Date }): Promise<Date | null> {
   if (job.state !== 'QUEUED' && job.state !== 'WAITING_QUOTA') return null;
   const [row] = await services.sql`
     select count(*)::int as n from jobs
     where tenant_id = ${tenant.id} and priority = ${job.priority} and state in ('QUEUED', 'WAITING_QUOTA')
-      and (created_at, id) < (${job.createdAt}, ${job.id})`;
+      and (created_at, id) < (select j.created_at, j.id from jobs j where j.id = ${job.id})`;
   const rate = (await services.jobs.drainRates(services.sql, tenant, [job.priority])).tenant;
   const seconds = drainSeconds(row!.n as number, rate);
   return seconds === null ? null : new Date(Date.now() + seconds * 1000);
