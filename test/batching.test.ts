@@ -12,7 +12,7 @@ import { startSimulator, type Simulator } from '../src/simulator/index.ts';
 import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
 import { createTestDatabase } from './helpers/db.ts';
 import { assertJobsAccountedFor, assertLedgerBalances, assertQuiescent } from './helpers/invariants.ts';
-import { gqlAt, startNode, type NodeProcess } from './helpers/processes.ts';
+import { crashTestEnv, gqlAt, startNode, type NodeProcess } from './helpers/processes.ts';
 
 const SUBMIT_MANY = `mutation($i: SubmitJobsInput!) { submitJobs(input: $i) { jobs { id } } }`;
 const UPDATE = `mutation($i: UpdateTenantInput!) { updateTenant(input: $i) { id } }`;
@@ -256,11 +256,15 @@ describe('fair share with one tenant batching', () => {
   test('equal weights: items dispatched over a window split ~50/50 though only one tenant batches', async () => {
     const a = await bigTenant(t, 'batcher', 'PRO');
     const b = await bigTenant(t, 'single', 'PRO');
-    await t.gql(SUBMIT_MANY, { i: { jobs: Array.from({ length: 400 }, (_, i) => ({ api: 'exchangerate', params: { currency1: CURRENCIES[i % 25], currency2: CURRENCIES[(i * 7 + 3) % 25], n: i } })) } }, a.apiKey);
-    await t.gql(SUBMIT_MANY, { i: { jobs: Array.from({ length: 400 }, (_, i) => ({ api: 'dnslookup', params: { domain: `f${i}.example` } })) } }, b.apiKey);
+    await Promise.all([
+      t.gql(SUBMIT_MANY, { i: { jobs: Array.from({ length: 400 }, (_, i) => ({ api: 'exchangerate', params: { currency1: CURRENCIES[i % 25], currency2: CURRENCIES[(i * 7 + 3) % 25], n: i } })) } }, a.apiKey),
+      t.gql(SUBMIT_MANY, { i: { jobs: Array.from({ length: 400 }, (_, i) => ({ api: 'dnslookup', params: { domain: `f${i}.example` } })) } }, b.apiKey),
+    ]);
     const started = Date.now();
     await new Promise((r) => setTimeout(r, 6_000));
-    // Cumulative service from the start: each tenant's items dispatched in the first 5 s of the run.
+    // Cumulative service from the start: each tenant's items dispatched in the first 5 s of the run
+    // (a batch puts its tenant ahead, and the other catches up within the window). Both submissions
+    // are sent together so neither gets a head start of a whole submission's commit time.
     const rows = await sql`
       select tenant_id, count(*)::int as n from reservations
       where created_at < (select min(created_at) from reservations) + interval '5 seconds'
@@ -286,19 +290,7 @@ describe('a worker killed mid-batch', () => {
     const db = await createTestDatabase();
     const sql = postgres(db.url, { max: 2, onnotice: () => {} });
     const slow = await startSimulator({ plan: 'PRO', ratePerMinute: 6000, latencyMs: 1500, latencyP95Ms: 1500, concurrentCalls: 100, seed: 9 });
-    const env = {
-      DATABASE_URL: db.url,
-      APIVERVE_API_KEY: slow.apiKey,
-      APIVERVE_BASE_URL: slow.url,
-      APIVERVE_PLAN: 'PRO',
-      APIVERVE_RATE_PER_MINUTE: '6000',
-      APIVERVE_CONCURRENT_CALLS: '100',
-      INITIAL_LATENCY_MS: '1500',
-      NODE_TIMEOUT_SECONDS: '2',
-      SWEEP_INTERVAL_MS: '200',
-      JOB_HEARTBEAT_SECONDS: '10',
-      TIMEOUT_BILLING: 'billed',
-    };
+    const env = crashTestEnv(slow, db.url, 6000, { INITIAL_LATENCY_MS: '1500' });
     const local: NodeProcess[] = [];
     try {
       const api = await startNode('api', env);

@@ -10,7 +10,7 @@ import postgres from 'postgres';
 import { startSimulator, type Simulator } from '../src/simulator/index.ts';
 import { createTestDatabase } from './helpers/db.ts';
 import { eventually } from './helpers/app.ts';
-import { gqlAt, startNode, type NodeProcess } from './helpers/processes.ts';
+import { crashTestEnv, gqlAt, startNode, type NodeProcess } from './helpers/processes.ts';
 import { assertJobsAccountedFor, assertLedgerBalances, assertPaced, assertQuiescent, maxConcurrentByTenant } from './helpers/invariants.ts';
 
 const CREATE = `mutation($i: CreateTenantInput!) { createTenant(input: $i) { tenant { id } apiKey } }`;
@@ -115,19 +115,7 @@ describe('three workers and an API process on one database', () => {
     const fresh = await createTestDatabase();
     const fsql = postgres(fresh.url, { max: 2, onnotice: () => {} });
     const slow = await startSimulator({ plan: 'PRO', ratePerMinute: 6000, latencyMs: 1500, latencyP95Ms: 1500, concurrentCalls: 100, seed: 3 });
-    const env = {
-      DATABASE_URL: fresh.url,
-      APIVERVE_API_KEY: slow.apiKey,
-      APIVERVE_BASE_URL: slow.url,
-      APIVERVE_PLAN: 'PRO',
-      APIVERVE_RATE_PER_MINUTE: '6000',
-      APIVERVE_CONCURRENT_CALLS: '100',
-      INITIAL_LATENCY_MS: '1500',
-      NODE_TIMEOUT_SECONDS: '2',
-      SWEEP_INTERVAL_MS: '200',
-      JOB_HEARTBEAT_SECONDS: '10',
-      TIMEOUT_BILLING: 'billed',
-    };
+    const env = crashTestEnv(slow, fresh.url, 6000, { INITIAL_LATENCY_MS: '1500' });
     const local: NodeProcess[] = [];
     try {
       const api = await startNode('api', env);

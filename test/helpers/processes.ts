@@ -92,3 +92,29 @@ export async function gqlAt(url: string, query: string, variables: Record<string
   if (body.errors) throw Object.assign(new Error(body.errors[0].message), { errors: body.errors });
   return body.data;
 }
+
+/**
+ * The environment that points a spawned node at a test database and at a
+ * simulator over real HTTP (not demo mode), with the crash-test timings: a
+ * silent node is presumed dead after 2 s and the sweeper looks every 200 ms.
+ */
+export function crashTestEnv(
+  sim: { apiKey: string; url: string },
+  databaseUrl: string,
+  ratePerMinute: number,
+  extra: Record<string, string> = {},
+): Record<string, string> {
+  return {
+    DATABASE_URL: databaseUrl,
+    APIVERVE_API_KEY: sim.apiKey,
+    APIVERVE_BASE_URL: sim.url,
+    APIVERVE_PLAN: 'PRO',
+    APIVERVE_RATE_PER_MINUTE: String(ratePerMinute),
+    APIVERVE_CONCURRENT_CALLS: '100',
+    NODE_TIMEOUT_SECONDS: '2',
+    SWEEP_INTERVAL_MS: '200',
+    JOB_HEARTBEAT_SECONDS: '10',
+    TIMEOUT_BILLING: 'billed',
+    ...extra,
+  };
+}
