@@ -26,7 +26,7 @@ import type { Services } from './graphql/context.ts';
 import { JobService } from './jobs/service.ts';
 import type { Logger } from './log.ts';
 import { createProviderClient } from './provider/client.ts';
-import { ensureTenantQueues, startBoss } from './queue/boss.ts';
+import { disableBossHeartbeats, ensureTenantQueues, startBoss } from './queue/boss.ts';
 import { GRAPHQL_PATH, createHttpServer } from './server.ts';
 import { startSimulator, type Simulator, type SimulatorOptions } from './simulator/index.ts';
 import { simulatorOptionsFromEnv } from './simulator/env.ts';
@@ -71,11 +71,16 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       log.info({ dataDir: path.resolve(env.SLUICE_DATA_DIR) }, 'embedded Postgres is running (set DATABASE_URL to use your own)');
     }
     await runMigrations(databaseUrl);
-    const connection = connect(databaseUrl);
+    const connection = connect(databaseUrl, undefined, {
+      lockTimeoutMs: env.DB_LOCK_TIMEOUT_MS,
+      statementTimeoutMs: env.DB_STATEMENT_TIMEOUT_MS,
+      idleInTransactionTimeoutMs: env.DB_IDLE_IN_TRANSACTION_TIMEOUT_MS,
+    });
     const { sql, db } = connection;
     cleanups.push(() => connection.end());
     const boss = await startBoss(databaseUrl);
     cleanups.push(() => boss.stop({ graceful: false, close: true }));
+    await disableBossHeartbeats(sql);
 
     // 2. Provider: the real account, or the simulator in demo mode (same plan, rate and keys).
     const catalog = buildCatalog(env.API_COSTS, env.BATCH_DISABLED_APIS);
@@ -219,7 +224,8 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         maxWaitMs: parseClassSeconds(env.CLASS_MAX_WAIT_SECONDS),
         retryLimit: env.JOB_RETRY_LIMIT,
         retryDelaySeconds: env.JOB_RETRY_DELAY_SECONDS,
-        heartbeatSeconds: env.JOB_HEARTBEAT_SECONDS,
+        leaseSeconds: env.ATTEMPT_LEASE_SECONDS ?? env.NODE_TIMEOUT_SECONDS,
+        settleIntervalMs: env.SETTLE_INTERVAL_MS,
         timeoutBilling: env.TIMEOUT_BILLING,
         breakers,
         creditsStopSeconds: env.CREDITS_STOP_SECONDS,
@@ -228,6 +234,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       });
       const sweeper = new Sweeper({
         sql,
+        boss,
         nodeId,
         role: env.SLUICE_ROLE,
         intervalMs: env.SWEEP_INTERVAL_MS,

@@ -100,6 +100,17 @@ export const envSchema = z.object({
   /** A worker node that has not heartbeated for this long is dead: its reservations and slots are released. */
   NODE_TIMEOUT_SECONDS: int(10, 1),
   SWEEP_INTERVAL_MS: int(1_000, 50),
+  /**
+   * The attempt lease, the one liveness authority: an attempt whose node has not refreshed it for
+   * this long is settled by the sweeper (timeout rule) and its job queued again. Default: NODE_TIMEOUT_SECONDS.
+   */
+  ATTEMPT_LEASE_SECONDS: z.coerce.number().int().min(1).optional(),
+  /** Settlements are grouped: one transaction per this interval per worker process. */
+  SETTLE_INTERVAL_MS: int(2, 0),
+  /** Postgres session timeouts for Sluice's pools (0 = off): a frozen node cannot hold a hot row for long. */
+  DB_LOCK_TIMEOUT_MS: int(5_000, 0),
+  DB_STATEMENT_TIMEOUT_MS: int(30_000, 0),
+  DB_IDLE_IN_TRANSACTION_TIMEOUT_MS: int(15_000, 0),
 
   /** Admission: the bound on waiting jobs across all tenants, and the share of it each class may fill. */
   GLOBAL_QUEUE_BOUND: int(1_000_000, 1),

@@ -14,11 +14,27 @@ export interface Connection {
   end(): Promise<void>;
 }
 
-const options = (max: number) => ({
+/** Session timeouts in milliseconds (0 = off). */
+export interface SessionTimeouts {
+  lockTimeoutMs: number;
+  statementTimeoutMs: number;
+  idleInTransactionTimeoutMs: number;
+}
+
+/** The documented defaults (README, configuration): a lock wait, a statement, an idle transaction. */
+export const DEFAULT_TIMEOUTS: SessionTimeouts = { lockTimeoutMs: 5_000, statementTimeoutMs: 30_000, idleInTransactionTimeoutMs: 15_000 };
+
+const options = (max: number, t: SessionTimeouts) => ({
   max,
   onnotice: () => {},
   transform: { undefined: null },
-  connection: { application_name: 'sluice' },
+  connection: {
+    application_name: 'sluice',
+    // A frozen or partitioned node must not hold the window row (or any row) until TCP gives up.
+    lock_timeout: t.lockTimeoutMs,
+    statement_timeout: t.statementTimeoutMs,
+    idle_in_transaction_session_timeout: t.idleInTransactionTimeoutMs,
+  },
 });
 
 /**
@@ -27,9 +43,9 @@ const options = (max: number) => ({
  * plain tagged-template SQL on the same client. Raw SQL (the hot paths) gets
  * its own untouched pool; drizzle gets a small one for its CRUD.
  */
-export function connect(url: string, max = 20): Connection {
-  const sql = postgres(url, options(max));
-  const drizzleClient = postgres(url, options(Math.max(2, Math.ceil(max / 4))));
+export function connect(url: string, max = 20, timeouts: SessionTimeouts = DEFAULT_TIMEOUTS): Connection {
+  const sql = postgres(url, options(max, timeouts));
+  const drizzleClient = postgres(url, options(Math.max(2, Math.ceil(max / 4)), timeouts));
   return {
     sql,
     db: drizzle(drizzleClient, { schema }),

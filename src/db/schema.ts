@@ -204,9 +204,12 @@ export const reservations = pgTable(
     outcome: text('outcome'),
     /** Whether settling it releases a window pool slot (a batch's items share one slot: only one carries it). */
     windowSlot: boolean('window_slot').notNull().default(true),
+    /** The attempt lease (the one liveness authority): refreshed by the attempt's node; once past, the sweeper settles it. */
+    leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }).notNull().defaultNow(),
   },
   (t) => [
     index('reservations_open_idx').on(t.nodeId).where(sql`${t.settledAt} is null`),
+    index('reservations_lease_idx').on(t.leaseExpiresAt).where(sql`${t.settledAt} is null`),
     index('reservations_job_idx').on(t.jobId),
   ],
 );

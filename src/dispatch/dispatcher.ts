@@ -8,10 +8,19 @@
  *   3. in ONE transaction: take the tenant's cap slots, fetch its jobs from
  *      pg-boss, claim them, reserve their credits against the quota, take the
  *      window's tokens and pool slots, advance the queue's virtual time,
- *   4. call the provider for each job, and settle each attempt in one
- *      transaction: result, reservation, slots, job state, pg-boss ack.
+ *   4. call the provider for each job, and settle the attempts: grouped, many
+ *      per transaction every SETTLE_INTERVAL_MS, retried until they land.
  * Every limit is checked by a conditional statement in Postgres, so any number
  * of processes can run this loop against one database.
+ *
+ * Liveness has ONE authority: the attempt lease. Every reservation carries a
+ * lease (reservations.lease_expires_at) that this process refreshes on its own
+ * timer while the attempt is open (called or settling). The sweeper settles
+ * only expired leases; pg-boss's job heartbeat is off. A call whose lease this
+ * process could not refresh in time is aborted before the lease can expire,
+ * so a second call is never made while the first can still be in flight, and
+ * a superseded attempt's late settlement changes nothing (fenced by its
+ * reservation id).
  */
 import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
@@ -24,7 +33,7 @@ import { WORK_CHANNEL } from '../jobs/service.ts';
 import { claimJobs, finishJob, requeueJob, unclaimJobs, upsertResult } from '../jobs/store.ts';
 import { reactionTo } from '../provider/classify.ts';
 import type { BatchOutcome, CallOutcome, ProviderClient } from '../provider/types.ts';
-import { deferApiJobs, inTransaction, queueName, type JobClass } from '../queue/boss.ts';
+import { deferApiJobs, inTransaction, queueName, reinsertJobs, type JobClass } from '../queue/boss.ts';
 import { classOrder, pickQueue, type Pick } from '../scheduler/fair.ts';
 import { billedCredits, fitCount } from '../scheduler/ledger.ts';
 import { msUntilTokens, takeable } from '../scheduler/pacer.ts';
@@ -57,7 +66,10 @@ export interface DispatcherOptions {
   maxWaitMs: Partial<Record<JobClass, number>>;
   retryLimit: number;
   retryDelaySeconds: number;
-  heartbeatSeconds: number;
+  /** The attempt lease: how long an open attempt stays live without a refresh (the sweeper settles it after). */
+  leaseSeconds: number;
+  /** Settlements are grouped: one transaction per this interval (0 = as soon as one is ready). Default 2. */
+  settleIntervalMs?: number;
   timeoutBilling: 'billed' | 'refunded';
   breakers: Breakers;
   /** How long a credits-exhausted account stops when the provider gave no renewal time. */
@@ -80,7 +92,23 @@ interface Attempt {
   attempt: number;
   reservationId: string;
   credits: number;
+  /** Local clock (ms): the lease is surely live until then (the last refresh's send time + the lease). */
+  deadline: number;
+  /** Aborts the call: the lease could not be refreshed in time, or it was superseded. */
+  abort: AbortController;
 }
+
+/** One unit of settlement (one call: a single attempt or a batch's attempts), waiting to land. */
+interface PendingSettle {
+  w: WindowSpec;
+  items: Array<{ a: Attempt; outcome: CallOutcome; s: { plan: ReturnType<typeof planSettlement>; billed: number } }>;
+  /** The account-level reactions to the call's signals (one per kind). */
+  reactions: CallOutcome[];
+  done: () => void;
+}
+
+/** Most attempts settled in one transaction. */
+const SETTLE_GROUP_MAX = 256;
 
 /** One batch call: its distinct items, each with the attempts that share its input (the first is the one sent). */
 interface BatchAttempt {
@@ -108,6 +136,15 @@ export class Dispatcher {
   private readonly leasing = new Set<string>();
   /** Oldest ready job's wait per class, refreshed by the sweeper for the starvation guard. */
   oldestWaitMs: Partial<Record<JobClass, number>> = {};
+  /** This process's open attempts by reservation id: their leases are refreshed until they settle. */
+  private readonly open = new Map<string, Attempt>();
+  private leaseTimer: NodeJS.Timeout | null = null;
+  private refreshing = false;
+  /** Settlements waiting to land, in order; a flusher applies them in groups and retries until they land. */
+  private readonly settleQueue: PendingSettle[] = [];
+  private flushing = false;
+  /** Stopped past its grace: open attempts are left to their leases, nothing more is written. */
+  private abandoned = false;
 
   constructor(options: DispatcherOptions) {
     this.o = options;
@@ -123,17 +160,77 @@ export class Dispatcher {
     this.running = true;
     const { unlisten } = await this.o.sql.listen(WORK_CHANNEL, () => this.poke());
     this.unlisten = unlisten;
+    this.leaseTimer = setInterval(() => this.leaseTick(), this.leaseMs() / 5);
     for (const w of this.o.windows) for (let i = 0; i < this.o.loopsPerWindow; i++) this.loops.push(this.windowLoop(w));
   }
 
-  /** Stops taking work and waits for in-flight calls to settle. */
-  async stop(): Promise<void> {
+  /**
+   * Stops leasing at once, waits up to `graceMs` (default 30 s) for the calls
+   * in flight to finish and their settlements to land (retried through a
+   * database outage), and resolves. Past the grace, what is still open is
+   * abandoned: its calls are aborted and nothing more is written, and its
+   * reservations are settled by the sweeper by the timeout rule when their
+   * attempt leases expire (never called twice, never reserved forever).
+   */
+  async stop(opts: { graceMs?: number } = {}): Promise<void> {
     if (!this.running) return;
     this.running = false;
     this.poke();
-    await Promise.allSettled(this.loops);
-    await Promise.allSettled([...this.inFlight]);
-    await this.unlisten?.();
+    const graceMs = opts.graceMs ?? 30_000;
+    let timer: NodeJS.Timeout | undefined;
+    const graceOver = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), graceMs)));
+    const drained = (async () => {
+      await Promise.allSettled(this.loops);
+      await Promise.allSettled([...this.inFlight]);
+      return true as const;
+    })();
+    const clean = await Promise.race([drained, graceOver]);
+    clearTimeout(timer);
+    if (!clean) {
+      this.abandoned = true;
+      this.o.log.warn({ open: this.open.size }, 'stop grace over: open attempts are left to their leases');
+      for (const a of this.open.values()) a.abort.abort();
+      for (const u of this.settleQueue.splice(0)) u.done();
+    }
+    if (this.leaseTimer) clearInterval(this.leaseTimer);
+    this.leaseTimer = null;
+    await this.unlisten?.().catch(() => {});
+  }
+
+  private leaseMs(): number {
+    return this.o.leaseSeconds * 1000;
+  }
+
+  /**
+   * The attempt lease's own timer. Aborts a call whose lease this process
+   * could not refresh for three quarters of its length (well before the
+   * database lets the sweeper take it), then refreshes the leases of all open
+   * attempts in one statement. An attempt the refresh does not find open was
+   * settled by the sweeper: its call stops and its settlement will change
+   * nothing.
+   */
+  private leaseTick(): void {
+    const now = Date.now();
+    const margin = this.leaseMs() / 4;
+    for (const a of this.open.values()) if (now > a.deadline - margin && !a.abort.signal.aborted) a.abort.abort();
+    if (this.refreshing || this.open.size === 0 || this.abandoned) return;
+    this.refreshing = true;
+    const ids = [...this.open.keys()];
+    const sentAt = Date.now();
+    sched
+      .refreshLeases(this.o.sql, ids, this.o.leaseSeconds)
+      .then((live) => {
+        for (const id of ids) {
+          const a = this.open.get(id);
+          if (!a) continue;
+          if (live.has(id)) a.deadline = Math.max(a.deadline, sentAt + this.leaseMs());
+          else a.abort.abort();
+        }
+      })
+      .catch((err) => this.o.log.warn({ err }, 'attempt lease refresh failed'))
+      .finally(() => {
+        this.refreshing = false;
+      });
   }
 
   /** Wakes every sleeping window loop (new work, a freed slot, stop). */
@@ -225,6 +322,8 @@ export class Dispatcher {
     const queue = queueName(tenantId, jobClass);
     const events: JobEvent[] = [];
     const probes: string[] = [];
+    // The reservations' leases start inside the transaction, after this instant.
+    const deadline = Date.now() + this.leaseMs();
     const attempts = await sql.begin(async (tx) => {
       const db = inTransaction(tx);
       const slots = await sched.claimTenantSlots(tx, tenantId, pick.take);
@@ -261,12 +360,10 @@ export class Dispatcher {
       if (plan.back.length > 0) {
         const back = plan.back.map((i) => go[i]!);
         await unclaimJobs(tx, back.map((j) => j.id), 'QUEUED');
-        await boss.deleteJob(queue, back.map((j) => j.id), { db });
-        await boss.insert(queue, back.map((j) => ({ id: j.id, data: j.data })), { db });
+        await reinsertJobs(boss, tx, queue, back);
         for (const j of back) events.push({ jobId: j.id, tenantId, state: 'QUEUED' });
       }
       const kept = go.length - plan.back.length;
-      if (kept > 0 && !(await sched.takeWindow(tx, w.name, plan.tokens, pool, plan.slots))) throw new LostRace();
       await sched.releaseTenantSlots(tx, tenantId, slots.granted - kept);
       const attemptOf = new Map<number, Attempt>();
       const rows: sched.ReservationRow[] = [];
@@ -274,16 +371,18 @@ export class Dispatcher {
         const job = go[i]!;
         const row = { id: randomUUID(), jobId: job.id, attempt: claimed.get(job.id)!, credits: costs[i]!, windowSlot };
         rows.push(row);
-        attemptOf.set(i, { queue, jobClass, job, attempt: row.attempt, reservationId: row.id, credits: row.credits });
+        attemptOf.set(i, { queue, jobClass, job, attempt: row.attempt, reservationId: row.id, credits: row.credits, deadline, abort: new AbortController() });
       };
       for (const i of plan.singles) add(i, true);
       // A batch holds one pool slot: its first job's reservation carries it.
       for (const b of plan.batches) b.items.flatMap((it) => it.jobs).forEach((i, k) => add(i, k === 0));
       if (rows.length > 0) {
-        await sched.reserve(tx, tenantId, period.start, w.name, this.o.nodeId, rows);
+        await sched.reserve(tx, tenantId, period.start, w.name, this.o.nodeId, rows, this.o.leaseSeconds);
         // Fair share counts jobs, batched or not: a batch advances the queue by its item count.
         await sched.advanceQueue(tx, tenantId, jobClass, rows.length, slots.weight);
       }
+      // The window (the hot row) last, in the lock order; it changed under us: decide again.
+      if (kept > 0 && !(await sched.takeWindow(tx, w.name, plan.tokens, pool, plan.slots))) throw new LostRace();
       for (const r of rows) events.push({ jobId: r.jobId, tenantId, state: 'RUNNING' });
       await publishJobEvents(tx, events);
       if (rows.length > 0) this.o.metrics?.dispatched(w.name, jobClass, rows.length);
@@ -298,6 +397,7 @@ export class Dispatcher {
     // A probe admitted but not sent (over quota, say) must not hold its API's breaker half-open forever.
     const sent = [...attempts.singles.map((a) => a.job.data.api), ...attempts.batches.map((b) => b.api)];
     for (const api of probes) if (!sent.includes(api)) this.o.breakers.release(api);
+    for (const a of [...attempts.singles, ...attempts.batches.flatMap((b) => b.items.flatMap((it) => it.attempts))]) this.open.set(a.reservationId, a);
     return attempts;
   }
 
@@ -328,8 +428,7 @@ export class Dispatcher {
     }
     if (back.length === 0) return;
     await unclaimJobs(tx, back.map((j) => j.id), policy === 'WAIT' ? 'WAITING_QUOTA' : 'QUEUED');
-    await boss.deleteJob(queue, back.map((j) => j.id), { db });
-    await boss.insert(queue, back.map((j) => ({ id: j.id, data: j.data })), { db });
+    await reinsertJobs(boss, tx, queue, back);
     if (policy === 'WAIT') {
       const waiting = await sched.blockForQuota(tx, tenantId, neededCost);
       for (const id of waiting) events.push({ jobId: id, tenantId, state: 'WAITING_QUOTA' });
@@ -343,8 +442,7 @@ export class Dispatcher {
     const retryAt = Math.max(...held.map((j) => this.o.breakers.retryAt(j.data.api) ?? 0));
     const startAfter = new Date(Math.max(retryAt, Date.now() + 1000));
     await unclaimJobs(tx, held.map((j) => j.id), 'QUEUED', startAfter);
-    await this.o.boss.deleteJob(queue, held.map((j) => j.id), { db });
-    await this.o.boss.insert(queue, held.map((j) => ({ id: j.id, data: j.data, startAfter })), { db });
+    await reinsertJobs(this.o.boss, tx, queue, held.map((j) => ({ id: j.id, data: j.data, startAfter })));
     // The queue's other jobs for those APIs wait too, so the next decisions serve its other APIs
     // (and other tenants) instead of fetching and holding them one by one.
     await deferApiJobs(tx, queue, tenantId, jobClass, [...new Set(held.map((j) => j.data.api))], startAfter);
@@ -363,13 +461,11 @@ export class Dispatcher {
   }
 
   private async run(w: WindowSpec, a: Attempt): Promise<void> {
-    const { boss } = this.o;
-    // fetch() does not heartbeat: touch the job while the call runs, so a
-    // crashed process's job comes back after heartbeatSeconds, not at expiry.
-    const heartbeat = setInterval(() => void boss.touch(a.queue, a.job).catch(() => {}), (this.o.heartbeatSeconds * 1000) / 2);
     let outcome: CallOutcome;
     try {
-      outcome = await this.o.breakers.run(a.job.data.api, () => this.o.client.call({ api: a.job.data.api, params: a.job.data.params, apiKey: w.apiKey }));
+      outcome = await this.o.breakers.run(a.job.data.api, () =>
+        this.o.client.call({ api: a.job.data.api, params: a.job.data.params, apiKey: w.apiKey, signal: a.abort.signal }),
+      );
     } catch (err) {
       if (!(err instanceof BreakerOpen)) throw err;
       // The breaker opened after this job was leased: no call was made; it waits for the probe.
@@ -377,8 +473,6 @@ export class Dispatcher {
       outcome = { kind: 'server_error', httpStatus: null, creditsBilled: 0, data: null, message: err.message, status: null, retryAfterSeconds: Math.max(1, Math.ceil((retryAt - Date.now()) / 1000)), latencyMs: 0 };
       await this.settle(w, a, outcome, { putBack: true });
       return;
-    } finally {
-      clearInterval(heartbeat);
     }
     if (outcome.httpStatus !== null) this.latency.get(w.name)!.record(outcome.latencyMs);
     await this.settle(w, a, outcome);
@@ -386,11 +480,10 @@ export class Dispatcher {
 
   /** Calls one batch for its distinct items and settles every attempt from its item's outcome. */
   private async runBatch(w: WindowSpec, b: BatchAttempt): Promise<void> {
-    const { boss } = this.o;
     const all = b.items.flatMap((it) => it.attempts);
-    const heartbeat = setInterval(() => {
-      for (const a of all) void boss.touch(a.queue, a.job).catch(() => {});
-    }, (this.o.heartbeatSeconds * 1000) / 2);
+    // The batch is one call: it stops when any of its attempts' leases is lost.
+    const abort = new AbortController();
+    for (const a of all) a.abort.signal.addEventListener('abort', () => abort.abort(), { once: true });
     let batch: BatchOutcome | null = null;
     try {
       await this.o.breakers.run(b.api, async () => {
@@ -398,6 +491,7 @@ export class Dispatcher {
           api: b.api,
           items: b.items.map((it, i) => ({ id: String(i), params: it.attempts[0]!.job.data.params })),
           apiKey: w.apiKey,
+          signal: abort.signal,
         });
         return batch.call;
       });
@@ -407,8 +501,6 @@ export class Dispatcher {
       const outcome: CallOutcome = { kind: 'server_error', httpStatus: null, creditsBilled: 0, data: null, message: err.message, status: null, retryAfterSeconds: Math.max(1, Math.ceil((retryAt - Date.now()) / 1000)), latencyMs: 0 };
       await this.settleBatch(w, b, b.items.map(() => outcome), { putBack: true });
       return;
-    } finally {
-      clearInterval(heartbeat);
     }
     const result = batch as BatchOutcome | null;
     if (!result) throw new Error('batch call returned nothing');
@@ -424,34 +516,22 @@ export class Dispatcher {
     await this.settleBatch(w, b, outcomes);
   }
 
-  /**
-   * Settles one attempt in one transaction: the reservation (billed or
-   * refunded, I5), the result (upsert by job id, I6), the job's next state and
-   * the pg-boss acknowledgement. A rate-limit 429 also pauses the window on
-   * every node (I2).
-   */
-  private async settle(w: WindowSpec, a: Attempt, outcome: CallOutcome, opts: { putBack?: boolean } = {}): Promise<void> {
-    const s = this.prepare(a, outcome, opts);
-    await this.o.sql.begin(async (tx) => {
-      await sched.settleReservation(tx, a.reservationId, s.billed, outcome.kind);
-      await this.react(tx, w, outcome);
-      const events = await this.applyJobState(tx, a, outcome, s);
-      await publishJobEvents(tx, events);
-    });
+  /** Settles one attempt: queued for the next settlement group; resolves when it has landed. */
+  private settle(w: WindowSpec, a: Attempt, outcome: CallOutcome, opts: { putBack?: boolean } = {}): Promise<void> {
+    return this.enqueueSettle(w, [{ a, outcome, s: this.prepare(a, outcome, opts) }], [outcome]);
   }
 
   /**
-   * Settles every attempt of a batch in ONE transaction, each from its item's
-   * outcome: reservations first (lock order: tenants, ledger, windows), then the
-   * account reactions once per kind, then each job's state. Duplicates share the
-   * sent item's outcome and result; only the sent one is billed.
+   * Settles every attempt of a batch, each from its item's outcome, as one
+   * unit. Duplicates share the sent item's outcome and result; only the sent
+   * one is billed. The account reactions apply once per kind.
    */
-  private async settleBatch(w: WindowSpec, b: BatchAttempt, outcomes: CallOutcome[], opts: { putBack?: boolean } = {}): Promise<void> {
-    const work: Array<{ a: Attempt; outcome: CallOutcome; s: ReturnType<Dispatcher['prepare']> }> = [];
+  private settleBatch(w: WindowSpec, b: BatchAttempt, outcomes: CallOutcome[], opts: { putBack?: boolean } = {}): Promise<void> {
+    const items: PendingSettle['items'] = [];
     b.items.forEach((it, i) => {
       it.attempts.forEach((a, k) => {
         const outcome = k === 0 ? outcomes[i]! : { ...outcomes[i]!, creditsBilled: 0 };
-        work.push({ a, outcome, s: this.prepare(a, outcome, opts) });
+        items.push({ a, outcome, s: this.prepare(a, outcome, opts) });
       });
     });
     const reactions = new Map<string, CallOutcome>();
@@ -459,11 +539,81 @@ export class Dispatcher {
       const prev = reactions.get(o.kind);
       if (!prev || (o.retryAfterSeconds ?? 0) > (prev.retryAfterSeconds ?? 0)) reactions.set(o.kind, o);
     }
+    return this.enqueueSettle(w, items, [...reactions.values()]);
+  }
+
+  private enqueueSettle(w: WindowSpec, items: PendingSettle['items'], reactions: CallOutcome[]): Promise<void> {
+    if (this.abandoned) return Promise.resolve();
+    return new Promise<void>((done) => {
+      this.settleQueue.push({ w, items, reactions, done });
+      void this.flush();
+    });
+  }
+
+  /**
+   * The settlement flusher (one at a time): waits SETTLE_INTERVAL_MS for more
+   * outcomes, applies up to SETTLE_GROUP_MAX attempts in ONE transaction, and
+   * repeats while any wait. A group that fails (connection reset, Postgres
+   * restart, a lock timeout) is retried with backoff until it lands, never
+   * dropped; after a failure units go one at a time, rotating, so one that
+   * keeps failing cannot hold the others. Retrying is safe: every change is
+   * fenced by the reservation (an earlier try that committed without our
+   * hearing it makes the next try change nothing). The attempts stay open
+   * (their leases refreshed) until their settlement lands.
+   */
+  private async flush(): Promise<void> {
+    if (this.flushing) return;
+    this.flushing = true;
+    let failures = 0;
+    try {
+      while (this.settleQueue.length > 0 && !this.abandoned) {
+        const interval = this.o.settleIntervalMs ?? 2;
+        if (failures === 0 && interval > 0) await new Promise((r) => setTimeout(r, interval));
+        let n = 0;
+        let count = 0;
+        if (failures > 0) n = 1;
+        else while (n < this.settleQueue.length && (n === 0 || count + this.settleQueue[n]!.items.length <= SETTLE_GROUP_MAX)) count += this.settleQueue[n++]!.items.length;
+        const units = this.settleQueue.slice(0, n);
+        try {
+          await this.applySettlements(units);
+          this.settleQueue.splice(0, n);
+          for (const u of units) {
+            for (const x of u.items) this.open.delete(x.a.reservationId);
+            u.done();
+          }
+          failures = 0;
+        } catch (err) {
+          failures++;
+          this.o.log.warn({ err, attempts: units.reduce((k, u) => k + u.items.length, 0), failures }, 'settlement failed; retrying');
+          if (n === 1 && this.settleQueue.length > 1) this.settleQueue.push(this.settleQueue.shift()!);
+          await new Promise((r) => setTimeout(r, Math.min(5_000, 50 * 2 ** Math.min(failures, 7))));
+        }
+      }
+    } finally {
+      this.flushing = false;
+    }
+  }
+
+  /**
+   * One settlement transaction for many attempts, in the lock order:
+   * the reservations still open (the fence: a superseded attempt changes
+   * nothing), their tenants in id order, each job's state, result and
+   * pg-boss ack (I6: the ack commits with the stored result), then the
+   * reservations' bills and slots in one statement (sluice_settle: ledger,
+   * then the windows, the hot rows, last), then the account reactions (a
+   * rate-limit 429 pauses the window on every node, I2) and the events.
+   */
+  private async applySettlements(units: readonly PendingSettle[]): Promise<void> {
     await this.o.sql.begin(async (tx) => {
-      for (const x of work) await sched.settleReservation(tx, x.a.reservationId, x.s.billed, x.outcome.kind);
-      for (const o of reactions.values()) await this.react(tx, w, o);
+      const items = units.flatMap((u) => u.items);
+      const live = await sched.lockOpenReservations(tx, items.map((x) => x.a.reservationId));
+      const settling = items.filter((x) => live.has(x.a.reservationId));
+      await sched.lockTenants(tx, settling.map((x) => x.a.job.data.tenantId));
       const events: JobEvent[] = [];
-      for (const x of work) events.push(...(await this.applyJobState(tx, x.a, x.outcome, x.s)));
+      for (const x of settling) events.push(...(await this.applyJobState(tx, x.a, x.outcome, x.s)));
+      await sched.settleReservations(tx, settling.map((x) => ({ id: x.a.reservationId, billed: x.s.billed, outcome: x.outcome.kind })));
+      // A provider signal is about the account, whoever's attempt carried it: react even when superseded.
+      for (const u of units) for (const o of u.reactions) await this.react(tx, u.w, o);
       await publishJobEvents(tx, events);
     });
   }
@@ -496,8 +646,7 @@ export class Dispatcher {
       // Delete and re-insert under the same id: the job waits out its delay
       // without spending pg-boss's own retry budget, kept for crash redelivery.
       const startAfter = new Date(Date.now() + plan.delaySeconds * 1000);
-      await boss.deleteJob(a.queue, a.job.id, { db });
-      await boss.insert(a.queue, [{ id: a.job.id, data: a.job.data, startAfter }], { db });
+      await reinsertJobs(boss, tx, a.queue, [{ id: a.job.id, data: a.job.data, startAfter }]);
       await sched.markQueuesReady(tx, tenantId, [a.jobClass], startAfter);
       return [{ jobId: a.job.id, tenantId, state: 'QUEUED' }];
     }

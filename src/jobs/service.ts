@@ -11,15 +11,15 @@ import type { ApiCatalog } from '../config/apis.ts';
 import type { Sql } from '../db/client.ts';
 import { SluiceError } from '../errors.ts';
 import { publishJobEvents } from '../events/bus.ts';
-import { CLASSES, inTransaction, queueName, type JobClass } from '../queue/boss.ts';
-import { cancelQueuedJob, getJob, insertJobs, jobsByIdempotencyKeys, type JobState } from './store.ts';
+import { CLASSES, inTransaction, lockBossJob, queueName, type JobClass } from '../queue/boss.ts';
+import { cancelQueuedJob, getJob, insertJobs, jobClassOf, jobsByIdempotencyKeys, type JobState } from './store.ts';
 import { validateSubmission, type JobInput, type ValidJob } from './validate.ts';
 import type postgres from 'postgres';
 import { admit, tenantDrainRate } from '../admission/rules.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
 import { busyWeights, globalDepthByClass, ledgerFor, lockTenantDepth, readWindows, tenantSchedState } from '../scheduler/store.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../tenants/policy.ts';
-import { isQuotaBlocked, markQueuesReady } from '../scheduler/store.ts';
+import { isQuotaBlocked, lockTenants, markQueuesReady } from '../scheduler/store.ts';
 
 /** Channel the dispatcher listens on to wake up when new work arrives. */
 export const WORK_CHANNEL = 'sluice_work';
@@ -171,6 +171,12 @@ export class JobService {
   async cancel(tenantId: string, jobId: string) {
     const { sql, boss } = this.deps;
     const cancelled = await sql.begin(async (tx) => {
+      const priority = await jobClassOf(tx, tenantId, jobId);
+      if (!priority) return false;
+      // The lock order (docs/ARCHITECTURE.md), the one a lease follows: the tenant's row, then the
+      // pg-boss job, then our job row (whose depth trigger locks sched_queues).
+      await lockTenants(tx, [tenantId]);
+      await lockBossJob(tx, queueName(tenantId, priority), jobId);
       const jobClass = await cancelQueuedJob(tx, tenantId, jobId);
       if (!jobClass) return false;
       await boss.cancel(queueName(tenantId, jobClass), jobId, { db: inTransaction(tx) });

@@ -121,6 +121,12 @@ export async function countJobs(sql: Tx, tenantId: string, filter: JobFilter): P
   return row!.n as number;
 }
 
+/** The class of a tenant's job (it never changes), or null when there is no such job. */
+export async function jobClassOf(tx: Tx, tenantId: string, id: string): Promise<JobClass | null> {
+  const [row] = await tx`select priority from jobs where id = ${id} and tenant_id = ${tenantId}`;
+  return (row?.priority as JobClass | undefined) ?? null;
+}
+
 /** QUEUED or WAITING_QUOTA → CANCELLED for the tenant's job; returns its class, or null when it was not waiting. */
 export async function cancelQueuedJob(tx: Tx, tenantId: string, id: string): Promise<JobClass | null> {
   const rows = await tx`
@@ -133,16 +139,18 @@ export async function cancelQueuedJob(tx: Tx, tenantId: string, id: string): Pro
 /**
  * Claims fetched jobs for an upstream attempt: → RUNNING, attempts + 1. The
  * new attempt number fences the attempt: settling it later only succeeds
- * while the job is still on that attempt. A job left RUNNING by a crashed
- * worker is claimed again (pg-boss redelivered it). Jobs cancelled or
- * finished meanwhile are not returned.
+ * while the job is still on that attempt. Only waiting jobs are claimed: a
+ * RUNNING job has a live attempt until the sweeper finds its attempt lease
+ * expired and puts it back (the one liveness authority), so a pg-boss
+ * redelivery of it never leads to a second call. Jobs cancelled, finished
+ * or running are not returned.
  */
 export async function claimJobs(tx: Tx, ids: readonly string[]): Promise<Map<string, number>> {
   if (ids.length === 0) return new Map();
   const rows = await tx`
     update jobs set state = 'RUNNING', attempts = attempts + 1,
       started_at = coalesce(started_at, now()), updated_at = now()
-    where id = any(${ids as string[]}::uuid[]) and state in ('QUEUED', 'WAITING_QUOTA', 'RUNNING')
+    where id = any(${ids as string[]}::uuid[]) and state in ('QUEUED', 'WAITING_QUOTA')
     returning id, attempts`;
   return new Map(rows.map((r) => [r.id as string, r.attempts as number]));
 }
@@ -198,11 +206,17 @@ export async function requeueJob(tx: Tx, id: string, attempt: number, countsAsAt
   return rows.length > 0;
 }
 
-/** A job whose worker died goes back to QUEUED (pg-boss hands it out again after its heartbeat check). */
-export async function releaseLostJob(tx: Tx, id: string, attempt: number): Promise<{ tenantId: string; priority: JobClass } | null> {
-  const [row] = await tx`
-    update jobs set state = 'QUEUED', run_after = now(), updated_at = now()
-    where id = ${id} and state = 'RUNNING' and attempts = ${attempt}
-    returning tenant_id, priority`;
-  return row ? { tenantId: row.tenant_id as string, priority: row.priority as JobClass } : null;
+/**
+ * Jobs whose attempt lease expired (their reservations just settled) go
+ * back to QUEUED, each only while still on that attempt. The caller puts
+ * their pg-boss jobs back.
+ */
+export async function releaseLostJobs(tx: Tx, attempts: ReadonlyArray<{ jobId: string; attempt: number }>): Promise<Array<{ id: string; tenantId: string; priority: JobClass; api: string; params: Record<string, unknown> }>> {
+  if (attempts.length === 0) return [];
+  const rows = await tx`
+    update jobs j set state = 'QUEUED', run_after = now(), updated_at = now()
+    from jsonb_to_recordset(${tx.json(attempts.map((a) => ({ job_id: a.jobId, attempt: a.attempt })) as never)}::jsonb) as x(job_id uuid, attempt int)
+    where j.id = x.job_id and j.state = 'RUNNING' and j.attempts = x.attempt
+    returning j.id, j.tenant_id, j.priority, j.api, j.params`;
+  return rows.map((r) => ({ id: r.id as string, tenantId: r.tenant_id as string, priority: r.priority as JobClass, api: r.api as string, params: r.params as Record<string, unknown> }));
 }

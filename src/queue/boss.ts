@@ -20,7 +20,11 @@ export function queueName(tenantId: string, jobClass: JobClass): string {
 export interface QueuePolicy {
   retryLimit: number;
   retryDelaySeconds: number;
-  /** A fetched job whose worker stops touching it comes back after this long. */
+  /**
+   * Not given to pg-boss any more: an attempt's liveness is its attempt lease
+   * (reservations.lease_expires_at), the one authority; pg-boss's heartbeat
+   * expiry must not re-deliver a live attempt. Kept for the config's shape.
+   */
   heartbeatSeconds: number;
   /** Upper bound on one attempt, whatever the heartbeat says. */
   expireInSeconds: number;
@@ -57,7 +61,6 @@ export async function ensureTenantQueues(boss: PgBoss, tenantId: string, policy:
         retryLimit: policy.retryLimit,
         retryDelay: policy.retryDelaySeconds,
         retryBackoff: true,
-        heartbeatSeconds: policy.heartbeatSeconds,
         expireInSeconds: policy.expireInSeconds,
       });
     } catch (err) {
@@ -110,4 +113,38 @@ export async function deferApiJobs(
   await tx`
     update jobs set run_after = ${until}
     where tenant_id = ${tenantId} and priority = ${jobClass} and state = 'QUEUED' and api = any(${apis as string[]}::text[]) and run_after < ${until}`;
+}
+
+/**
+ * Queues created before the attempt lease had a pg-boss heartbeat: turn it
+ * off (one statement at start), so pg-boss's monitor never expires a live
+ * attempt on its own. Tenant queues only (`t.` prefix).
+ */
+export async function disableBossHeartbeats(sql: Sql): Promise<void> {
+  await sql`update pgboss.queue set heartbeat_seconds = null where name like 't.%' and heartbeat_seconds is not null`;
+}
+
+/**
+ * Puts jobs back in their pg-boss queue under the same ids (delete, then
+ * insert): they wait out `startAfter` without spending pg-boss's retry
+ * budget. pg-boss is the queue of record; our jobs row says the job waits.
+ */
+export async function reinsertJobs(
+  boss: PgBoss,
+  tx: Sql | postgres.TransactionSql,
+  queue: string,
+  jobs: ReadonlyArray<{ id: string; data: object; startAfter?: Date | undefined }>,
+): Promise<void> {
+  if (jobs.length === 0) return;
+  const db = inTransaction(tx);
+  await boss.deleteJob(queue, jobs.map((j) => j.id), { db });
+  await boss.insert(queue, jobs.map((j) => ({ id: j.id, data: j.data, ...(j.startAfter ? { startAfter: j.startAfter } : {}) })), { db });
+}
+
+/**
+ * Locks a waiting job's pg-boss row before its jobs row (the lock order for
+ * waiting jobs, the one a lease follows: fetch, then claim).
+ */
+export async function lockBossJob(tx: postgres.TransactionSql, queue: string, id: string): Promise<void> {
+  await tx`select 1 from pgboss.job where name = ${queue} and id = ${id} for update`;
 }

@@ -6,8 +6,10 @@
  * Shared state changes with single conditional statements, never
  * read-then-write: a slot, a token or a credit is taken only `where` it is
  * there, so concurrent nodes cannot oversubscribe. Within a transaction, rows
- * are locked in one order (sched_tenants → tenant_ledger → windows →
- * sched_queues) so dispatch and settlement cannot deadlock each other.
+ * are locked in the one order written in docs/ARCHITECTURE.md ("Lock order"):
+ * reservations → sched_tenants (id order) → pgboss.job / jobs → sched_queues
+ * → job_results → tenant_ledger → sched_classes → windows → account_state,
+ * so lease, settle, sweep, cancel and submit cannot deadlock each other.
  */
 import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
@@ -290,6 +292,7 @@ export async function reserve(
   window: string,
   nodeId: string,
   rows: readonly ReservationRow[],
+  leaseSeconds: number,
 ): Promise<void> {
   const total = rows.reduce((s, r) => s + r.credits, 0);
   await tx`update tenant_ledger set reserved = reserved + ${total} where tenant_id = ${tenantId} and period_start = ${periodStart}`;
@@ -297,8 +300,9 @@ export async function reserve(
   // committed, so a reservation's interval never appears to overlap one it actually followed.
   const payload = rows.map((r) => ({ id: r.id, job_id: r.jobId, attempt: r.attempt, credits: r.credits, window_slot: r.windowSlot ?? true }));
   await tx`
-    insert into reservations (id, job_id, attempt, tenant_id, period_start, "window", node_id, credits, window_slot, created_at)
-    select x.id, x.job_id, x.attempt, ${tenantId}, ${periodStart}, ${window}, ${nodeId}, x.credits, x.window_slot, clock_timestamp()
+    insert into reservations (id, job_id, attempt, tenant_id, period_start, "window", node_id, credits, window_slot, created_at, lease_expires_at)
+    select x.id, x.job_id, x.attempt, ${tenantId}, ${periodStart}, ${window}, ${nodeId}, x.credits, x.window_slot, clock_timestamp(),
+      clock_timestamp() + make_interval(secs => ${leaseSeconds})
     from jsonb_to_recordset(${tx.json(payload as never)}::jsonb) as x(id uuid, job_id uuid, attempt int, credits int, window_slot boolean)`;
 }
 
@@ -318,33 +322,71 @@ export async function advanceQueue(tx: Tx, tenantId: string, jobClass: JobClass,
  */
 export async function blockForQuota(tx: Tx, tenantId: string, neededCost: number): Promise<string[]> {
   await tx`update sched_tenants set quota_blocked = true, quota_blocked_cost = ${neededCost} where tenant_id = ${tenantId}`;
-  await tx`update sched_queues set ready_at = null where tenant_id = ${tenantId}`;
+  // jobs before sched_queues: the lock order (the depth trigger on jobs locks sched_queues).
   const rows = await tx`
     update jobs set state = 'WAITING_QUOTA', updated_at = now()
     where tenant_id = ${tenantId} and state = 'QUEUED' returning id`;
+  await tx`update sched_queues set ready_at = null where tenant_id = ${tenantId}`;
   return rows.map((r) => r.id as string);
 }
 
 /* ---------- settlement ---------- */
 
+export interface SettleRow {
+  id: string;
+  billed: number;
+  outcome: string;
+}
+
 /**
- * Settles a reservation exactly once (I5): billed or refunded, and its
- * tenant and window slots released. Returns false when it was already settled
- * (by the sweeper, after this node was presumed dead).
+ * Settles reservations exactly once (I5), all in one statement
+ * (`sluice_settle`, migration 0006): billed or refunded, their tenant and
+ * window slots released, hot rows last. Returns the ids it settled; one
+ * missing was settled already (the sweeper found its lease expired, or an
+ * earlier try committed but its acknowledgement was lost).
  */
+export async function settleReservations(tx: Tx, rows: readonly SettleRow[]): Promise<Set<string>> {
+  if (rows.length === 0) return new Set();
+  const out = await tx`select sluice_settle(${tx.json(rows as never)}::jsonb) as id`;
+  return new Set(out.map((r) => r.id as string));
+}
+
+/** One reservation; false when it was settled already. */
 export async function settleReservation(tx: Tx, id: string, billed: number, outcome: string): Promise<boolean> {
-  const [r] = await tx`
-    update reservations set settled_at = clock_timestamp(), billed = least(credits, ${billed}), outcome = ${outcome}
-    where id = ${id} and settled_at is null
-    returning tenant_id, period_start, "window", credits, billed, window_slot`;
-  if (!r) return false;
-  await tx`update sched_tenants set in_flight = greatest(0, in_flight - 1) where tenant_id = ${r.tenant_id as string}`;
-  await tx`
-    update tenant_ledger set reserved = reserved - ${r.credits as number}, billed = billed + ${r.billed as number},
-      refunded = refunded + ${(r.credits as number) - (r.billed as number)}
-    where tenant_id = ${r.tenant_id as string} and period_start = ${r.period_start as Date}`;
-  if (r.window_slot) await tx`update windows set in_flight = greatest(0, in_flight - 1) where name = ${r.window as string}`;
-  return true;
+  return (await settleReservations(tx, [{ id, billed, outcome }])).has(id);
+}
+
+/**
+ * The first step of a settlement (lock order: reservations first): locks
+ * the reservations still open among `ids`, returning them. A settlement
+ * changes nothing for the others: their attempt was superseded.
+ */
+export async function lockOpenReservations(tx: Tx, ids: readonly string[]): Promise<Set<string>> {
+  if (ids.length === 0) return new Set();
+  const rows = await tx`
+    select id from reservations where id = any(${ids as string[]}::uuid[]) and settled_at is null
+    order by id for update`;
+  return new Set(rows.map((r) => r.id as string));
+}
+
+/** Locks tenants' scheduler rows in id order (the lock order for any path touching several tenants). */
+export async function lockTenants(tx: Tx, tenantIds: readonly string[]): Promise<void> {
+  if (tenantIds.length === 0) return;
+  await tx`select 1 from sched_tenants where tenant_id = any(${[...new Set(tenantIds)]}::uuid[]) order by tenant_id for update`;
+}
+
+/**
+ * The attempt lease: extends the leases of this node's open reservations.
+ * Returns the ids still open; one missing was settled by someone else
+ * (its lease had expired), so its call must stop.
+ */
+export async function refreshLeases(sql: Tx, ids: readonly string[], leaseSeconds: number): Promise<Set<string>> {
+  if (ids.length === 0) return new Set();
+  const rows = await sql`
+    update reservations set lease_expires_at = clock_timestamp() + make_interval(secs => ${leaseSeconds})
+    where id = any(${ids as string[]}::uuid[]) and settled_at is null
+    returning id`;
+  return new Set(rows.map((r) => r.id as string));
 }
 
 /** A rate-limit 429: the window sends nothing on any node until the pause ends, and its bucket is emptied. */
@@ -474,7 +516,7 @@ export async function removeNode(sql: Tx, id: string): Promise<void> {
   await sql`delete from nodes where id = ${id}`;
 }
 
-export interface OrphanReservation {
+export interface ExpiredReservation {
   id: string;
   jobId: string;
   attempt: number;
@@ -482,14 +524,16 @@ export interface OrphanReservation {
   credits: number;
 }
 
-/** Open reservations of nodes that stopped heartbeating (or are gone). */
-export async function orphanReservations(sql: Tx, timeoutSeconds: number): Promise<OrphanReservation[]> {
-  const rows = await sql`
-    select r.id, r.job_id, r.attempt, r.tenant_id, r.credits from reservations r
-    left join nodes n on n.id = r.node_id
-    where r.settled_at is null
-      and (n.id is null or n.heartbeat_at < now() - make_interval(secs => ${timeoutSeconds}))
-    limit 1000`;
+/**
+ * Open reservations whose attempt lease expired (the one liveness
+ * authority), locked; rows another sweeper holds are skipped. In a short
+ * transaction, `limit` at a time.
+ */
+export async function lockExpiredReservations(tx: Tx, limit: number): Promise<ExpiredReservation[]> {
+  const rows = await tx`
+    select id, job_id, attempt, tenant_id, credits from reservations
+    where settled_at is null and lease_expires_at < clock_timestamp()
+    order by id limit ${limit} for update skip locked`;
   return rows.map((r) => ({ id: r.id as string, jobId: r.job_id as string, attempt: r.attempt as number, tenantId: r.tenant_id as string, credits: r.credits as number }));
 }
 

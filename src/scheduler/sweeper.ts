@@ -1,30 +1,41 @@
 /**
  * The sweeper: the slow half of the scheduler, run by every worker process
- * every SWEEP_INTERVAL_MS.
- *  - Heartbeats this node, and publishes its measured latency and pool sizes.
- *  - Refreshes the oldest-wait figures the starvation guard uses.
- *  - Under an advisory lock (one sweeper at a time): settles the open
- *    reservations of nodes that stopped heartbeating (I5 through crashes),
- *    returns their jobs to QUEUED (pg-boss hands them out again after its own
- *    heartbeat check), and lifts quota blocks that no longer hold.
+ * every SWEEP_INTERVAL_MS. Each round runs a list of steps, each in its own
+ * short transaction(s), so no step holds locks across another and one failing
+ * step does not stop the rest:
+ *  - heartbeat this node (the node list only; it decides nothing about attempts),
+ *  - publish measured latency, pool sizes, breakers (onRound),
+ *  - settle the reservations whose ATTEMPT LEASE expired (the one liveness
+ *    authority; the dispatcher refreshes its attempts' leases on its own
+ *    timer, so a slow sweep never frees a live node's slots), a batch per
+ *    transaction, and put their jobs back in QUEUED and in pg-boss,
+ *  - lift quota blocks that no longer hold, one tenant per transaction,
+ *  - forget long-dead nodes,
+ *  - alerts, in their own transaction, on one sweeping node at a time.
+ * One more periodic step is one more entry in `steps`.
  */
 import type { Logger } from 'pino';
 import type postgres from 'postgres';
+import type { PgBoss } from 'pg-boss';
 import type { AlertNotifier } from '../alerts/notifier.ts';
 import type { DesiredAlert } from '../alerts/rules.ts';
 import { syncAlerts, type AlertRow } from '../alerts/store.ts';
 import type { Sql } from '../db/client.ts';
 import { publishJobEvents } from '../events/bus.ts';
-import { releaseLostJob } from '../jobs/store.ts';
+import { releaseLostJobs } from '../jobs/store.ts';
+import { queueName, reinsertJobs, type JobClass } from '../queue/boss.ts';
 import { quotaPeriod } from '../tenants/policy.ts';
 import { billedCredits } from './ledger.ts';
 import * as sched from './store.ts';
 
-/** Arbitrary, fixed: only one process sweeps at a time. */
+/** Arbitrary, fixed: only one process evaluates alerts at a time. */
 const SWEEP_LOCK = 0x736c7377;
+/** Expired reservations settled per short transaction. */
+const EXPIRED_BATCH = 200;
 
 export interface SweeperOptions {
   sql: Sql;
+  boss: PgBoss;
   nodeId: string;
   role: string;
   intervalMs: number;
@@ -38,11 +49,25 @@ export interface SweeperOptions {
   log: Logger;
 }
 
+export interface SweepResult {
+  released: number;
+  unblocked: number;
+}
+
 export class Sweeper {
   private readonly o: SweeperOptions;
   private timer: NodeJS.Timeout | null = null;
   private round: Promise<void> = Promise.resolve();
   private stopped = false;
+  /** The periodic steps, in order; each runs on its own (short transactions, errors logged). */
+  private readonly steps: ReadonlyArray<{ name: string; run: (r: SweepResult) => Promise<void> }> = [
+    { name: 'heartbeat', run: () => sched.heartbeatNode(this.o.sql, this.o.nodeId, this.o.role) },
+    { name: 'publish', run: async () => this.o.onRound?.() },
+    { name: 'expired leases', run: async (r) => void (r.released += await this.releaseExpired()) },
+    { name: 'quota blocks', run: async (r) => void (r.unblocked += await this.liftQuotaBlocks()) },
+    { name: 'dead nodes', run: () => sched.forgetDeadNodes(this.o.sql, this.o.nodeTimeoutSeconds) },
+    { name: 'alerts', run: () => this.syncAlerts() },
+  ];
 
   constructor(o: SweeperOptions) {
     this.o = o;
@@ -70,44 +95,80 @@ export class Sweeper {
   }
 
   /** One round; exported for tests that drive the sweep themselves. */
-  async sweepOnce(): Promise<{ released: number; unblocked: number }> {
+  async sweepOnce(): Promise<SweepResult> {
+    const result: SweepResult = { released: 0, unblocked: 0 };
+    for (const step of this.steps) {
+      try {
+        await step.run(result);
+      } catch (err) {
+        this.o.log.error({ err, step: step.name }, 'sweep step failed');
+      }
+    }
+    return result;
+  }
+
+  /**
+   * Settles reservations whose attempt lease expired, EXPIRED_BATCH per short
+   * transaction. No result was stored (result and settlement commit
+   * together), so the outcome is unknown: the timeout rule decides the bill.
+   * Lock order: reservations, tenants (id order), jobs, pgboss.job,
+   * sched_queues, ledger, windows (inside sluice_settle, last).
+   */
+  private async releaseExpired(): Promise<number> {
+    const { sql, boss } = this.o;
+    let released = 0;
+    for (;;) {
+      const n = await sql.begin(async (tx) => {
+        const expired = await sched.lockExpiredReservations(tx, EXPIRED_BATCH);
+        if (expired.length === 0) return 0;
+        await sched.lockTenants(tx, expired.map((r) => r.tenantId));
+        const jobs = await releaseLostJobs(tx, expired.map((r) => ({ jobId: r.jobId, attempt: r.attempt })));
+        const byQueue = new Map<string, { tenantId: string; jobClass: JobClass; jobs: typeof jobs }>();
+        for (const j of jobs) {
+          const queue = queueName(j.tenantId, j.priority);
+          const g = byQueue.get(queue) ?? { tenantId: j.tenantId, jobClass: j.priority, jobs: [] };
+          g.jobs.push(j);
+          byQueue.set(queue, g);
+        }
+        for (const [queue, g] of byQueue) {
+          await reinsertJobs(boss, tx, queue, g.jobs.map((j) => ({ id: j.id, data: { tenantId: j.tenantId, api: j.api, params: j.params } })));
+          await sched.markQueuesReady(tx, g.tenantId, [g.jobClass]);
+        }
+        const bill = (credits: number) => billedCredits('timeout', this.o.timeoutBilling === 'billed' ? credits : 0, credits);
+        await sched.settleReservations(tx, expired.map((r) => ({ id: r.id, billed: bill(r.credits), outcome: 'lease_expired' })));
+        await publishJobEvents(tx, jobs.map((j) => ({ jobId: j.id, tenantId: j.tenantId, state: 'QUEUED' as const })));
+        return expired.length;
+      });
+      released += n;
+      if (n < EXPIRED_BATCH) break;
+    }
+    if (released > 0) this.o.log.warn({ released }, 'settled the reservations of attempts whose lease expired');
+    return released;
+  }
+
+  /** Quota-blocked tenants whose next job now fits: one short transaction each. */
+  private async liftQuotaBlocks(): Promise<number> {
     const { sql } = this.o;
-    await sched.heartbeatNode(sql, this.o.nodeId, this.o.role);
-    await this.o.onRound?.();
-    let transitions: { raised: AlertRow[]; cleared: AlertRow[] } = { raised: [], cleared: [] };
-    const result = await sql.begin(async (tx) => {
+    let unblocked = 0;
+    const now = new Date();
+    for (const t of await sched.unblockableTenants(sql)) {
+      const period = quotaPeriod(t.periodAnchor, now);
+      const ledger = await sched.ledgerFor(sql, t.tenantId, period.start);
+      if (ledger.billed + ledger.reserved + t.cost <= t.quota) unblocked += await sql.begin((tx) => sched.unblockQuota(tx, t.tenantId));
+    }
+    return unblocked;
+  }
+
+  /** Alerts in their own transaction, on one node at a time; humans are told after the commit (a webhook may be slow). */
+  private async syncAlerts(): Promise<void> {
+    const desired = this.o.desiredAlerts;
+    if (!desired) return;
+    const transitions = await this.o.sql.begin(async (tx): Promise<{ raised: AlertRow[]; cleared: AlertRow[] }> => {
       const [lock] = await tx`select pg_try_advisory_xact_lock(${SWEEP_LOCK}) as ok`;
-      if (!lock!.ok) return { released: 0, unblocked: 0 };
-      let released = 0;
-      for (const r of await sched.orphanReservations(tx, this.o.nodeTimeoutSeconds)) {
-        // No result was stored (result and settlement commit together), so the
-        // outcome is unknown: the same rule as a timeout decides the bill.
-        const billed = billedCredits('timeout', this.o.timeoutBilling === 'billed' ? r.credits : 0, r.credits);
-        if (!(await sched.settleReservation(tx, r.id, billed, 'node_lost'))) continue;
-        released++;
-        const job = await releaseLostJob(tx, r.jobId, r.attempt);
-        if (job) {
-          await sched.markQueuesReady(tx, job.tenantId, [job.priority]);
-          await publishJobEvents(tx, [{ jobId: r.jobId, tenantId: job.tenantId, state: 'QUEUED' }]);
-        }
-      }
-      if (released > 0) this.o.log.warn({ released }, 'released the reservations of a lost worker node');
-      let unblocked = 0;
-      const now = new Date();
-      for (const t of await sched.unblockableTenants(tx)) {
-        const period = quotaPeriod(t.periodAnchor, now);
-        const ledger = await sched.ledgerFor(tx, t.tenantId, period.start);
-        if (ledger.billed + ledger.reserved + t.cost <= t.quota) {
-          unblocked += await sched.unblockQuota(tx, t.tenantId);
-        }
-      }
-      await sched.forgetDeadNodes(tx, this.o.nodeTimeoutSeconds);
-      if (this.o.desiredAlerts) transitions = await syncAlerts(tx, await this.o.desiredAlerts(tx));
-      return { released, unblocked };
+      if (!lock!.ok) return { raised: [], cleared: [] };
+      return syncAlerts(tx, await desired(tx));
     });
-    // Tell humans after the alert rows are committed, outside the transaction (a webhook may be slow).
     for (const a of transitions.raised) await this.o.notifier?.raised(a);
     for (const a of transitions.cleared) await this.o.notifier?.cleared(a);
-    return result;
   }
 }
