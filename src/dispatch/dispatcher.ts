@@ -109,6 +109,8 @@ interface PendingSettle {
 
 /** Most attempts settled in one transaction. */
 const SETTLE_GROUP_MAX = 256;
+/** Settlement transactions of one process at once (each a group): a slow one does not hold the others' slots. */
+const SETTLE_FLUSHERS = 4;
 
 /** One batch call: its distinct items, each with the attempts that share its input (the first is the one sent). */
 interface BatchAttempt {
@@ -142,7 +144,8 @@ export class Dispatcher {
   private refreshing = false;
   /** Settlements waiting to land, in order; a flusher applies them in groups and retries until they land. */
   private readonly settleQueue: PendingSettle[] = [];
-  private flushing = false;
+  /** Flushers running now (at most SETTLE_FLUSHERS). */
+  private flushers = 0;
   /** Stopped past its grace: open attempts are left to their leases, nothing more is written. */
   private abandoned = false;
 
@@ -551,19 +554,20 @@ export class Dispatcher {
   }
 
   /**
-   * The settlement flusher (one at a time): waits SETTLE_INTERVAL_MS for more
-   * outcomes, applies up to SETTLE_GROUP_MAX attempts in ONE transaction, and
-   * repeats while any wait. A group that fails (connection reset, Postgres
-   * restart, a lock timeout) is retried with backoff until it lands, never
-   * dropped; after a failure units go one at a time, rotating, so one that
-   * keeps failing cannot hold the others. Retrying is safe: every change is
-   * fenced by the reservation (an earlier try that committed without our
-   * hearing it makes the next try change nothing). The attempts stay open
-   * (their leases refreshed) until their settlement lands.
+   * A settlement flusher (up to SETTLE_FLUSHERS at once): waits
+   * SETTLE_INTERVAL_MS for more outcomes, takes up to SETTLE_GROUP_MAX
+   * attempts off the queue and applies them in ONE transaction, and repeats
+   * while any wait. A group that fails (connection reset, Postgres restart, a
+   * lock timeout) goes back on the queue and is retried with backoff until it
+   * lands, never dropped; after a failure this flusher takes one unit at a
+   * time, so a unit that keeps failing cannot hold the others. Retrying is
+   * safe: every change is fenced by the reservation (an earlier try that
+   * committed without our hearing it makes the next try change nothing). The
+   * attempts stay open (their leases refreshed) until their settlement lands.
    */
   private async flush(): Promise<void> {
-    if (this.flushing) return;
-    this.flushing = true;
+    if (this.flushers >= SETTLE_FLUSHERS) return;
+    this.flushers++;
     let failures = 0;
     try {
       while (this.settleQueue.length > 0 && !this.abandoned) {
@@ -571,12 +575,12 @@ export class Dispatcher {
         if (failures === 0 && interval > 0) await new Promise((r) => setTimeout(r, interval));
         let n = 0;
         let count = 0;
-        if (failures > 0) n = 1;
+        if (failures > 0) n = Math.min(1, this.settleQueue.length);
         else while (n < this.settleQueue.length && (n === 0 || count + this.settleQueue[n]!.items.length <= SETTLE_GROUP_MAX)) count += this.settleQueue[n++]!.items.length;
-        const units = this.settleQueue.slice(0, n);
+        const units = this.settleQueue.splice(0, n);
+        if (units.length === 0) break;
         try {
           await this.applySettlements(units);
-          this.settleQueue.splice(0, n);
           for (const u of units) {
             for (const x of u.items) this.open.delete(x.a.reservationId);
             u.done();
@@ -585,12 +589,13 @@ export class Dispatcher {
         } catch (err) {
           failures++;
           this.o.log.warn({ err, attempts: units.reduce((k, u) => k + u.items.length, 0), failures }, 'settlement failed; retrying');
-          if (n === 1 && this.settleQueue.length > 1) this.settleQueue.push(this.settleQueue.shift()!);
+          if (this.abandoned) break;
+          this.settleQueue.push(...units);
           await new Promise((r) => setTimeout(r, Math.min(5_000, 50 * 2 ** Math.min(failures, 7))));
         }
       }
     } finally {
-      this.flushing = false;
+      this.flushers--;
     }
   }
 
