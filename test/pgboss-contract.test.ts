@@ -1,0 +1,50 @@
+/**
+ * Sluice's SQL reads and writes pg-boss's tables directly (the lease fence,
+ * deferring a queue's jobs, turning pg-boss's job heartbeat off, locking a
+ * job row in the lock order). That is a contract with one exact pg-boss
+ * version: this test fails when the pinned version or pg-boss's schema moves,
+ * so an upgrade is a deliberate change that re-checks those statements.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import postgres from 'postgres';
+import { startBoss } from '../src/queue/boss.ts';
+import { createTestDatabase } from './helpers/db.ts';
+
+const PINNED = '12.38.0';
+const SCHEMA_VERSION = 46;
+
+test('pg-boss is pinned to one exact version, and that version is installed', () => {
+  const pkg = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8'));
+  assert.equal(pkg.dependencies['pg-boss'], PINNED, 'package.json pins pg-boss exactly (no range)');
+  const installed = JSON.parse(readFileSync(new URL('../node_modules/pg-boss/package.json', import.meta.url), 'utf8'));
+  assert.equal(installed.version, PINNED);
+  assert.equal(installed.pgboss.schema, SCHEMA_VERSION);
+});
+
+test("pg-boss's tables have the columns and the schema version Sluice's SQL relies on", async () => {
+  const db = await createTestDatabase();
+  const boss = await startBoss(db.url, { supervise: false });
+  const sql = postgres(db.url, { max: 1, onnotice: () => {} });
+  try {
+    const [v] = await sql`select version from pgboss.version`;
+    assert.equal(Number(v!.version), SCHEMA_VERSION);
+    const columns = async (table: string) =>
+      new Map((await sql`select column_name, data_type from information_schema.columns where table_schema = 'pgboss' and table_name = ${table}`).map((r) => [r.column_name as string, r.data_type as string]));
+    const job = await columns('job');
+    for (const [name, type] of Object.entries({ id: 'uuid', name: 'text', data: 'jsonb', start_after: 'timestamp with time zone', heartbeat_seconds: 'integer', heartbeat_on: 'timestamp with time zone' })) {
+      assert.equal(job.get(name), type, `pgboss.job.${name} is ${type}`);
+    }
+    assert.ok(job.has('state'), 'pgboss.job.state');
+    const states = (await sql`select unnest(enum_range(null::pgboss.job_state))::text as s`).map((r) => r.s as string);
+    for (const s of ['created', 'retry', 'active', 'completed', 'cancelled', 'failed']) assert.ok(states.includes(s), `job state ${s}`);
+    const queue = await columns('queue');
+    assert.equal(queue.get('name'), 'text');
+    assert.equal(queue.get('heartbeat_seconds'), 'integer');
+  } finally {
+    await sql.end();
+    await boss.stop({ graceful: false, close: true });
+    await db.drop();
+  }
+});
