@@ -37,7 +37,7 @@ import type { FlagReader } from './lib/args.ts';
 import { createTenant, gqlRaw, submitBody, type JobSpec } from './lib/gql.ts';
 import { progress } from './lib/log.ts';
 import { sampleActivity } from './lib/activity.ts';
-import { cpuMeter } from './lib/machine.ts';
+import { cpuDelta, cpuMeter, procCpuSeconds } from './lib/machine.ts';
 import { freshDatabase, type BenchPostgres } from './lib/pg.ts';
 import { ADMIN_TOKEN, parseEnvFlag, startSluiceFor, type SluiceHandle } from './lib/sluice.ts';
 import { check, mapLimit, median, round, sleep, type Check } from './lib/stats.ts';
@@ -52,14 +52,24 @@ const LEASE_MAX = 8; // Sluice's default LEASE_MAX
 interface Shape {
   tenants: number;
   jobsPerTenant: number;
+  /** Tenants registered (with queues), of which the first `tenants` have jobs; default `tenants`. */
+  registered?: number;
+}
+
+/** The pids of a database's backends opened by Sluice (its pools and its pg-boss pool). */
+async function sluiceBackends(sql: postgres.Sql, apps: readonly string[]): Promise<number[]> {
+  const rows = await sql`select pid from pg_stat_activity where datname = current_database() and application_name = any(${apps as string[]}::text[])`;
+  return rows.map((r) => r.pid as number);
 }
 
 function job(i: number): JobSpec {
   return { api: 'exchangerate', params: { currency1: 'USD', currency2: i % 2 ? 'EUR' : 'GBP' }, priority: 'STANDARD' };
 }
 
-async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: number | null; graphqlTenants: number; fill: string; submitConcurrency: number; inproc: boolean; extraEnv: Record<string, string> }) {
-  const label = `${shape.tenants}x${shape.jobsPerTenant}`;
+async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: number | null; graphqlTenants: number; fill: string; submitConcurrency: number; inproc: boolean; extraEnv: Record<string, string>; workers?: number }) {
+  const registered = shape.registered ?? shape.tenants;
+  const workers = o.workers ?? 1;
+  const label = `${shape.tenants}x${shape.jobsPerTenant}${registered !== shape.tenants ? `@${registered}` : ''}${workers !== 1 ? `/${workers}w` : ''}`;
   const total = shape.tenants * shape.jobsPerTenant;
   const db = await freshDatabase(pg.adminUrl, `dispatch${shape.tenants}`);
   let sim: Simulator | null = null;
@@ -84,12 +94,13 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
     const tCreate = Date.now();
     let keys: Array<{ id: string; apiKey: string }>;
     let creation: string;
-    if (shape.tenants <= o.graphqlTenants) {
+    if (registered <= o.graphqlTenants) {
       keys = [];
       for (let i = 0; i < shape.tenants; i++) keys.push(await createTenant(url, ADMIN_TOKEN, `t${i}`, limits));
       creation = 'GraphQL createTenant + updateTenant';
     } else {
-      keys = await bulkTenants(db.url, shape.tenants, limits);
+      // Registered tenants beyond the active ones get no jobs: they only exist (tenant, scheduler and pg-boss rows).
+      keys = (await bulkTenants(db.url, registered, limits)).slice(0, shape.tenants);
       creation =
         'bulk SQL in the bench process: tenants + tenant_api_keys rows (keys generated and hashed with src/tenants/keys.ts), sched_tenants/sched_queues rows as scheduler syncTenant writes them (effectiveLimits), and each class queue through pg-boss\'s own create_queue() SQL function with the tenant queue policy (what boss.createQueue runs, minus its advisory lock), one statement each';
     }
@@ -116,7 +127,11 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
     const cpu = cpuMeter();
     const activity = sampleActivity(sql);
     const tFork = Date.now();
-    worker = await startSluiceFor({ ...env, SLUICE_ROLE: 'worker' }, o.inproc ? 'inproc' : 'child');
+    // Every worker counts the SQL statements its pools send (SLUICE_COUNT_SQL: postgres.js's debug hook).
+    const workerEnv = { ...env, SLUICE_ROLE: 'worker', SLUICE_COUNT_SQL: '1' };
+    worker = await startSluiceFor(workerEnv, o.inproc ? 'inproc' : 'child');
+    const extraWorkers: SluiceHandle[] = [];
+    for (let i = 1; i < workers; i++) extraWorkers.push(await startSluiceFor(workerEnv, o.inproc ? 'inproc' : 'child'));
     const readyMs = Date.now() - tFork;
     let firstStartMs: number | null = null;
     let stopReason = 'drained';
@@ -140,8 +155,14 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
     const [left] = await sql`select count(*)::int as n, count(distinct tenant_id)::int as tenants from jobs where state = 'QUEUED'`;
     const machineBusy = cpu.end();
     const postgresActivity = await activity.stop();
+    // The workers' Postgres backends were all opened for this drain: their whole CPU time is its.
+    const backendCpuS = cpuDelta(new Map(), procCpuSeconds(await sluiceBackends(sql, ['sluice', 'sluice-pgboss'])));
     const workerCpu = await worker.stop();
     worker = null;
+    const extraCpu = await Promise.all(extraWorkers.map((w) => w.stop()));
+    const reports = [workerCpu, ...extraCpu];
+    const sluiceCpuS = reports.reduce((a, r) => a + (r ? (r.cpuUserMs + r.cpuSystemMs) / 1000 : 0), 0);
+    const statements = reports.reduce((a, r) => a + (r?.sqlStatements ?? 0), 0);
 
     const [agg] = await sql`
       with f as (select (extract(epoch from min(started_at)) * 1000)::float8 as t0 from jobs)
@@ -192,6 +213,18 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
         activeTenantsAtEnd: left!.tenants,
         decisions: { count: decisions[0]!.tx, jobsPerDecision: decisions[0]!.tx ? round(decisions[0]!.n / decisions[0]!.tx, 2) : null },
         note: 'from the first claim (min jobs.started_at) to the last finish in the window (Postgres timestamps)',
+      },
+      workers,
+      registeredTenants: registered,
+      cpuSecondsPerJob: {
+        sluiceProcesses: round(sluiceCpuS / Math.max(1, agg!.finished as number), 6),
+        postgresBackends: round(backendCpuS / Math.max(1, agg!.finished as number), 6),
+        total: round((sluiceCpuS + backendCpuS) / Math.max(1, agg!.finished as number), 6),
+        note: "the worker processes' CPU from ready to stop (process.cpuUsage) plus their Postgres backends' (/proc/<pid>/stat, all opened for this drain), over every job finished by the stop",
+      },
+      sqlStatementsPerJob: {
+        value: statements > 0 ? round(statements / Math.max(1, agg!.finished as number), 3) : null,
+        note: "statements the workers' postgres.js pools sent (incl. BEGIN/COMMIT, pg-boss calls through Sluice's transactions, sweeper, lease refresh) over the jobs finished; pg-boss's own pool (its maintenance) is not counted",
       },
       postgresActivity,
       noise: { machineCpuBusy: machineBusy, workerProcessCpu: workerCpu, workerCpuPerJobMs: workerCpu ? round((workerCpu.cpuUserMs + workerCpu.cpuSystemMs) / Math.max(1, agg!.finished as number), 3) : null },
@@ -282,6 +315,16 @@ async function baselineOnce(pg: BenchPostgres, total: number, windowS: number | 
       await boss.stop({ graceful: false, close: true });
       boss = await startBoss(db.url, { max: 20 });
     }
+    // pg-boss's maintenance over all its queues (expiry, retention, stats), one pass on demand: what one
+    // node pays every supervise interval (Sluice runs it on one node at a time).
+    let supervisePass: { ms: number; benchProcessCpuMs: number } | null = null;
+    if (idleQueues > 0) {
+      const c0 = process.cpuUsage();
+      const t = Date.now();
+      await boss.supervise();
+      const c = process.cpuUsage(c0);
+      supervisePass = { ms: Date.now() - t, benchProcessCpuMs: round((c.user + c.system) / 1000, 0) };
+    }
     const queue = 'bench.baseline';
     await boss.createQueue(queue, { retryLimit: QUEUE_POLICY.retryLimit, retryDelay: QUEUE_POLICY.retryDelaySeconds, retryBackoff: true, heartbeatSeconds: QUEUE_POLICY.heartbeatSeconds, expireInSeconds: QUEUE_POLICY.expireInSeconds });
     const tInsert = Date.now();
@@ -291,6 +334,8 @@ async function baselineOnce(pg: BenchPostgres, total: number, windowS: number | 
     const insertS = (Date.now() - tInsert) / 1000;
     const cpu = cpuMeter();
     const cpuProc = process.cpuUsage();
+    const statSql = postgres(db.url, { max: 1, onnotice: () => {} });
+    const backendsBefore = procCpuSeconds(await sluiceBackends(statSql, ['sluice-pgboss']));
     let inFlight = 0;
     let done = 0;
     let failed = 0;
@@ -330,7 +375,24 @@ async function baselineOnce(pg: BenchPostgres, total: number, windowS: number | 
     while (inFlight > 0) await new Promise<void>((r) => (wake = r));
     const seconds = (Date.now() - t0) / 1000;
     const c = process.cpuUsage(cpuProc);
-    return { idleQueues, insertSeconds: round(insertS, 2), seconds: round(seconds, 3), completed: done, failed, fetches, jobsPerSecond: round(done / seconds, 1), machineCpuBusy: cpu.end(), benchProcessCpuMs: round((c.user + c.system) / 1000, 0) };
+    const backendCpuS = cpuDelta(backendsBefore, procCpuSeconds(await sluiceBackends(statSql, ['sluice-pgboss'])));
+    await statSql.end();
+    const processCpuS = (c.user + c.system) / 1000 / 1000;
+    return {
+      idleQueues,
+      insertSeconds: round(insertS, 2),
+      seconds: round(seconds, 3),
+      completed: done,
+      failed,
+      fetches,
+      jobsPerSecond: round(done / seconds, 1),
+      machineCpuBusy: cpu.end(),
+      benchProcessCpuMs: round(processCpuS * 1000, 0),
+      cpuSecondsPerJob: { process: round(processCpuS / Math.max(1, done), 6), postgresBackends: round(backendCpuS / Math.max(1, done), 6), total: round((processCpuS + backendCpuS) / Math.max(1, done), 6) },
+      // One fetch per batch and one complete per job, each one statement.
+      sqlStatementsPerJob: round((fetches + done) / Math.max(1, done), 3),
+      supervisePass,
+    };
   } finally {
     if (boss) await boss.stop({ graceful: false, close: true }).catch(() => {});
     await db.drop();
@@ -338,9 +400,9 @@ async function baselineOnce(pg: BenchPostgres, total: number, windowS: number | 
 }
 
 function parseShape(text: string): Shape {
-  const m = /^(\d+)x(\d+)$/.exec(text);
-  if (!m) throw new Error(`a shape is TENANTSxJOBS, e.g. 10x2000; got "${text}"`);
-  return { tenants: Number(m[1]), jobsPerTenant: Number(m[2]) };
+  const m = /^(\d+)x(\d+)(?:@(\d+))?$/.exec(text);
+  if (!m) throw new Error(`a shape is TENANTSxJOBS[@REGISTERED], e.g. 10x2000 or 1000x2@100000; got "${text}"`);
+  return { tenants: Number(m[1]), jobsPerTenant: Number(m[2]), ...(m[3] ? { registered: Number(m[3]) } : {}) };
 }
 
 export async function run(pg: BenchPostgres, flags: FlagReader) {
@@ -357,6 +419,9 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
   if (!['auto', 'graphql', 'bulk'].includes(fill)) throw new Error('--fill is auto, graphql or bulk');
   const inproc = flags.bool('inproc');
   const extraEnv = parseEnvFlag(flags.optionalString('env'));
+  // ACTIVExJOBS@REGISTERED: registered tenants of which only the active ones have jobs.
+  const registeredShapes = flags.string('registered', '1000x2@1000,1000x2@100000').split(',').filter(Boolean).map(parseShape);
+  const workerCounts = flags.string('workers', '1,2,4').split(',').filter(Boolean).map(Number);
   flags.done();
 
   const opts = { windowS, graphqlTenants, fill, submitConcurrency, inproc, extraEnv };
@@ -376,6 +441,19 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
   const manyResult = await sluiceScenario(pg, many, opts);
   progress(`[dispatch] ${manyResult.shape}: ${manyResult.drain.jobsPerSecond} jobs/s`);
   while (baselines.length < repeats) await baseline();
+  const registeredResults = [];
+  for (const shape of registeredShapes) {
+    const r = await sluiceScenario(pg, shape, opts);
+    progress(`[dispatch] ${r.shape}: ${r.drain.jobsPerSecond} jobs/s`);
+    registeredResults.push(r);
+  }
+  // More worker processes on one Postgres: the few-tenant shape again with 2 and 4 (1 is the run above).
+  const scaling: Array<{ workers: number; jobsPerSecond: number }> = [{ workers: 1, jobsPerSecond: fewResult.drain.jobsPerSecond }];
+  for (const n of workerCounts.filter((n) => n !== 1)) {
+    const r = await sluiceScenario(pg, few, { ...opts, workers: n });
+    progress(`[dispatch] ${r.shape}: ${r.drain.jobsPerSecond} jobs/s`);
+    scaling.push({ workers: n, jobsPerSecond: r.drain.jobsPerSecond });
+  }
   let control: Awaited<ReturnType<typeof baselineOnce>> | null = null;
   if (controlQueues > 0) {
     control = await baselineOnce(pg, baseTotal, baselineWindowS, 99, controlQueues);
@@ -389,10 +467,23 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
   const fewRate = fewResult.drain.jobsPerSecond;
   const manyRate = manyResult.drain.jobsPerSecond;
   const costRatio = fewRate / manyRate; // per-job cost = 1 / rate
+  const baseCpu = median(baselines.map((b) => b.cpuSecondsPerJob.total));
+  const regRatio = registeredResults.length >= 2 ? registeredResults[registeredResults.length - 1]!.drain.jobsPerSecond / registeredResults[0]!.drain.jobsPerSecond : null;
+  const stmts = [fewResult, manyResult].map((r) => r.sqlStatementsPerJob.value ?? Infinity);
   const targets: Record<string, Check> = {
-    [`sluiceVsPgBoss.${fewResult.shape}`]: check(fewRate / baseRate, '>= 0.5 (at least half of raw pg-boss)', fewRate / baseRate >= 0.5),
+    [`sluiceVsPgBoss.${fewResult.shape}`]: check(fewRate / baseRate, '>= 0.8 (issue 9)', fewRate / baseRate >= 0.8),
     [`sluiceVsPgBoss.${manyResult.shape}`]: check(manyRate / baseRate, '>= 0.5 (at least half of raw pg-boss)', manyRate / baseRate >= 0.5),
     perJobCostManyVsFew: check(costRatio, `<= 1.5 (per-job cost with ${many.tenants} active tenants vs ${few.tenants})`, costRatio <= 1.5),
+    ...(regRatio !== null ? { registeredVsActive: check(regRatio, '>= 0.9 (many registered tenants within 10% of as many registered as active)', regRatio >= 0.9) } : {}),
+    cpuPerJobVsPgBoss: check(round(fewResult.cpuSecondsPerJob.total / baseCpu, 3), '<= 2 (Sluice processes + backends vs the raw loop + its backends, few tenants)', fewResult.cpuSecondsPerJob.total / baseCpu <= 2),
+    sqlStatementsPerJob: check(Math.max(...stmts), '<= 2 round trips per job (few and many tenants)', Math.max(...stmts) <= 2),
+    moreWorkersNeverSlower: check(
+      scaling.length > 1 ? Math.min(...scaling.slice(1).map((x, i) => x.jobsPerSecond / scaling[i]!.jobsPerSecond)) : null,
+      'each step up in worker processes keeps jobs/s (smallest ratio to the step before >= 1)',
+      scaling.every((x, i) => i === 0 || x.jobsPerSecond >= scaling[i - 1]!.jobsPerSecond),
+      scaling.map((x) => `${x.workers}: ${x.jobsPerSecond}/s`).join(', '),
+    ),
+    stretch2000PerSecondManyTenants: check(manyRate, '>= 2,000 jobs/s with 10,000 active tenants (stretch)', manyRate >= 2000),
   };
   return {
     summary: {
@@ -401,6 +492,12 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
       sluiceVsPgBoss: { [fewResult.shape]: round(fewRate / baseRate, 3), [manyResult.shape]: round(manyRate / baseRate, 3) },
       perJobMs: { [fewResult.shape]: fewResult.drain.perJobMs, [manyResult.shape]: manyResult.drain.perJobMs, rawPgBoss: round(1000 / baseRate, 3) },
       perJobCostRatio: round(costRatio, 3),
+      cpuSecondsPerJob: { [fewResult.shape]: fewResult.cpuSecondsPerJob, [manyResult.shape]: manyResult.cpuSecondsPerJob, rawPgBossMedian: baseCpu },
+      sqlStatementsPerJob: { [fewResult.shape]: fewResult.sqlStatementsPerJob.value, [manyResult.shape]: manyResult.sqlStatementsPerJob.value, rawPgBoss: median(baselines.map((b) => b.sqlStatementsPerJob)) },
+      registeredVsActive: Object.fromEntries(registeredResults.map((r) => [r.shape, { jobsPerSecond: r.drain.jobsPerSecond, perJobMs: r.drain.perJobMs, cpuSecondsPerJob: r.cpuSecondsPerJob.total, sqlStatementsPerJob: r.sqlStatementsPerJob.value }])),
+      registeredRatio: regRatio === null ? null : round(regRatio, 3),
+      workerScaling: scaling,
+      pgBossSupervisePass: control?.supervisePass ? { queues: control.idleQueues + 1, ...control.supervisePass } : null,
       vsAdjacentBaselines: {
         [fewResult.shape]: round(fewRate / fewAdj, 3),
         [manyResult.shape]: round(manyRate / manyAdj, 3),
@@ -417,6 +514,6 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
       control: `the same raw pg-boss loop with ${controlQueues} other, empty queues in pg-boss (as many as the many-tenant run has: tenants × 3 classes): what pg-boss's per-queue upkeep costs by itself`,
       baseline: `one pg-boss queue (tenant queue policy), ${baseTotal} jobs inserted in chunks of 1,000, one loop fetching up to ${LEASE_MAX} while fewer than ${POOL} are in flight, boss.complete per job, pg-boss pool of 20 connections (Sluice's hot-path pool size); fresh database each run`,
     },
-    runs: { sluice: [fewResult, manyResult], rawPgBoss: baselines, rawPgBossControl: control },
+    runs: { sluice: [fewResult, manyResult, ...registeredResults], rawPgBoss: baselines, rawPgBossControl: control },
   };
 }

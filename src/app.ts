@@ -26,7 +26,7 @@ import type { Services } from './graphql/context.ts';
 import { JobService } from './jobs/service.ts';
 import type { Logger } from './log.ts';
 import { createProviderClient } from './provider/client.ts';
-import { disableBossHeartbeats, ensureTenantQueues, startBoss } from './queue/boss.ts';
+import { BossMaintenance, disableBossHeartbeats, ensureTenantQueues, startBoss } from './queue/boss.ts';
 import { GRAPHQL_PATH, createHttpServer } from './server.ts';
 import { startSimulator, type Simulator, type SimulatorOptions } from './simulator/index.ts';
 import { simulatorOptionsFromEnv } from './simulator/env.ts';
@@ -75,12 +75,16 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       lockTimeoutMs: env.DB_LOCK_TIMEOUT_MS,
       statementTimeoutMs: env.DB_STATEMENT_TIMEOUT_MS,
       idleInTransactionTimeoutMs: env.DB_IDLE_IN_TRANSACTION_TIMEOUT_MS,
-    });
+    }, env.SLUICE_COUNT_SQL);
     const { sql, db } = connection;
     cleanups.push(() => connection.end());
-    const boss = await startBoss(databaseUrl);
+    const boss = await startBoss(databaseUrl, { supervise: false });
     cleanups.push(() => boss.stop({ graceful: false, close: true }));
     await disableBossHeartbeats(sql);
+    // pg-boss's maintenance runs on one process at a time (it walks every queue).
+    const maintenance = new BossMaintenance(boss, sql, env.BOSS_SUPERVISE_INTERVAL_SECONDS * 1000, (err) => log.warn({ err }, 'pg-boss maintenance failed'));
+    maintenance.start();
+    cleanups.push(() => maintenance.stop());
 
     // 2. Provider: the real account, or the simulator in demo mode (same plan, rate and keys).
     const catalog = buildCatalog(env.API_COSTS, env.BATCH_DISABLED_APIS);

@@ -9,7 +9,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import postgres from 'postgres';
-import { startBoss } from '../src/queue/boss.ts';
+import { BossMaintenance, startBoss } from '../src/queue/boss.ts';
 import { createTestDatabase } from './helpers/db.ts';
 
 const PINNED = '12.38.0';
@@ -45,6 +45,30 @@ test("pg-boss's tables have the columns and the schema version Sluice's SQL reli
   } finally {
     await sql.end();
     await boss.stop({ graceful: false, close: true });
+    await db.drop();
+  }
+});
+
+test("pg-boss's maintenance runs on one process at a time, and another takes over when it stops", async () => {
+  const db = await createTestDatabase();
+  const bosses = [await startBoss(db.url, { supervise: false }), await startBoss(db.url, { supervise: false })];
+  const pools = bosses.map(() => postgres(db.url, { max: 2, onnotice: () => {} }));
+  const errors: unknown[] = [];
+  const m = bosses.map((b, i) => new BossMaintenance(b, pools[i]!, 60_000, (err) => errors.push(err)));
+  try {
+    await m[0]!.pass();
+    await m[1]!.pass();
+    assert.deepEqual(m.map((x) => x.isLeader), [true, false], 'the first to try runs it; the second does not');
+    await m[1]!.pass();
+    assert.equal(m[1]!.isLeader, false, 'still one');
+    await m[0]!.stop();
+    await m[1]!.pass();
+    assert.equal(m[1]!.isLeader, true, 'the other process takes over once the first stops');
+    assert.deepEqual(errors, []);
+  } finally {
+    await Promise.all(m.map((x) => x.stop()));
+    await Promise.all(pools.map((p) => p.end()));
+    await Promise.all(bosses.map((b) => b.stop({ graceful: false, close: true })));
     await db.drop();
   }
 });

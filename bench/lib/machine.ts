@@ -44,3 +44,26 @@ export function machine() {
     platform: `${process.platform} ${os.release()}`,
   };
 }
+
+/** CPU seconds (user + system) each process has used since it started, from /proc/<pid>/stat (missing pids are skipped). */
+export function procCpuSeconds(pids: readonly number[]): Map<number, number> {
+  const out = new Map<number, number>();
+  for (const pid of pids) {
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+      // Fields after the command (which may contain spaces) start after the last ')': state is field 3, utime 14, stime 15.
+      const rest = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      out.set(pid, (Number(rest[11]) + Number(rest[12])) / 100); // USER_HZ is 100 on Linux
+    } catch {
+      // gone, or not ours to read
+    }
+  }
+  return out;
+}
+
+/** The summed CPU seconds of `after` minus `before` (a pid absent before counts from 0). */
+export function cpuDelta(before: Map<number, number>, after: Map<number, number>): number {
+  let s = 0;
+  for (const [pid, v] of after) s += v - (before.get(pid) ?? 0);
+  return Math.round(s * 1000) / 1000;
+}

@@ -5,6 +5,7 @@
  */
 import { startSluice } from '../../src/app.ts';
 import { loadEnv } from '../../src/config/env.ts';
+import { statementCount } from '../../src/db/client.ts';
 import { createLogger } from '../../src/log.ts';
 
 const env = loadEnv(process.env);
@@ -20,7 +21,8 @@ async function stop(): Promise<void> {
   const cpu = process.cpuUsage(cpuAtReady);
   await app.stop();
   if (process.connected) {
-    process.send!({ type: 'stopped', cpuUserMs: cpu.user / 1000, cpuSystemMs: cpu.system / 1000, rssMb: process.memoryUsage().rss / 2 ** 20 }, () => process.exit(0));
+    const sqlStatements = env.SLUICE_COUNT_SQL ? { sqlStatements: statementCount() } : {};
+    process.send!({ type: 'stopped', cpuUserMs: cpu.user / 1000, cpuSystemMs: cpu.system / 1000, rssMb: process.memoryUsage().rss / 2 ** 20, ...sqlStatements }, () => process.exit(0));
   } else process.exit(0);
 }
 process.on('message', (m: { type?: string }) => {

@@ -17,8 +17,15 @@ export interface SluiceHandle {
   url: string | null;
   mode: 'child' | 'inproc';
   pid: number;
-  /** Stops it; a child reports the CPU time it used since it was ready. */
-  stop(): Promise<{ cpuUserMs: number; cpuSystemMs: number; rssMb: number } | null>;
+  /** Stops it; a child reports the CPU time it used since it was ready (and the SQL statements it sent, when counted). */
+  stop(): Promise<StopReport | null>;
+}
+
+export interface StopReport {
+  cpuUserMs: number;
+  cpuSystemMs: number;
+  rssMb: number;
+  sqlStatements?: number;
 }
 
 const INHERITED = ['PATH', 'HOME', 'TMPDIR', 'LANG', 'TZ'];
@@ -68,16 +75,16 @@ export async function startSluiceFor(env: Record<string, string>, mode: 'child' 
       }
     });
   });
-  let stopped: Promise<{ cpuUserMs: number; cpuSystemMs: number; rssMb: number } | null> | null = null;
+  let stopped: Promise<StopReport | null> | null = null;
   return {
     url: ready.url,
     mode,
     pid: child.pid!,
     stop() {
       stopped ??= new Promise((resolve) => {
-        let report: { cpuUserMs: number; cpuSystemMs: number; rssMb: number } | null = null;
-        child.on('message', (m: { type?: string; cpuUserMs: number; cpuSystemMs: number; rssMb: number }) => {
-          if (m?.type === 'stopped') report = { cpuUserMs: m.cpuUserMs, cpuSystemMs: m.cpuSystemMs, rssMb: m.rssMb };
+        let report: StopReport | null = null;
+        child.on('message', (m: { type?: string } & StopReport) => {
+          if (m?.type === 'stopped') report = { cpuUserMs: m.cpuUserMs, cpuSystemMs: m.cpuSystemMs, rssMb: m.rssMb, ...(m.sqlStatements !== undefined ? { sqlStatements: m.sqlStatements } : {}) };
         });
         child.once('exit', () => resolve(report));
         const killer = setTimeout(() => child.kill('SIGKILL'), 30_000);

@@ -111,6 +111,10 @@ export const envSchema = z.object({
   DB_LOCK_TIMEOUT_MS: int(5_000, 0),
   DB_STATEMENT_TIMEOUT_MS: int(30_000, 0),
   DB_IDLE_IN_TRANSACTION_TIMEOUT_MS: int(15_000, 0),
+  /** pg-boss's maintenance (expiry, retention, queue stats) runs on one process at a time, this often. */
+  BOSS_SUPERVISE_INTERVAL_SECONDS: int(15, 1),
+  /** Diagnostics (benchmarks): count the SQL statements this process's pools send. Costs a stack capture per statement. */
+  SLUICE_COUNT_SQL: bool(false),
 
   /** Admission: the bound on waiting jobs across all tenants, and the share of it each class may fill. */
   GLOBAL_QUEUE_BOUND: int(1_000_000, 1),

@@ -24,10 +24,18 @@ export interface SessionTimeouts {
 /** The documented defaults (README, configuration): a lock wait, a statement, an idle transaction. */
 export const DEFAULT_TIMEOUTS: SessionTimeouts = { lockTimeoutMs: 5_000, statementTimeoutMs: 30_000, idleInTransactionTimeoutMs: 15_000 };
 
-const options = (max: number, t: SessionTimeouts) => ({
+let statementsSent = 0;
+/** SQL statements sent by pools made with `countStatements` (a benchmark's round trips). */
+export function statementCount(): number {
+  return statementsSent;
+}
+
+const options = (max: number, t: SessionTimeouts, countStatements = false) => ({
   max,
   onnotice: () => {},
   transform: { undefined: null },
+  // postgres.js calls `debug` once per statement sent (BEGIN and COMMIT included).
+  ...(countStatements ? { debug: () => void statementsSent++ } : {}),
   connection: {
     application_name: 'sluice',
     // A frozen or partitioned node must not hold the window row (or any row) until TCP gives up.
@@ -43,9 +51,9 @@ const options = (max: number, t: SessionTimeouts) => ({
  * plain tagged-template SQL on the same client. Raw SQL (the hot paths) gets
  * its own untouched pool; drizzle gets a small one for its CRUD.
  */
-export function connect(url: string, max = 20, timeouts: SessionTimeouts = DEFAULT_TIMEOUTS): Connection {
-  const sql = postgres(url, options(max, timeouts));
-  const drizzleClient = postgres(url, options(Math.max(2, Math.ceil(max / 4)), timeouts));
+export function connect(url: string, max = 20, timeouts: SessionTimeouts = DEFAULT_TIMEOUTS, countStatements = false): Connection {
+  const sql = postgres(url, options(max, timeouts, countStatements));
+  const drizzleClient = postgres(url, options(Math.max(2, Math.ceil(max / 4)), timeouts, countStatements));
   return {
     sql,
     db: drizzle(drizzleClient, { schema }),

@@ -30,6 +30,11 @@ export interface QueuePolicy {
   expireInSeconds: number;
 }
 
+/**
+ * `supervise`: pg-boss's own maintenance timer in this instance (a raw
+ * pg-boss setup). Sluice processes pass false and run it through
+ * `BossMaintenance`, on one process at a time.
+ */
 export async function startBoss(url: string, opts: { max?: number; supervise?: boolean } = {}): Promise<PgBoss> {
   const boss = new PgBoss({
     connectionString: url,
@@ -147,4 +152,87 @@ export async function reinsertJobs(
  */
 export async function lockBossJob(tx: postgres.TransactionSql, queue: string, id: string): Promise<void> {
   await tx`select 1 from pgboss.job where name = ${queue} and id = ${id} for update`;
+}
+
+/** Arbitrary, fixed: the session advisory lock of the one process running pg-boss's maintenance. */
+const MAINTENANCE_LOCK = 0x736c6d74;
+
+/**
+ * pg-boss's maintenance (supervise: monitor and maintain every queue, stats,
+ * retention) on ONE process at a time. Each pass walks every queue (30,000
+ * with 10,000 tenants), so running it on every process multiplies that cost
+ * by the process count. The process whose reserved connection holds a session
+ * advisory lock runs it every `intervalMs`; when that process dies its session
+ * ends, the lock is free, and another takes over within an interval. Liveness
+ * of attempts does not depend on it (the attempt lease does), so the interval
+ * can be long.
+ */
+export class BossMaintenance {
+  private timer: NodeJS.Timeout | null = null;
+  private leader: postgres.ReservedSql | null = null;
+  private running: Promise<void> = Promise.resolve();
+  private stopped = false;
+  private readonly boss: PgBoss;
+  private readonly sql: Sql;
+  private readonly intervalMs: number;
+  private readonly onError: (err: unknown) => void;
+
+  constructor(boss: PgBoss, sql: Sql, intervalMs: number, onError: (err: unknown) => void) {
+    this.boss = boss;
+    this.sql = sql;
+    this.intervalMs = intervalMs;
+    this.onError = onError;
+  }
+
+  get isLeader(): boolean {
+    return this.leader !== null;
+  }
+
+  start(): void {
+    const tick = () => {
+      if (this.stopped) return;
+      this.running = this.pass()
+        .catch((err) => this.onError(err))
+        .finally(() => {
+          if (!this.stopped) this.timer = setTimeout(tick, this.intervalMs);
+        });
+    };
+    this.timer = setTimeout(tick, Math.min(this.intervalMs, 1000));
+  }
+
+  /** One turn: become the maintenance process if no one is, and if this is it, supervise once. */
+  async pass(): Promise<void> {
+    if (!this.leader) {
+      const conn = await this.sql.reserve();
+      try {
+        const [row] = await conn`select pg_try_advisory_lock(${MAINTENANCE_LOCK}) as ok`;
+        if (row!.ok) this.leader = conn;
+        else conn.release();
+      } catch (err) {
+        conn.release();
+        throw err;
+      }
+    } else {
+      try {
+        // The lock lives as long as this session: check it is still there.
+        await this.leader`select 1`;
+      } catch (err) {
+        this.leader.release();
+        this.leader = null;
+        throw err;
+      }
+    }
+    if (this.leader && !this.stopped) await this.boss.supervise();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.timer) clearTimeout(this.timer);
+    await this.running;
+    if (this.leader) {
+      await this.leader`select pg_advisory_unlock(${MAINTENANCE_LOCK})`.catch(() => {});
+      this.leader.release();
+      this.leader = null;
+    }
+  }
 }
