@@ -135,7 +135,7 @@ export class Sweeper {
           await sched.markQueuesReady(tx, g.tenantId, [g.jobClass]);
         }
         const bill = (credits: number) => billedCredits('timeout', this.o.timeoutBilling === 'billed' ? credits : 0, credits);
-        await sched.settleReservations(tx, expired.map((r) => ({ id: r.id, billed: bill(r.credits), outcome: 'lease_expired' })));
+        await sched.settleReservations(tx, expired.map((r) => ({ id: r.id, billed: bill(r.credits), outcome: 'node_lost' })));
         await publishJobEvents(tx, jobs.map((j) => ({ jobId: j.id, tenantId: j.tenantId, state: 'QUEUED' as const })));
         return expired.length;
       });
