@@ -49,22 +49,30 @@ async function assertDepthExact(sql: postgres.Sql): Promise<void> {
   for (const r of wrong) assert.equal(r.depth, r.actual, `depth of ${r.tenant_id}/${r.class}`);
 }
 
-describe('a settlement whose connection is killed mid-transaction', () => {
-  let sim: Simulator;
-  let t: TestApp;
-  let sql: postgres.Sql;
+/**
+ * A Sluice (with a dispatcher) on a fresh database, against a simulator over real HTTP, for one
+ * describe block: started before its tests, stopped after. Fields are set once `before` ran.
+ */
+function useApp(sim: Parameters<typeof startSimulator>[0], env: Record<string, string>) {
+  const ctx = {} as { sim: Simulator; t: TestApp; sql: postgres.Sql };
   before(async () => {
-    sim = await startSimulator({ plan: 'PRO', ratePerMinute: 6000, latencyMs: 20, latencyP95Ms: 20, seed: 21 });
-    t = await startTestApp({ APIVERVE_API_KEY: sim.apiKey, APIVERVE_BASE_URL: sim.url, APIVERVE_RATE_PER_MINUTE: '6000', INITIAL_LATENCY_MS: '20', BATCH_MAX: '1', SWEEP_INTERVAL_MS: '200' });
-    sql = postgres(t.databaseUrl, { max: 2, onnotice: () => {} });
+    ctx.sim = await startSimulator(sim);
+    ctx.t = await startTestApp({ APIVERVE_API_KEY: ctx.sim.apiKey, APIVERVE_BASE_URL: ctx.sim.url, BATCH_MAX: '1', SWEEP_INTERVAL_MS: '200', ...env });
+    ctx.sql = postgres(ctx.t.databaseUrl, { max: 3, onnotice: () => {} });
   });
   after(async () => {
-    await sql.end();
-    await t.stop();
-    await sim.stop();
+    await ctx.sql.end();
+    await ctx.t.stop();
+    await ctx.sim.stop();
   });
+  return ctx;
+}
+
+describe('a settlement whose connection is killed mid-transaction', () => {
+  const ctx = useApp({ plan: 'PRO', ratePerMinute: 6000, latencyMs: 20, latencyP95Ms: 20, seed: 21 }, { APIVERVE_RATE_PER_MINUTE: '6000', INITIAL_LATENCY_MS: '20' });
 
   test('is retried until it lands: nothing leaks, no call is repeated, each job billed once', async () => {
+    const { sim, t, sql } = ctx;
     // The settlement transaction stores the result: its first three tries kill their own connection
     // there, mid-transaction (a sequence is not rolled back, so the count survives the kills).
     await sql`create sequence test_settle_kills`;
@@ -95,21 +103,10 @@ describe('a settlement whose connection is killed mid-transaction', () => {
 });
 
 describe('a lost pg-boss heartbeat while a call is in flight', () => {
-  let sim: Simulator;
-  let t: TestApp;
-  let sql: postgres.Sql;
-  before(async () => {
-    sim = await startSimulator({ plan: 'PRO', ratePerMinute: 6000, latencyMs: 3000, latencyP95Ms: 3000, seed: 22 });
-    t = await startTestApp({ APIVERVE_API_KEY: sim.apiKey, APIVERVE_BASE_URL: sim.url, APIVERVE_RATE_PER_MINUTE: '6000', INITIAL_LATENCY_MS: '3000', BATCH_MAX: '1', SWEEP_INTERVAL_MS: '200' });
-    sql = postgres(t.databaseUrl, { max: 2, onnotice: () => {} });
-  });
-  after(async () => {
-    await sql.end();
-    await t.stop();
-    await sim.stop();
-  });
+  const ctx = useApp({ plan: 'PRO', ratePerMinute: 6000, latencyMs: 3000, latencyP95Ms: 3000, seed: 22 }, { APIVERVE_RATE_PER_MINUTE: '6000', INITIAL_LATENCY_MS: '3000' });
 
   test('pg-boss handing the job out again makes no second call', async () => {
+    const { sim, t, sql } = ctx;
     const tenant = await tenantWithCap(t, 'redelivered', 10);
     const [first] = await submit(t, tenant.apiKey, dns(1, 'first'));
     await eventually(async () => {
@@ -137,30 +134,13 @@ describe('a lost pg-boss heartbeat while a call is in flight', () => {
 });
 
 describe('a sweeper slower than the node timeout', () => {
-  let sim: Simulator;
-  let t: TestApp;
-  let sql: postgres.Sql;
-  before(async () => {
-    sim = await startSimulator({ plan: 'PRO', ratePerMinute: 6000, latencyMs: 4000, latencyP95Ms: 4000, seed: 23 });
-    t = await startTestApp({
-      APIVERVE_API_KEY: sim.apiKey,
-      APIVERVE_BASE_URL: sim.url,
-      APIVERVE_RATE_PER_MINUTE: '6000',
-      INITIAL_LATENCY_MS: '4000',
-      BATCH_MAX: '1',
-      SWEEP_INTERVAL_MS: '200',
-      NODE_TIMEOUT_SECONDS: '1',
-      ATTEMPT_LEASE_SECONDS: '4',
-    });
-    sql = postgres(t.databaseUrl, { max: 2, onnotice: () => {} });
-  });
-  after(async () => {
-    await sql.end();
-    await t.stop();
-    await sim.stop();
-  });
+  const ctx = useApp(
+    { plan: 'PRO', ratePerMinute: 6000, latencyMs: 4000, latencyP95Ms: 4000, seed: 23 },
+    { APIVERVE_RATE_PER_MINUTE: '6000', INITIAL_LATENCY_MS: '4000', NODE_TIMEOUT_SECONDS: '1', ATTEMPT_LEASE_SECONDS: '4' },
+  );
 
   test("never frees a live node's slots: its calls settle as billed, once", async () => {
+    const { sim, t, sql } = ctx;
     // The node's own sweeper is slowed on purpose: its heartbeat takes 3 s, three node timeouts.
     await sql.unsafe(`
       create function test_slow_heartbeat() returns trigger language plpgsql as $$
@@ -203,21 +183,10 @@ describe('a sweeper slower than the node timeout', () => {
 });
 
 describe('cancels, submissions, leases and settlements racing', () => {
-  let sim: Simulator;
-  let t: TestApp;
-  let sql: postgres.Sql;
-  before(async () => {
-    sim = await startSimulator({ plan: 'PRO', ratePerMinute: 60_000, latencyMs: 15, latencyP95Ms: 30, seed: 24 });
-    t = await startTestApp({ APIVERVE_API_KEY: sim.apiKey, APIVERVE_BASE_URL: sim.url, APIVERVE_RATE_PER_MINUTE: '60000', INITIAL_LATENCY_MS: '20', BATCH_MAX: '1', SWEEP_INTERVAL_MS: '200', DISPATCH_IDLE_POLL_MS: '20' });
-    sql = postgres(t.databaseUrl, { max: 3, onnotice: () => {} });
-  });
-  after(async () => {
-    await sql.end();
-    await t.stop();
-    await sim.stop();
-  });
+  const ctx = useApp({ plan: 'PRO', ratePerMinute: 60_000, latencyMs: 15, latencyP95Ms: 30, seed: 24 }, { APIVERVE_RATE_PER_MINUTE: '60000', INITIAL_LATENCY_MS: '20', DISPATCH_IDLE_POLL_MS: '20' });
 
   test('cancel racing a lease: each job is cancelled without a call or runs once; no deadlock, no leak', async () => {
+    const { sim, t, sql } = ctx;
     const tenant = await tenantWithCap(t, 'cancel-race', 20);
     const ids = await submit(t, tenant.apiKey, dns(150, 'c'));
     const errors = new Map<string, number>();
@@ -248,6 +217,7 @@ describe('cancels, submissions, leases and settlements racing', () => {
   });
 
   test('depth counters never go negative (and end exact) under concurrent submit, cancel, lease and settle', async () => {
+    const { sim, t, sql } = ctx;
     const tenants = await Promise.all([0, 1, 2].map((i) => tenantWithCap(t, `depth-${i}`, 8)));
     let minDepth = 0;
     let watching = true;
