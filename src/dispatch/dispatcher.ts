@@ -222,12 +222,12 @@ export class Dispatcher {
     const sentAt = Date.now();
     sched
       .refreshLeases(this.o.sql, ids, this.o.leaseSeconds)
-      .then((live) => {
+      .then(({ live, settled }) => {
         for (const id of ids) {
           const a = this.open.get(id);
           if (!a) continue;
           if (live.has(id)) a.deadline = Math.max(a.deadline, sentAt + this.leaseMs());
-          else a.abort.abort();
+          else if (settled.has(id)) a.abort.abort();
         }
       })
       .catch((err) => this.o.log.warn({ err }, 'attempt lease refresh failed'))
@@ -589,7 +589,11 @@ export class Dispatcher {
         } catch (err) {
           failures++;
           this.o.log.warn({ err, attempts: units.reduce((k, u) => k + u.items.length, 0), failures }, 'settlement failed; retrying');
-          if (this.abandoned) break;
+          if (this.abandoned) {
+            // Stopped past its grace: these are left to their leases (the sweeper settles them).
+            for (const u of units) u.done();
+            break;
+          }
           this.settleQueue.push(...units);
           await new Promise((r) => setTimeout(r, Math.min(5_000, 50 * 2 ** Math.min(failures, 7))));
         }

@@ -377,16 +377,27 @@ export async function lockTenants(tx: Tx, tenantIds: readonly string[]): Promise
 
 /**
  * The attempt lease: extends the leases of this node's open reservations.
- * Returns the ids still open; one missing was settled by someone else
- * (its lease had expired), so its call must stop.
+ * Returns the ids it extended (`live`) and, among the others, the ones now
+ * settled (`settled`): settled by someone else (the sweeper found the lease
+ * expired), so their calls must stop. A row locked right now (its settlement
+ * or a sweep is under way) is skipped, not waited for: the refresh never
+ * queues behind a slow settlement.
  */
-export async function refreshLeases(sql: Tx, ids: readonly string[], leaseSeconds: number): Promise<Set<string>> {
-  if (ids.length === 0) return new Set();
+export async function refreshLeases(sql: Tx, ids: readonly string[], leaseSeconds: number): Promise<{ live: Set<string>; settled: Set<string> }> {
+  if (ids.length === 0) return { live: new Set(), settled: new Set() };
   const rows = await sql`
-    update reservations set lease_expires_at = clock_timestamp() + make_interval(secs => ${leaseSeconds})
-    where id = any(${ids as string[]}::uuid[]) and settled_at is null
-    returning id`;
-  return new Set(rows.map((r) => r.id as string));
+    with mine as (
+      select id from reservations where id = any(${ids as string[]}::uuid[]) and settled_at is null
+      for update skip locked
+    )
+    update reservations r set lease_expires_at = clock_timestamp() + make_interval(secs => ${leaseSeconds})
+    from mine where r.id = mine.id
+    returning r.id`;
+  const live = new Set(rows.map((r) => r.id as string));
+  const missing = ids.filter((id) => !live.has(id));
+  if (missing.length === 0) return { live, settled: new Set() };
+  const gone = await sql`select id from reservations where id = any(${missing}::uuid[]) and settled_at is not null`;
+  return { live, settled: new Set(gone.map((r) => r.id as string)) };
 }
 
 /** A rate-limit 429: the window sends nothing on any node until the pause ends, and its bucket is emptied. */
