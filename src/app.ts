@@ -55,10 +55,21 @@ export interface StartOverrides {
 }
 
 export async function startSluice(env: Env, log: Logger, overrides: StartOverrides = {}): Promise<SluiceApp> {
+  /**
+   * Stop order: first stop taking new work (the HTTP server stops accepting
+   * connections), then the cleanups in reverse order of start: the dispatcher
+   * drains its in-flight calls (up to SHUTDOWN_GRACE_SECONDS) and settles them,
+   * subscriptions close with 1001, then the sweeper, event bus, provider
+   * client, pg-boss and the pools; the embedded Postgres, started first, stops last.
+   */
+  const intake: Array<() => void> = [];
   const cleanups: Array<() => Promise<unknown>> = [];
-  const stop = async () => {
-    for (const fn of cleanups.reverse()) await fn().catch((err) => log.error({ err }, 'error while stopping'));
-  };
+  let stopping: Promise<void> | null = null;
+  const stop = () =>
+    (stopping ??= (async () => {
+      for (const fn of intake) fn();
+      for (const fn of cleanups.reverse()) await fn().catch((err) => log.error({ err }, 'error while stopping'));
+    })());
   try {
     // 1. Database.
     let databaseUrl = env.DATABASE_URL;
@@ -178,7 +189,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     let url: string | null = null;
     let port: number | null = null;
     if (env.SLUICE_ROLE !== 'worker') {
-      const { server } = createHttpServer({
+      const { server, closeSubscriptions } = createHttpServer({
         services,
         maxBodyBytes: env.MAX_BODY_BYTES,
         log,
@@ -187,7 +198,14 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         metrics,
       });
       await listen(server, env.PORT, env.HOST);
-      cleanups.push(() => closeServer(server));
+      intake.push(() => {
+        server.close();
+        server.closeIdleConnections();
+      });
+      cleanups.push(async () => {
+        await closeSubscriptions();
+        await closeServer(server);
+      });
       port = (server.address() as AddressInfo).port;
       const shownHost = env.HOST === '0.0.0.0' || env.HOST === '::' ? 'localhost' : env.HOST;
       url = `http://${shownHost}:${port}${GRAPHQL_PATH}`;
@@ -264,7 +282,11 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       await sweeper.start();
       cleanups.push(() => sweeper.stop());
       await dispatcher.start();
-      cleanups.push(() => dispatcher.stop());
+      cleanups.push(async () => {
+        const { unsettled } = await dispatcher.stop({ graceMs: env.SHUTDOWN_GRACE_SECONDS * 1000 });
+        if (unsettled > 0) log.warn({ unsettled, graceSeconds: env.SHUTDOWN_GRACE_SECONDS }, 'calls still in flight after the shutdown grace: a live node\'s sweeper settles them');
+        else log.info('dispatcher drained: every in-flight call is settled');
+      });
       log.info({ nodeId, windows: windowSpecs.map((w) => ({ name: w.name, classes: w.classes, pacedPerMinute: w.pacedPerMinute })) }, 'dispatcher started');
     }
 
@@ -287,7 +309,8 @@ function listen(server: Server, port: number, host: string): Promise<void> {
 
 function closeServer(server: Server): Promise<void> {
   return new Promise((resolve) => {
-    server.close(() => resolve());
+    if (!server.listening) resolve();
+    else server.close(() => resolve());
     server.closeAllConnections();
   });
 }

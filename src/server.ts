@@ -96,7 +96,7 @@ async function readBody(req: IncomingMessage, max: number): Promise<Buffer | nul
   return Buffer.concat(chunks);
 }
 
-export function createHttpServer(opts: ServerOptions): { server: Server; yoga: ReturnType<typeof createGraphQL> } {
+export function createHttpServer(opts: ServerOptions): { server: Server; yoga: ReturnType<typeof createGraphQL>; closeSubscriptions(): Promise<void> } {
   const yoga = createGraphQL(opts);
 
   const server = createServer(async (req, res) => {
@@ -157,7 +157,7 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
 
   // graphql-ws on the same port and path, sharing Yoga's envelop (plugins, auth, masking).
   const wss = new WebSocketServer({ server, path: GRAPHQL_PATH, maxPayload: opts.maxBodyBytes });
-  useServer(
+  const wsServer = useServer(
     {
       execute: (args) => (args.rootValue as { execute: (a: unknown) => unknown }).execute(args) as never,
       subscribe: (args) => (args.rootValue as { subscribe: (a: unknown) => unknown }).subscribe(args) as never,
@@ -201,5 +201,8 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
   );
 
   server.on('close', () => wss.close());
-  return { server, yoga };
+  // On stop: every open subscription socket is closed with 1001 Going away, so clients know to reconnect elsewhere.
+  let closed: Promise<void> | null = null;
+  const closeSubscriptions = () => (closed ??= Promise.resolve(wsServer.dispose()).catch(() => {}));
+  return { server, yoga, closeSubscriptions };
 }

@@ -126,14 +126,25 @@ export class Dispatcher {
     for (const w of this.o.windows) for (let i = 0; i < this.o.loopsPerWindow; i++) this.loops.push(this.windowLoop(w));
   }
 
-  /** Stops taking work and waits for in-flight calls to settle. */
-  async stop(): Promise<void> {
-    if (!this.running) return;
+  /**
+   * Stops leasing, then waits for the in-flight calls and their settlement,
+   * up to `graceMs` (no bound when absent). Returns how many were still in
+   * flight when the grace ran out: their reservations stay open under this
+   * node, and the sweeper of a live node settles them once this node's
+   * heartbeat is stale (billed at most once, never left reserved).
+   */
+  async stop(opts: { graceMs?: number } = {}): Promise<{ unsettled: number }> {
+    if (!this.running) return { unsettled: 0 };
     this.running = false;
     this.poke();
     await Promise.allSettled(this.loops);
-    await Promise.allSettled([...this.inFlight]);
-    await this.unlisten?.();
+    const drained = Promise.allSettled([...this.inFlight]);
+    let timer: NodeJS.Timeout | undefined;
+    if (opts.graceMs === undefined) await drained;
+    else await Promise.race([drained, new Promise<void>((r) => (timer = setTimeout(r, opts.graceMs)))]);
+    clearTimeout(timer);
+    await this.unlisten?.().catch(() => {});
+    return { unsettled: this.inFlight.size };
   }
 
   /** Wakes every sleeping window loop (new work, a freed slot, stop). */
