@@ -82,7 +82,8 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       log.info({ dataDir: path.resolve(env.SLUICE_DATA_DIR) }, 'embedded Postgres is running (set DATABASE_URL to use your own)');
     }
     await runMigrations(databaseUrl);
-    const connection = connect(databaseUrl);
+    // A connection attempt gives up within the request deadline: a request never hangs on a Postgres that is away.
+    const connection = connect(databaseUrl, 20, Math.max(1, Math.ceil(env.REQUEST_TIMEOUT_MS / 1000)));
     const { sql, db } = connection;
     cleanups.push(() => connection.end());
     const boss = await startBoss(databaseUrl);
@@ -153,6 +154,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         boss,
         catalog,
         maxJobsPerSubmission: env.MAX_JOBS_PER_SUBMISSION,
+        paramLimits: { maxKeys: env.MAX_PARAM_KEYS, maxBytes: env.MAX_PARAMS_BYTES },
         admission: { globalBound: env.GLOBAL_QUEUE_BOUND, classShare: parseClassNumbers(env.CLASS_SHARES), windows: windowSpecs },
         onRefused: (code, jobClass) => metrics.refused(code, jobClass ?? 'ALL'),
       }),
@@ -192,6 +194,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       const { server, closeSubscriptions } = createHttpServer({
         services,
         maxBodyBytes: env.MAX_BODY_BYTES,
+        requestTimeoutMs: env.REQUEST_TIMEOUT_MS,
         log,
         development: env.NODE_ENV === 'development',
         limits: queryLimitsFromEnv(env),

@@ -14,8 +14,9 @@ export interface Connection {
   end(): Promise<void>;
 }
 
-const options = (max: number) => ({
+const options = (max: number, connectTimeoutSeconds: number) => ({
   max,
+  connect_timeout: connectTimeoutSeconds,
   onnotice: () => {},
   transform: { undefined: null },
   connection: { application_name: 'sluice' },
@@ -27,9 +28,9 @@ const options = (max: number) => ({
  * plain tagged-template SQL on the same client. Raw SQL (the hot paths) gets
  * its own untouched pool; drizzle gets a small one for its CRUD.
  */
-export function connect(url: string, max = 20): Connection {
-  const sql = postgres(url, options(max));
-  const drizzleClient = postgres(url, options(Math.max(2, Math.ceil(max / 4))));
+export function connect(url: string, max = 20, connectTimeoutSeconds = 30): Connection {
+  const sql = postgres(url, options(max, connectTimeoutSeconds));
+  const drizzleClient = postgres(url, options(Math.max(2, Math.ceil(max / 4)), connectTimeoutSeconds));
   return {
     sql,
     db: drizzle(drizzleClient, { schema }),

@@ -97,7 +97,8 @@ function encodeCursor(j: JobRow): string {
 function decodeCursor(cursor: string): { createdAtMicros: string; id: string } {
   try {
     const [micros, id] = JSON.parse(Buffer.from(cursor, 'base64url').toString()) as [string, string];
-    if (typeof micros !== 'string' || !/^\d{1,20}$/.test(micros)) throw new Error('bad cursor');
+    // Digits only, and within Postgres's bigint (the cursor is compared as one).
+    if (typeof micros !== 'string' || !/^\d{1,19}$/.test(micros) || BigInt(micros) > 9_223_372_036_854_775_807n) throw new Error('bad cursor');
     return { createdAtMicros: micros, id: asId(id, 'job') };
   } catch {
     throw new SluiceError('BAD_USER_INPUT', 'invalid cursor', { field: 'after' });
@@ -165,7 +166,7 @@ builder.mutationFields((t) => ({
     description: 'Queues one job and answers at once with state QUEUED.',
     args: { input: t.arg({ type: JobInput, required: true }) },
     resolve: async (_r, { input }, ctx) => {
-      const [job] = await ctx.services.jobs.submit(tenantOf(ctx), [{ ...input, params: asParams(input.params) }]);
+      const [job] = await ctx.services.jobs.submit(tenantOf(ctx), [{ ...input, params: asParams(input.params) }], ctx.gate);
       return { job: job! };
     },
   }),
@@ -178,6 +179,7 @@ builder.mutationFields((t) => ({
       const jobs = await ctx.services.jobs.submit(
         tenantOf(ctx),
         input.jobs.map((j) => ({ ...j, params: asParams(j.params) })),
+        ctx.gate,
       );
       return { jobs };
     },
