@@ -191,7 +191,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     let url: string | null = null;
     let port: number | null = null;
     if (env.SLUICE_ROLE !== 'worker') {
-      const { server, closeSubscriptions } = createHttpServer({
+      const { server, closeSubscriptions, connections } = createHttpServer({
         services,
         maxBodyBytes: env.MAX_BODY_BYTES,
         requestTimeoutMs: env.REQUEST_TIMEOUT_MS,
@@ -200,6 +200,9 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         limits: queryLimitsFromEnv(env),
         metrics,
       });
+      // Revoked keys lose their open subscriptions on every node (http/ws-auth.ts).
+      await connections.start(sql, (err) => log.warn({ err }, 'could not re-validate graphql-ws connections'));
+      cleanups.push(() => connections.stop());
       await listen(server, env.PORT, env.HOST);
       intake.push(() => {
         server.close();

@@ -12,7 +12,8 @@ import { SluiceError } from './errors.ts';
 import { databaseUnavailable, isDatabaseUnavailable } from './db/availability.ts';
 import { CommitGate } from './http/deadline.ts';
 import { checkGetRequest, codedEmptyError, useInputHardening } from './http/input.ts';
-import { useOperationAuth } from './graphql/auth-plugin.ts';
+import { operationRefusal, useOperationAuth } from './graphql/auth-plugin.ts';
+import { WS_CLOSE, WsConnections } from './http/ws-auth.ts';
 import { useInputErrorCodes } from './graphql/input-errors-plugin.ts';
 import { authenticate, type Context, type Services } from './graphql/context.ts';
 import { schema } from './graphql/schema.ts';
@@ -124,7 +125,7 @@ async function readBody(req: IncomingMessage, max: number): Promise<Buffer | nul
   return Buffer.concat(chunks);
 }
 
-export function createHttpServer(opts: ServerOptions): { server: Server; yoga: ReturnType<typeof createGraphQL>; closeSubscriptions(): Promise<void> } {
+export function createHttpServer(opts: ServerOptions): { server: Server; yoga: ReturnType<typeof createGraphQL>; closeSubscriptions(): Promise<void>; connections: WsConnections } {
   const yoga = createGraphQL(opts);
 
   const server = createServer(async (req, res) => {
@@ -207,17 +208,32 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
   });
 
   // graphql-ws on the same port and path, sharing Yoga's envelop (plugins, auth, masking).
+  const connections = new WsConnections((authorization) => authenticate(opts.services, authorization));
   const wss = new WebSocketServer({ server, path: GRAPHQL_PATH, maxPayload: opts.maxBodyBytes });
   const wsServer = useServer(
     {
       execute: (args) => (args.rootValue as { execute: (a: unknown) => unknown }).execute(args) as never,
       subscribe: (args) => (args.rootValue as { subscribe: (a: unknown) => unknown }).subscribe(args) as never,
       onConnect: async (ctx) => {
-        // Refuse a connection whose key is missing or wrong before any operation: closes with 4403.
+        // Refuse a connection whose key is missing, unknown or revoked before any operation: 4401, with the reason.
+        const socket = ctx.extra.socket;
         const params = (ctx.connectionParams ?? {}) as Record<string, unknown>;
-        const authorization = (params.authorization ?? params.Authorization) as string | undefined;
-        const auth = await authenticate(opts.services, authorization);
-        return auth.kind === 'admin' || auth.kind === 'tenant';
+        const raw = params.authorization ?? params.Authorization;
+        const authorization = typeof raw === 'string' ? raw : undefined;
+        let auth: Awaited<ReturnType<typeof authenticate>>;
+        try {
+          auth = await authenticate(opts.services, authorization);
+        } catch (err) {
+          if (!isDatabaseUnavailable(err)) throw err;
+          socket.close(WS_CLOSE.tryAgainLater, 'DATABASE_UNAVAILABLE: try again in a few seconds');
+          return false;
+        }
+        if (auth.kind !== 'admin' && auth.kind !== 'tenant') {
+          socket.close(WS_CLOSE.unauthorized, auth.kind === 'anonymous' ? 'missing credential: send connectionParams.authorization = "Bearer <api key>"' : 'unknown or revoked API key');
+          return false;
+        }
+        connections.add(socket, auth, authorization!);
+        return true;
       },
       onSubscribe: async (ctx, _id, payload) => {
         const { schema: s, execute, subscribe, contextFactory, parse, validate } = yoga.getEnveloped({
@@ -245,6 +261,13 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
         };
         const errors = validate(args.schema, args.document);
         if (errors.length) return errors;
+        // An operation this credential may not run closes the connection: 4403 (4401 if the key was revoked meanwhile).
+        const refused = operationRefusal(args);
+        if (refused) {
+          const code = refused.extensions.code === 'FORBIDDEN' ? WS_CLOSE.forbidden : WS_CLOSE.unauthorized;
+          ctx.extra.socket.close(code, refused.message.slice(0, 120));
+          return [refused];
+        }
         return args;
       },
     },
@@ -263,5 +286,5 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
   // On stop: every open subscription socket is closed with 1001 Going away, so clients know to reconnect elsewhere.
   let closed: Promise<void> | null = null;
   const closeSubscriptions = () => (closed ??= Promise.resolve(wsServer.dispose()).catch(() => {}));
-  return { server, yoga, closeSubscriptions };
+  return { server, yoga, closeSubscriptions, connections };
 }
