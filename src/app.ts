@@ -26,13 +26,14 @@ import type { Services } from './graphql/context.ts';
 import { JobService } from './jobs/service.ts';
 import type { Logger } from './log.ts';
 import { createProviderClient } from './provider/client.ts';
-import { ensureTenantQueues, startBoss } from './queue/boss.ts';
+import { TENANT_QUEUE_RETENTION_SECONDS, ensureTenantQueues, extendTenantQueueRetention, startBoss } from './queue/boss.ts';
 import { GRAPHQL_PATH, createHttpServer } from './server.ts';
 import { startSimulator, type Simulator, type SimulatorOptions } from './simulator/index.ts';
 import { simulatorOptionsFromEnv } from './simulator/env.ts';
 import { TenantStore } from './tenants/store.ts';
 import * as sched from './scheduler/store.ts';
 import { Sweeper } from './scheduler/sweeper.ts';
+import { Reconciler } from './scheduler/reconcile.ts';
 import { parseClassWindows, planWindows } from './scheduler/windows.ts';
 import { parseClassNumbers, parseClassSeconds } from './config/classes.ts';
 
@@ -88,6 +89,9 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     cleanups.push(() => connection.end());
     const boss = await startBoss(databaseUrl);
     cleanups.push(() => boss.stop({ graceful: false, close: true }));
+    // Queues created before retention was set keep waiting jobs only 14 days (pg-boss's default): extend them.
+    const extended = await extendTenantQueueRetention(sql);
+    if (extended > 0) log.info({ queues: extended, retentionDays: TENANT_QUEUE_RETENTION_SECONDS / 86_400 }, 'extended the retention of existing tenant queues');
 
     // 2. Provider: the real account, or the simulator in demo mode (same plan, rate and keys).
     const catalog = buildCatalog(env.API_COSTS, env.BATCH_DISABLED_APIS);
@@ -250,6 +254,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         metrics,
         log,
       });
+      const reconciler = new Reconciler({ boss, intervalMs: env.RECONCILE_INTERVAL_SECONDS * 1000, log });
       const sweeper = new Sweeper({
         sql,
         nodeId,
@@ -284,6 +289,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
           });
         },
         notifier: createNotifier({ webhookUrl: env.ALERT_WEBHOOK_URL, log, onRaised: (name) => metrics.alertRaised(name) }),
+        reconcile: (tx) => reconciler.reconcile(tx),
       });
       await sweeper.start();
       cleanups.push(() => sweeper.stop());

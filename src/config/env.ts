@@ -109,6 +109,8 @@ export const envSchema = z.object({
   /** A worker node that has not heartbeated for this long is dead: its reservations and slots are released. */
   NODE_TIMEOUT_SECONDS: int(10, 1),
   SWEEP_INTERVAL_MS: int(1_000, 50),
+  /** How often the sweeper looks for waiting jobs whose pg-boss job is gone (and puts them back). */
+  RECONCILE_INTERVAL_SECONDS: int(60, 1),
 
   /** Admission: the bound on waiting jobs across all tenants, and the share of it each class may fill. */
   GLOBAL_QUEUE_BOUND: int(1_000_000, 1),

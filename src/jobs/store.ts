@@ -206,3 +206,11 @@ export async function releaseLostJob(tx: Tx, id: string, attempt: number): Promi
     returning tenant_id, priority`;
   return row ? { tenantId: row.tenant_id as string, priority: row.priority as JobClass } : null;
 }
+
+/** QUEUED or WAITING_QUOTA → FAILED (the reconciler: its queue is gone); returns its attempts, or null when it was not waiting. */
+export async function failWaitingJob(tx: Tx, id: string): Promise<number | null> {
+  const [row] = await tx`
+    update jobs set state = 'FAILED', finished_at = now(), updated_at = now()
+    where id = ${id} and state in ('QUEUED', 'WAITING_QUOTA') returning attempts`;
+  return row ? (row.attempts as number) : null;
+}

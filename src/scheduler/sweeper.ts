@@ -35,6 +35,8 @@ export interface SweeperOptions {
   /** The alerts that should be active now (evaluated by the one sweeping node). */
   desiredAlerts?: (tx: postgres.TransactionSql) => Promise<DesiredAlert[]>;
   notifier?: AlertNotifier;
+  /** Puts back (or fails) waiting jobs whose pg-boss job is gone (scheduler/reconcile.ts). */
+  reconcile?: (tx: postgres.TransactionSql) => Promise<unknown>;
   log: Logger;
 }
 
@@ -102,6 +104,7 @@ export class Sweeper {
         }
       }
       await sched.forgetDeadNodes(tx, this.o.nodeTimeoutSeconds);
+      await this.o.reconcile?.(tx);
       if (this.o.desiredAlerts) transitions = await syncAlerts(tx, await this.o.desiredAlerts(tx));
       return { released, unblocked };
     });
