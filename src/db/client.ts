@@ -17,6 +17,9 @@ export interface Connection {
 const options = (max: number, connectTimeoutSeconds: number) => ({
   max,
   connect_timeout: connectTimeoutSeconds,
+  // Reconnect quickly after an outage (postgres.js's default backs off up to 20 s): dispatch and the
+  // LISTEN connection (events, revocations) come back within about 2 s of Postgres.
+  backoff: (attempts: number) => Math.min(0.1 * 2 ** attempts, 2),
   onnotice: () => {},
   transform: { undefined: null },
   connection: { application_name: 'sluice' },
