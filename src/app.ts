@@ -26,13 +26,14 @@ import type { Services } from './graphql/context.ts';
 import { JobService } from './jobs/service.ts';
 import type { Logger } from './log.ts';
 import { createProviderClient } from './provider/client.ts';
-import { BossMaintenance, disableBossHeartbeats, ensureTenantQueues, startBoss } from './queue/boss.ts';
+import { BossMaintenance, TENANT_QUEUE_RETENTION_SECONDS, disableBossHeartbeats, ensureTenantQueues, extendTenantQueueRetention, startBoss } from './queue/boss.ts';
 import { GRAPHQL_PATH, createHttpServer } from './server.ts';
 import { startSimulator, type Simulator, type SimulatorOptions } from './simulator/index.ts';
 import { simulatorOptionsFromEnv } from './simulator/env.ts';
 import { TenantStore } from './tenants/store.ts';
 import * as sched from './scheduler/store.ts';
 import { Sweeper } from './scheduler/sweeper.ts';
+import { Reconciler } from './scheduler/reconcile.ts';
 import { parseClassWindows, planWindows } from './scheduler/windows.ts';
 import { parseClassNumbers, parseClassSeconds } from './config/classes.ts';
 
@@ -55,10 +56,21 @@ export interface StartOverrides {
 }
 
 export async function startSluice(env: Env, log: Logger, overrides: StartOverrides = {}): Promise<SluiceApp> {
+  /**
+   * Stop order: first stop taking new work (the HTTP server stops accepting
+   * connections), then the cleanups in reverse order of start: the dispatcher
+   * drains its in-flight calls (up to SHUTDOWN_GRACE_SECONDS) and settles them,
+   * subscriptions close with 1001, then the sweeper, event bus, provider
+   * client, pg-boss and the pools; the embedded Postgres, started first, stops last.
+   */
+  const intake: Array<() => void> = [];
   const cleanups: Array<() => Promise<unknown>> = [];
-  const stop = async () => {
-    for (const fn of cleanups.reverse()) await fn().catch((err) => log.error({ err }, 'error while stopping'));
-  };
+  let stopping: Promise<void> | null = null;
+  const stop = () =>
+    (stopping ??= (async () => {
+      for (const fn of intake) fn();
+      for (const fn of cleanups.reverse()) await fn().catch((err) => log.error({ err }, 'error while stopping'));
+    })());
   try {
     // 1. Database.
     let databaseUrl = env.DATABASE_URL;
@@ -71,16 +83,24 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       log.info({ dataDir: path.resolve(env.SLUICE_DATA_DIR) }, 'embedded Postgres is running (set DATABASE_URL to use your own)');
     }
     await runMigrations(databaseUrl);
-    const connection = connect(databaseUrl, undefined, {
-      lockTimeoutMs: env.DB_LOCK_TIMEOUT_MS,
-      statementTimeoutMs: env.DB_STATEMENT_TIMEOUT_MS,
-      idleInTransactionTimeoutMs: env.DB_IDLE_IN_TRANSACTION_TIMEOUT_MS,
-    }, env.SLUICE_COUNT_SQL);
+    const connection = connect(databaseUrl, {
+      timeouts: {
+        lockTimeoutMs: env.DB_LOCK_TIMEOUT_MS,
+        statementTimeoutMs: env.DB_STATEMENT_TIMEOUT_MS,
+        idleInTransactionTimeoutMs: env.DB_IDLE_IN_TRANSACTION_TIMEOUT_MS,
+      },
+      countStatements: env.SLUICE_COUNT_SQL,
+      // A connection attempt gives up within the request deadline: a request never hangs on a Postgres that is away.
+      connectTimeoutSeconds: Math.max(1, Math.ceil(env.REQUEST_TIMEOUT_MS / 1000)),
+    });
     const { sql, db } = connection;
     cleanups.push(() => connection.end());
     const boss = await startBoss(databaseUrl, { supervise: false });
     cleanups.push(() => boss.stop({ graceful: false, close: true }));
     await disableBossHeartbeats(sql);
+    // Queues created before retention was set keep waiting jobs only 14 days (pg-boss's default): extend them.
+    const extended = await extendTenantQueueRetention(sql);
+    if (extended > 0) log.info({ queues: extended, retentionDays: TENANT_QUEUE_RETENTION_SECONDS / 86_400 }, 'extended the retention of existing tenant queues');
     // pg-boss's maintenance runs on one process at a time (it walks every queue).
     const maintenance = new BossMaintenance(boss, sql, env.BOSS_SUPERVISE_INTERVAL_SECONDS * 1000, (err) => log.warn({ err }, 'pg-boss maintenance failed'));
     maintenance.start();
@@ -151,6 +171,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         boss,
         catalog,
         maxJobsPerSubmission: env.MAX_JOBS_PER_SUBMISSION,
+        paramLimits: { maxKeys: env.MAX_PARAM_KEYS, maxBytes: env.MAX_PARAMS_BYTES },
         admission: { globalBound: env.GLOBAL_QUEUE_BOUND, classShare: parseClassNumbers(env.CLASS_SHARES), windows: windowSpecs },
         onRefused: (code, jobClass) => metrics.refused(code, jobClass ?? 'ALL'),
       }),
@@ -187,16 +208,27 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     let url: string | null = null;
     let port: number | null = null;
     if (env.SLUICE_ROLE !== 'worker') {
-      const { server } = createHttpServer({
+      const { server, closeSubscriptions, connections } = createHttpServer({
         services,
         maxBodyBytes: env.MAX_BODY_BYTES,
+        requestTimeoutMs: env.REQUEST_TIMEOUT_MS,
         log,
         development: env.NODE_ENV === 'development',
         limits: queryLimitsFromEnv(env),
         metrics,
       });
+      // Revoked keys lose their open subscriptions on every node (http/ws-auth.ts).
+      await connections.start(sql, (err) => log.warn({ err }, 'could not re-validate graphql-ws connections'));
+      cleanups.push(() => connections.stop());
       await listen(server, env.PORT, env.HOST);
-      cleanups.push(() => closeServer(server));
+      intake.push(() => {
+        server.close();
+        server.closeIdleConnections();
+      });
+      cleanups.push(async () => {
+        await closeSubscriptions();
+        await closeServer(server);
+      });
       port = (server.address() as AddressInfo).port;
       const shownHost = env.HOST === '0.0.0.0' || env.HOST === '::' ? 'localhost' : env.HOST;
       url = `http://${shownHost}:${port}${GRAPHQL_PATH}`;
@@ -236,6 +268,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         metrics,
         log,
       });
+      const reconciler = new Reconciler({ boss, intervalMs: env.RECONCILE_INTERVAL_SECONDS * 1000, log });
       const sweeper = new Sweeper({
         sql,
         boss,
@@ -271,11 +304,14 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
           });
         },
         notifier: createNotifier({ webhookUrl: env.ALERT_WEBHOOK_URL, log, onRaised: (name) => metrics.alertRaised(name) }),
+        reconcile: (tx) => reconciler.reconcile(tx),
       });
       await sweeper.start();
       cleanups.push(() => sweeper.stop());
       await dispatcher.start();
-      cleanups.push(() => dispatcher.stop());
+      // Stops leasing, lets in-flight calls finish and settle within the grace; past it, their
+      // attempt leases expire and a live node's sweeper settles them (never called twice).
+      cleanups.push(() => dispatcher.stop({ graceMs: env.SHUTDOWN_GRACE_SECONDS * 1000 }));
       log.info({ nodeId, windows: windowSpecs.map((w) => ({ name: w.name, classes: w.classes, pacedPerMinute: w.pacedPerMinute })) }, 'dispatcher started');
     }
 
@@ -298,7 +334,8 @@ function listen(server: Server, port: number, host: string): Promise<void> {
 
 function closeServer(server: Server): Promise<void> {
   return new Promise((resolve) => {
-    server.close(() => resolve());
+    if (!server.listening) resolve();
+    else server.close(() => resolve());
     server.closeAllConnections();
   });
 }

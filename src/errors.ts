@@ -23,6 +23,12 @@ export const ERROR_CODES = [
   'TOO_MANY_ALIASES',
   'TOO_MANY_TOKENS',
   'CSRF_PREVENTED',
+  // Survive the real world (src/db/availability.ts, src/http/input.ts):
+  'DATABASE_UNAVAILABLE',
+  'BAD_REQUEST',
+  'NOT_ACCEPTABLE',
+  'UNSUPPORTED_MEDIA_TYPE',
+  'HEADERS_TOO_LARGE',
 ] as const;
 export type ErrorCode = (typeof ERROR_CODES)[number];
 

@@ -4,6 +4,7 @@
 import { ConfigError, loadEnv } from './config/env.ts';
 import { startSluice } from './app.ts';
 import { createLogger } from './log.ts';
+import { installConnectionCrashGuard } from './db/guard.ts';
 
 let env;
 try {
@@ -16,6 +17,7 @@ try {
   throw err;
 }
 const log = createLogger(env.LOG_LEVEL);
+installConnectionCrashGuard(log);
 
 const app = await startSluice(env, log).catch((err) => {
   if (err instanceof ConfigError) {
@@ -36,15 +38,31 @@ if (app.generatedAdminToken) {
   );
 }
 
+/**
+ * SIGTERM or SIGINT (Ctrl-C): a graceful stop. Leasing stops, in-flight calls
+ * finish and settle (up to SHUTDOWN_GRACE_SECONDS), subscriptions close, the
+ * embedded Postgres stops last. A second signal forces the exit at once; what
+ * was still in flight is settled by a live node's sweeper (billed at most
+ * once, never left reserved).
+ */
 let stopping = false;
 for (const signal of ['SIGINT', 'SIGTERM'] as const) {
   process.on(signal, () => {
-    if (stopping) process.exit(1);
+    if (stopping) {
+      log.warn({ signal }, 'second signal: exiting now, without waiting for in-flight calls');
+      process.exit(signal === 'SIGINT' ? 130 : 143);
+    }
     stopping = true;
-    log.info({ signal }, 'stopping');
+    log.info({ signal, graceSeconds: env.SHUTDOWN_GRACE_SECONDS }, 'stopping: no new work; in-flight calls finish and settle (send the signal again to force)');
     app.stop().then(
-      () => process.exit(0),
-      () => process.exit(1),
+      () => {
+        log.info('stopped');
+        process.exit(0);
+      },
+      (err) => {
+        log.error({ err }, 'stop failed');
+        process.exit(1);
+      },
     );
   });
 }

@@ -9,7 +9,11 @@ import { useServer } from 'graphql-ws/use/ws';
 import { WebSocketServer } from 'ws';
 import type { Logger } from 'pino';
 import { SluiceError } from './errors.ts';
-import { useOperationAuth } from './graphql/auth-plugin.ts';
+import { databaseUnavailable, isDatabaseUnavailable } from './db/availability.ts';
+import { CommitGate } from './http/deadline.ts';
+import { checkGetRequest, codedEmptyError, useInputHardening } from './http/input.ts';
+import { operationRefusal, useOperationAuth } from './graphql/auth-plugin.ts';
+import { WS_CLOSE, WsConnections } from './http/ws-auth.ts';
 import { useInputErrorCodes } from './graphql/input-errors-plugin.ts';
 import { authenticate, type Context, type Services } from './graphql/context.ts';
 import { schema } from './graphql/schema.ts';
@@ -24,6 +28,8 @@ export interface ServerOptions {
   services: Services;
   maxBodyBytes: number;
   log: Logger;
+  /** Longest a request may wait (on the database) before it is answered 503 DATABASE_UNAVAILABLE; default 5000. */
+  requestTimeoutMs?: number;
   development: boolean;
   // --- front door and metrics ---
   /** Query depth/cost/alias/token limits (queryLimitsFromEnv); default DEFAULT_QUERY_LIMITS. */
@@ -35,7 +41,9 @@ export interface ServerOptions {
 
 /** SluiceError → a GraphQL error with its code; anything else is logged and masked (no stack traces outside development). */
 function maskError(log: Logger, error: unknown, message: string, isDev?: boolean): Error {
-  const original = error instanceof GraphQLError ? (error.originalError ?? error) : error;
+  let original = error instanceof GraphQLError ? (error.originalError ?? error) : error;
+  // The database went away: a coded 503 with Retry-After, never a 500 (and never its SQL or socket details).
+  if (!(original instanceof SluiceError) && isDatabaseUnavailable(original)) original = databaseUnavailable();
   if (original instanceof SluiceError) {
     const e = error instanceof GraphQLError ? error : undefined;
     return new GraphQLError(original.message, {
@@ -60,17 +68,18 @@ export function createGraphQL(opts: ServerOptions): YogaServerInstance<Record<st
     landingPage: false,
     logging: false,
     maskedErrors: { maskError: (e, m, d) => maskError(opts.log, e, m, d), isDev: opts.development },
-    context: async ({ request, connectionParams }: { request?: Request; connectionParams?: Record<string, unknown> }) => {
+    context: async ({ request, connectionParams, gate }: { request?: Request; connectionParams?: Record<string, unknown>; gate?: CommitGate }) => {
       const authorization =
         (connectionParams?.authorization as string | undefined) ??
         (connectionParams?.Authorization as string | undefined) ??
         request?.headers.get('authorization') ??
         null;
-      return { auth: await authenticate(opts.services, authorization), services: opts.services };
+      return { auth: await authenticate(opts.services, authorization), services: opts.services, ...(gate ? { gate } : {}) };
     },
     plugins: [
       ...hardeningPlugins(opts.limits ?? DEFAULT_QUERY_LIMITS), // front door: CSRF, then query limits (before auth, before execution)
       useOperationAuth(),
+      useInputHardening(),
       useInputErrorCodes(),
       ...(opts.metrics ? [opts.metrics.yogaPlugin()] : []),
     ],
@@ -82,6 +91,26 @@ function tooLarge(res: ServerResponse, max: number): void {
   res.end(
     JSON.stringify({ errors: [{ message: `request body is larger than ${max} bytes`, extensions: { code: 'BODY_TOO_LARGE', maxBytes: max } }] }),
   );
+}
+
+function sendErrors(res: ServerResponse, status: number, error: { message: string; extensions: Record<string, unknown> }, headers: Record<string, string> = {}): void {
+  const body = JSON.stringify({ errors: [error] });
+  const { 'content-length': _len, 'content-type': _type, ...rest } = headers;
+  res.writeHead(status, { ...rest, 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(body) });
+  res.end(body);
+}
+
+/** The response, or null when the deadline passed first and `gate` let it answer (no commit under way). */
+async function withDeadline<T>(pending: Promise<T>, ms: number, gate: CommitGate): Promise<T | null> {
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<'deadline'>((r) => (timer = setTimeout(() => r('deadline'), ms)));
+  try {
+    const first = await Promise.race([pending, deadline]);
+    if (first !== 'deadline') return first as T;
+    return gate.expire() ? null : await pending;
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 /** Reads a request body, refusing past `max` bytes without buffering the excess. */
@@ -96,7 +125,7 @@ async function readBody(req: IncomingMessage, max: number): Promise<Buffer | nul
   return Buffer.concat(chunks);
 }
 
-export function createHttpServer(opts: ServerOptions): { server: Server; yoga: ReturnType<typeof createGraphQL> } {
+export function createHttpServer(opts: ServerOptions): { server: Server; yoga: ReturnType<typeof createGraphQL>; closeSubscriptions(): Promise<void>; connections: WsConnections } {
   const yoga = createGraphQL(opts);
 
   const server = createServer(async (req, res) => {
@@ -129,19 +158,39 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
         if (read === null) return tooLarge(res, opts.maxBodyBytes);
         body = read;
       }
+      if (req.method === 'GET' && url.pathname === GRAPHQL_PATH) {
+        const refused = checkGetRequest(url.searchParams);
+        if (refused) return sendErrors(res, 400, refused);
+      }
       const headers = new Headers();
       for (const [k, v] of Object.entries(req.headers)) {
         if (Array.isArray(v)) v.forEach((x) => headers.append(k, x));
         else if (v !== undefined) headers.set(k, v);
       }
-      const response = await yoga.fetch(
+      const gate = new CommitGate();
+      const pending = Promise.resolve(yoga.fetch(
         new Request(new URL(req.url ?? '/', `http://${req.headers.host ?? 'localhost'}`), {
           method: req.method ?? 'GET',
           headers,
           ...(body ? { body: new Uint8Array(body) } : {}),
         }),
-        {},
-      );
+        { gate },
+      ));
+      const response = await withDeadline(pending, opts.requestTimeoutMs ?? 5_000, gate);
+      if (response === null) {
+        // Still waiting (on the database) at the deadline, and no commit under way: answer now; the late result is dropped.
+        void pending.then((late) => late.body?.cancel().catch(() => {}), () => {});
+        const e = databaseUnavailable(`the request waited ${opts.requestTimeoutMs ?? 5_000} ms for the database`);
+        return sendErrors(res, 503, { message: e.message, extensions: { code: e.code, ...e.extensions } }, e.httpHeaders);
+      }
+      // Yoga answers some refusals (406, 415) with an empty body: give them a body with a code, like every other error.
+      const coded = codedEmptyError(response.status);
+      if (coded) {
+        const text = await response.text();
+        if (text.trim() === '') return sendErrors(res, response.status, coded, Object.fromEntries(response.headers));
+        res.writeHead(response.status, Object.fromEntries(response.headers)).end(text);
+        return;
+      }
       res.writeHead(response.status, Object.fromEntries(response.headers));
       // Yoga's Response may be a ponyfill: iterate its body rather than convert it, so streams (SSE) flow as they come.
       if (response.body) {
@@ -149,24 +198,42 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
       }
       res.end();
     } catch (err) {
-      opts.log.error({ err }, 'http handler failed');
+      if (isDatabaseUnavailable(err)) {
+        const e = databaseUnavailable();
+        if (!res.headersSent) return sendErrors(res, 503, { message: e.message, extensions: { code: e.code, ...e.extensions } }, e.httpHeaders);
+      } else opts.log.error({ err }, 'http handler failed');
       if (!res.headersSent) res.writeHead(500, { 'content-type': 'application/json' });
       res.end(JSON.stringify({ errors: [{ message: 'internal error', extensions: { code: 'INTERNAL_SERVER_ERROR' } }] }));
     }
   });
 
   // graphql-ws on the same port and path, sharing Yoga's envelop (plugins, auth, masking).
+  const connections = new WsConnections((authorization) => authenticate(opts.services, authorization));
   const wss = new WebSocketServer({ server, path: GRAPHQL_PATH, maxPayload: opts.maxBodyBytes });
-  useServer(
+  const wsServer = useServer(
     {
       execute: (args) => (args.rootValue as { execute: (a: unknown) => unknown }).execute(args) as never,
       subscribe: (args) => (args.rootValue as { subscribe: (a: unknown) => unknown }).subscribe(args) as never,
       onConnect: async (ctx) => {
-        // Refuse a connection whose key is missing or wrong before any operation: closes with 4403.
+        // Refuse a connection whose key is missing, unknown or revoked before any operation: 4401, with the reason.
+        const socket = ctx.extra.socket;
         const params = (ctx.connectionParams ?? {}) as Record<string, unknown>;
-        const authorization = (params.authorization ?? params.Authorization) as string | undefined;
-        const auth = await authenticate(opts.services, authorization);
-        return auth.kind === 'admin' || auth.kind === 'tenant';
+        const raw = params.authorization ?? params.Authorization;
+        const authorization = typeof raw === 'string' ? raw : undefined;
+        let auth: Awaited<ReturnType<typeof authenticate>>;
+        try {
+          auth = await authenticate(opts.services, authorization);
+        } catch (err) {
+          if (!isDatabaseUnavailable(err)) throw err;
+          socket.close(WS_CLOSE.tryAgainLater, 'DATABASE_UNAVAILABLE: try again in a few seconds');
+          return false;
+        }
+        if (auth.kind !== 'admin' && auth.kind !== 'tenant') {
+          socket.close(WS_CLOSE.unauthorized, auth.kind === 'anonymous' ? 'missing credential: send connectionParams.authorization = "Bearer <api key>"' : 'unknown or revoked API key');
+          return false;
+        }
+        connections.add(socket, auth, authorization!);
+        return true;
       },
       onSubscribe: async (ctx, _id, payload) => {
         const { schema: s, execute, subscribe, contextFactory, parse, validate } = yoga.getEnveloped({
@@ -194,12 +261,30 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
         };
         const errors = validate(args.schema, args.document);
         if (errors.length) return errors;
+        // An operation this credential may not run closes the connection: 4403 (4401 if the key was revoked meanwhile).
+        const refused = operationRefusal(args);
+        if (refused) {
+          const code = refused.extensions.code === 'FORBIDDEN' ? WS_CLOSE.forbidden : WS_CLOSE.unauthorized;
+          ctx.extra.socket.close(code, refused.message.slice(0, 120));
+          return [refused];
+        }
         return args;
       },
     },
     wss,
   );
 
+  // Requests Node refuses before any handler (headers or URL too large, malformed HTTP): a coded JSON body, not a bare status.
+  server.on('clientError', (err: NodeJS.ErrnoException, socket) => {
+    if (!socket.writable) return socket.destroy();
+    const tooLarge = err.code === 'HPE_HEADER_OVERFLOW';
+    const status = tooLarge ? '431 Request Header Fields Too Large' : '400 Bad Request';
+    const body = JSON.stringify({ errors: [{ message: tooLarge ? 'request headers (or the URL) are too large: send the query in a POST body' : 'malformed HTTP request', extensions: { code: tooLarge ? 'HEADERS_TOO_LARGE' : 'BAD_REQUEST' } }] });
+    socket.end(`HTTP/1.1 ${status}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+  });
   server.on('close', () => wss.close());
-  return { server, yoga };
+  // On stop: every open subscription socket is closed with 1001 Going away, so clients know to reconnect elsewhere.
+  let closed: Promise<void> | null = null;
+  const closeSubscriptions = () => (closed ??= Promise.resolve(wsServer.dispose()).catch(() => {}));
+  return { server, yoga, closeSubscriptions, connections };
 }

@@ -35,7 +35,8 @@ const list = z
   .transform((v) => v.split(',').map((s) => s.trim()).filter(Boolean));
 
 export const envSchema = z.object({
-  NODE_ENV: z.enum(['development', 'production', 'test']).default('development'),
+  /** Production unless set: only NODE_ENV=development shows stack traces and error details to clients. */
+  NODE_ENV: z.enum(['development', 'production', 'test']).default('production'),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   HOST: z.string().default('0.0.0.0'),
   PORT: int(4000),
@@ -63,6 +64,14 @@ export const envSchema = z.object({
   /** Submission limits. */
   MAX_JOBS_PER_SUBMISSION: int(10_000, 1),
   MAX_BODY_BYTES: int(16 * 1024 * 1024, 1024),
+  /** One job's params: at most this many keys, and at most this many bytes as JSON. */
+  MAX_PARAM_KEYS: int(50, 1),
+  MAX_PARAMS_BYTES: int(16 * 1024, 64),
+
+  /** On SIGTERM/SIGINT: how long in-flight upstream calls may take to finish and settle before the process stops anyway. */
+  SHUTDOWN_GRACE_SECONDS: int(30, 0),
+  /** Longest a request waits on the database; past it (or at once when Postgres is unreachable) it gets 503 DATABASE_UNAVAILABLE. */
+  REQUEST_TIMEOUT_MS: int(5_000, 100),
 
   /** Retries of retryable failures (server errors, timeouts), with exponential backoff. */
   JOB_RETRY_LIMIT: int(3),
@@ -115,6 +124,8 @@ export const envSchema = z.object({
   BOSS_SUPERVISE_INTERVAL_SECONDS: int(15, 1),
   /** Diagnostics (benchmarks): count the SQL statements this process's pools send. Costs a stack capture per statement. */
   SLUICE_COUNT_SQL: bool(false),
+  /** How often the sweeper looks for waiting jobs whose pg-boss job is gone (and puts them back). */
+  RECONCILE_INTERVAL_SECONDS: int(60, 1),
 
   /** Admission: the bound on waiting jobs across all tenants, and the share of it each class may fill. */
   GLOBAL_QUEUE_BOUND: int(1_000_000, 1),

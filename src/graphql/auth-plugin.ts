@@ -57,7 +57,8 @@ export function rolesOf(schema: GraphQLSchema, type: 'query' | 'mutation' | 'sub
   return fields.map((name) => (name.startsWith('__') ? 'public' : ((defs[name]?.extensions as { role?: Role } | undefined)?.role ?? 'admin')));
 }
 
-function check(args: { schema: GraphQLSchema; document: DocumentNode; operationName?: string | null | undefined; contextValue: unknown }): GraphQLError | null {
+/** The refusal of this operation for its context's caller, or null (graphql-ws also uses it to close the connection). */
+export function operationRefusal(args: { schema: GraphQLSchema; document: DocumentNode; operationName?: string | null | undefined; contextValue: unknown }): GraphQLError | null {
   const op = rootFieldNames(args.document, args.operationName);
   if (!op) return null; // graphql-js reports the missing operation itself
   return authorize((args.contextValue as Context).auth, rolesOf(args.schema, op.type, op.fields));
@@ -66,11 +67,11 @@ function check(args: { schema: GraphQLSchema; document: DocumentNode; operationN
 export function useOperationAuth(): Plugin<Context> {
   return {
     onExecute({ args, setResultAndStopExecution }) {
-      const error = check(args);
+      const error = operationRefusal(args);
       if (error) setResultAndStopExecution({ errors: [error] });
     },
     onSubscribe({ args, setResultAndStopExecution }) {
-      const error = check(args);
+      const error = operationRefusal(args);
       if (error) setResultAndStopExecution({ errors: [error] });
     },
   };

@@ -11,6 +11,7 @@ import { bearerToken, hashSecret, sameHash } from '../tenants/keys.ts';
 import type { TenantRecord } from '../tenants/policy.ts';
 import type { TenantStore } from '../tenants/store.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
+import type { CommitGate } from '../http/deadline.ts';
 
 export type Auth =
   | { kind: 'anonymous' }
@@ -38,6 +39,8 @@ export interface Services {
 export interface Context {
   auth: Auth;
   services: Services;
+  /** HTTP only: the request deadline's commit gate (a submission must not commit once the deadline answered). */
+  gate?: CommitGate;
 }
 
 export async function authenticate(services: Services, authorization: string | null | undefined): Promise<Auth> {

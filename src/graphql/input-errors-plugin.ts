@@ -12,7 +12,8 @@ const ENUM_CODES: Record<string, string> = { Priority: 'BAD_PRIORITY' };
 export function codeForInputError(message: string): string | null {
   const m = /does not exist in "(\w+)" enum/.exec(message) ?? /Enum "(\w+)" cannot represent/.exec(message);
   if (m) return ENUM_CODES[m[1]!] ?? 'BAD_USER_INPUT';
-  if (/^Variable "\$\w+" got invalid value/.test(message)) return 'BAD_USER_INPUT';
+  // Variable coercion: an invalid value, a required variable not provided, a non-null one given null.
+  if (/^Variable "\$\w+" (got invalid value|of required type .* was not provided|of non-null type .* must not be null)/.test(message)) return 'BAD_USER_INPUT';
   return null;
 }
 

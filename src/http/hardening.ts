@@ -77,14 +77,24 @@ export function useQueryLimits(limits: QueryLimits): Plugin {
   ];
   const tokenReject = reportAs(LIMIT_CODES.tokens, limits.maxTokens); // no validation context while parsing: it throws
   const parseWithTokenLimit = (source: string | Source, options?: ParseOptions) => {
-    const parser = new MaxTokensParserWLexer(typeof source === 'string' ? source : source.body, {
+    const body = typeof source === 'string' ? source : source.body;
+    // The parser recurses once per nesting level: bound the nesting before it runs, so a few KB of
+    // `{a:{a:…` is refused, not a stack overflow (it is a 500 otherwise).
+    const nesting = maxNesting(body);
+    if (nesting > MAX_DOCUMENT_NESTING) throw nestingError(nesting);
+    const parser = new MaxTokensParserWLexer(body, {
       ...options,
       n: limits.maxTokens,
       exposeLimits: true,
       onReject: [tokenReject],
       propagateOnRejection: true,
     });
-    return parser.parseDocument();
+    try {
+      return parser.parseDocument();
+    } catch (err) {
+      if (err instanceof RangeError) throw nestingError(nesting); // a stack this small should not happen; still never a 500
+      throw err;
+    }
   };
   return {
     onParse({ setParseFn }) {
@@ -102,6 +112,43 @@ export function useQueryLimits(limits: QueryLimits): Plugin {
       setResult({ ...result, extensions: { ...extensions, http: { ...(extensions.http as object | undefined), status: 400 } } });
     },
   };
+}
+
+/**
+ * Deepest bracket nesting ({, [, ( ) in a document, outside strings and
+ * comments. Pure and linear: it runs before the (recursive) parser. Unbalanced
+ * input counts what it opened.
+ */
+export function maxNesting(doc: string): number {
+  let depth = 0;
+  let max = 0;
+  for (let i = 0; i < doc.length; i++) {
+    const c = doc[i];
+    if (c === '#') {
+      while (i < doc.length && doc[i] !== '\n' && doc[i] !== '\r') i++;
+    } else if (c === '"') {
+      if (doc.startsWith('"""', i)) {
+        const end = doc.indexOf('"""', i + 3);
+        i = end < 0 ? doc.length : end + 2;
+      } else {
+        for (i++; i < doc.length && doc[i] !== '"' && doc[i] !== '\n'; i++) if (doc[i] === '\\') i++;
+      }
+    } else if (c === '{' || c === '[' || c === '(') {
+      if (++depth > max) max = depth;
+    } else if (c === '}' || c === ']' || c === ')') {
+      depth = Math.max(0, depth - 1);
+    }
+  }
+  return max;
+}
+
+/** Far above any real operation (MAX_QUERY_DEPTH is 12), far below where the parser's recursion overflows. */
+export const MAX_DOCUMENT_NESTING = 128;
+
+function nestingError(nesting: number): GraphQLError {
+  return new GraphQLError(`the document nests ${nesting} levels of brackets; at most ${MAX_DOCUMENT_NESTING}`, {
+    extensions: { code: LIMIT_CODES.depth, limit: MAX_DOCUMENT_NESTING, http: { status: 400 } },
+  });
 }
 
 /** Headers a cross-site page cannot add without a CORS preflight; one of them marks a request as not forged. */

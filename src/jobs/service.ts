@@ -13,7 +13,9 @@ import { SluiceError } from '../errors.ts';
 import { publishJobEvents } from '../events/bus.ts';
 import { CLASSES, inTransaction, lockBossJob, queueName, type JobClass } from '../queue/boss.ts';
 import { cancelQueuedJob, getJob, insertJobs, jobClassOf, jobsByIdempotencyKeys, type JobState } from './store.ts';
-import { validateSubmission, type JobInput, type ValidJob } from './validate.ts';
+import { validateSubmission, type JobInput, type ParamLimits, type ValidJob } from './validate.ts';
+import type { CommitGate } from '../http/deadline.ts';
+import { databaseUnavailable } from '../db/availability.ts';
 import type postgres from 'postgres';
 import { admit, tenantDrainRate } from '../admission/rules.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
@@ -34,6 +36,8 @@ export interface JobServiceDeps {
   boss: PgBoss;
   catalog: ApiCatalog;
   maxJobsPerSubmission: number;
+  /** MAX_PARAM_KEYS / MAX_PARAMS_BYTES; defaults in validate.ts. */
+  paramLimits?: ParamLimits;
   admission: AdmissionConfig;
   /** Counts refusals (metrics). */
   onRefused?: (code: string, jobClass: JobClass | null) => void;
@@ -52,10 +56,11 @@ export class JobService {
     this.deps = deps;
   }
 
-  async submit(tenant: TenantRecord, inputs: readonly JobInput[]): Promise<SubmittedJob[]> {
+  /** `gate`: the request deadline's; once it has answered, the transaction rolls back instead of committing (http/deadline.ts). */
+  async submit(tenant: TenantRecord, inputs: readonly JobInput[], gate?: CommitGate): Promise<SubmittedJob[]> {
     const { sql, boss, catalog, maxJobsPerSubmission } = this.deps;
     const tenantId = tenant.id;
-    const valid = validateSubmission(inputs, catalog, maxJobsPerSubmission);
+    const valid = validateSubmission(inputs, catalog, maxJobsPerSubmission, this.deps.paramLimits);
     const jobs = valid.map((j) => ({ ...j, id: randomUUID() }));
 
     return sql.begin(async (tx) => {
@@ -86,12 +91,14 @@ export class JobService {
       // Items whose idempotency key was used before (or twice in this call) answer with the original job.
       const replayedKeys = jobs.filter((j) => !inserted.has(j.id) && j.idempotencyKey !== null).map((j) => j.idempotencyKey!);
       const originals = await jobsByIdempotencyKeys(tx, tenantId, [...new Set(replayedKeys)]);
-      return jobs.map((job) => {
+      const answer = jobs.map((job): SubmittedJob => {
         if (inserted.has(job.id)) return { id: job.id, state };
         const original = originals.get(job.idempotencyKey!);
         if (!original) throw new Error(`idempotent replay of ${job.idempotencyKey} found no original`);
         return original;
       });
+      if (gate && !gate.enterCommit()) throw databaseUnavailable('the submission outlived the request deadline and was not stored');
+      return answer;
     });
   }
 

@@ -220,3 +220,28 @@ export async function releaseLostJobs(tx: Tx, attempts: ReadonlyArray<{ jobId: s
     returning j.id, j.tenant_id, j.priority, j.api, j.params`;
   return rows.map((r) => ({ id: r.id as string, tenantId: r.tenant_id as string, priority: r.priority as JobClass, api: r.api as string, params: r.params as Record<string, unknown> }));
 }
+
+/** QUEUED or WAITING_QUOTA → FAILED (the reconciler: its queue is gone); returns its attempts, or null when it was not waiting. */
+export async function failWaitingJob(tx: Tx, id: string): Promise<number | null> {
+  const [row] = await tx`
+    update jobs set state = 'FAILED', finished_at = now(), updated_at = now()
+    where id = ${id} and state in ('QUEUED', 'WAITING_QUOTA') returning attempts`;
+  return row ? (row.attempts as number) : null;
+}
+
+/**
+ * A tenant's jobs that reached a final state at or after `since` (the
+ * database's clock), oldest first, with the database's time of the read: a
+ * jobsCompleted subscription re-reads them after missing events (re-LISTEN).
+ */
+export async function finishedSince(sql: Tx, tenantId: string, since: Date, limit = 10_000): Promise<{ rows: JobRow[]; dbNow: Date }> {
+  const rows = await sql.unsafe(
+    `select ${JOB_COLUMNS}, now() as "dbNow" from jobs j left join job_results r on r.job_id = j.id
+     where j.tenant_id = $1 and j.state in ('SUCCEEDED', 'FAILED', 'CANCELLED') and j.finished_at >= $2
+     order by j.finished_at, j.id
+     limit $3`,
+    [tenantId, since, limit],
+  );
+  const [now] = rows.length > 0 ? [{ dbNow: rows[0]!.dbNow as Date }] : await sql`select now() as "dbNow"`;
+  return { rows: rows as unknown as JobRow[], dbNow: now!.dbNow as Date };
+}

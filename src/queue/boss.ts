@@ -55,6 +55,36 @@ export async function startBoss(url: string, opts: { max?: number; supervise?: b
   return boss;
 }
 
+/**
+ * How long pg-boss keeps a waiting job before its maintenance deletes it. A
+ * job may wait for a month and more (a quota WAIT until the tenant's next
+ * period, a credits-exhausted stop until the account's renewal, each retry
+ * re-inserting it), so tenant queues keep waiting jobs far longer than any
+ * wait: 400 days. pg-boss's default (14 days) would silently drop them.
+ */
+export const TENANT_QUEUE_RETENTION_SECONDS = 400 * 86_400;
+
+/**
+ * Migrates queues created with a shorter retention (before it was set) and
+ * their waiting jobs, whose deadline (keep_until) was fixed at insert.
+ * Idempotent: once extended, a queue is not touched again. Returns the queues extended.
+ */
+export async function extendTenantQueueRetention(sql: Sql): Promise<number> {
+  const rows = await sql`
+    with q as (
+      update pgboss.queue set retention_seconds = ${TENANT_QUEUE_RETENTION_SECONDS}
+      where name like 't.%' and retention_seconds < ${TENANT_QUEUE_RETENTION_SECONDS}
+      returning name
+    ), j as (
+      update pgboss.job set keep_until = start_after + make_interval(secs => ${TENANT_QUEUE_RETENTION_SECONDS})
+      where name in (select name from q) and state in ('created', 'retry')
+        and keep_until < start_after + make_interval(secs => ${TENANT_QUEUE_RETENTION_SECONDS})
+      returning 1
+    )
+    select (select count(*) from q)::int as queues, (select count(*) from j)::int as jobs`;
+  return rows[0]!.queues as number;
+}
+
 /** Creates a tenant's class queues; safe to repeat. */
 export async function ensureTenantQueues(boss: PgBoss, tenantId: string, policy: QueuePolicy): Promise<void> {
   for (const jobClass of CLASSES) {
@@ -67,6 +97,7 @@ export async function ensureTenantQueues(boss: PgBoss, tenantId: string, policy:
         retryDelay: policy.retryDelaySeconds,
         retryBackoff: true,
         expireInSeconds: policy.expireInSeconds,
+        retentionSeconds: TENANT_QUEUE_RETENTION_SECONDS,
       });
     } catch (err) {
       // Another process created it between our check and our create.

@@ -46,6 +46,8 @@ export interface SweeperOptions {
   /** The alerts that should be active now (evaluated by the one sweeping node). */
   desiredAlerts?: (tx: postgres.TransactionSql) => Promise<DesiredAlert[]>;
   notifier?: AlertNotifier;
+  /** Puts back (or fails) waiting jobs whose pg-boss job is gone (scheduler/reconcile.ts). */
+  reconcile?: (tx: postgres.TransactionSql) => Promise<unknown>;
   log: Logger;
 }
 
@@ -66,6 +68,7 @@ export class Sweeper {
     { name: 'expired leases', run: async (r) => void (r.released += await this.releaseExpired()) },
     { name: 'quota blocks', run: async (r) => void (r.unblocked += await this.liftQuotaBlocks()) },
     { name: 'dead nodes', run: () => sched.forgetDeadNodes(this.o.sql, this.o.nodeTimeoutSeconds) },
+    { name: 'reconcile', run: () => this.reconcile() },
     { name: 'alerts', run: () => this.syncAlerts() },
   ];
 
@@ -157,6 +160,16 @@ export class Sweeper {
       if (ledger.billed + ledger.reserved + t.cost <= t.quota) unblocked += await sql.begin((tx) => sched.unblockQuota(tx, t.tenantId));
     }
     return unblocked;
+  }
+
+  /** Waiting jobs whose pg-boss job is gone, in their own transaction, on one sweeping node at a time. */
+  private async reconcile(): Promise<void> {
+    const reconcile = this.o.reconcile;
+    if (!reconcile) return;
+    await this.o.sql.begin(async (tx) => {
+      const [lock] = await tx`select pg_try_advisory_xact_lock(${SWEEP_LOCK}) as ok`;
+      if (lock!.ok) await reconcile(tx);
+    });
   }
 
   /** Alerts in their own transaction, on one node at a time; humans are told after the commit (a webhook may be slow). */

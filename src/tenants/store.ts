@@ -2,13 +2,14 @@
  * Owns the tenants and tenant_api_keys tables.
  */
 import { randomUUID } from 'node:crypto';
-import { and, asc, eq, isNull } from 'drizzle-orm';
+import { and, asc, eq, isNull, sql } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
 import { tenantApiKeys, tenants } from '../db/schema.ts';
 import type { TierName } from '../config/tiers.ts';
 import { SluiceError } from '../errors.ts';
 import { generateSecret, hashSecret, TENANT_KEY_PREFIX } from './keys.ts';
 import type { TenantRecord } from './policy.ts';
+import { AUTH_CHANNEL, authNoticePayload } from '../http/ws-auth.ts';
 
 type Row = typeof tenants.$inferSelect;
 
@@ -79,6 +80,8 @@ export class TenantStore {
         .set({ revokedAt: new Date() })
         .where(and(eq(tenantApiKeys.tenantId, tenantId), isNull(tenantApiKeys.revokedAt)));
       await tx.insert(tenantApiKeys).values({ tenantId, keyHash: hashSecret(apiKey), keyPrefix: apiKey.slice(0, 10) });
+      // Every node closes the open subscriptions of the revoked keys (http/ws-auth.ts), once this commits.
+      await tx.execute(sql`select pg_notify(${AUTH_CHANNEL}, ${authNoticePayload(tenantId)})`);
     });
     return { tenant, apiKey };
   }

@@ -5,6 +5,7 @@
  * trigger-kept counters), never a cached minute-old figure.
  */
 import { activeAlerts, type AlertRow } from '../alerts/store.ts';
+import { isDatabaseUnavailable } from '../db/availability.ts';
 import type { Services } from '../graphql/context.ts';
 import { CLASSES, type JobClass } from '../queue/boss.ts';
 import * as sched from '../scheduler/store.ts';
@@ -117,7 +118,15 @@ export async function systemStatus(services: Services): Promise<SystemStatus> {
 export async function* changes<T>(read: () => Promise<T>, intervalMs = 1_000, signal?: AbortSignal): AsyncGenerator<T> {
   let last = '';
   while (!signal?.aborted) {
-    const value = await read();
+    let value: T;
+    try {
+      value = await read();
+    } catch (err) {
+      // The database is away: keep the subscription and read again; the first read after recovery sends what changed.
+      if (!isDatabaseUnavailable(err)) throw err;
+      await new Promise((r) => setTimeout(r, intervalMs));
+      continue;
+    }
     const key = JSON.stringify(value, (k, v) => (k === 'dbNow' ? undefined : v));
     if (key !== last) {
       last = key;

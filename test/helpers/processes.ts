@@ -18,7 +18,8 @@ export interface NodeProcess {
   stop(signal?: NodeJS.Signals): Promise<void>;
 }
 
-export async function startNode(role: 'api' | 'worker' | 'all', env: Record<string, string>): Promise<NodeProcess> {
+export async function startNode(role: 'api' | 'worker' | 'all', env: Record<string, string>, opts: { readyTimeoutMs?: number } = {}): Promise<NodeProcess> {
+  const readyTimeoutMs = opts.readyTimeoutMs ?? 30_000;
   const port = role === 'worker' ? 0 : await freePort();
   const child = spawn(process.execPath, [path.join(root, 'src/main.ts')], {
     cwd: root,
@@ -44,8 +45,8 @@ export async function startNode(role: 'api' | 'worker' | 'all', env: Record<stri
   await new Promise<void>((resolve, reject) => {
     const timer = setTimeout(() => {
       child.kill('SIGKILL');
-      reject(new Error(`node (${role}) did not start in 30 s:\n${logs.join('\n')}`));
-    }, 30_000);
+      reject(new Error(`node (${role}) did not start in ${readyTimeoutMs / 1000} s:\n${logs.join('\n')}`));
+    }, readyTimeoutMs);
     let buffer = '';
     const onData = (chunk: Buffer) => {
       buffer += chunk.toString();

@@ -1,5 +1,7 @@
 import { GraphQLError } from 'graphql';
-import { FINAL_STATES, JOB_STATES, countJobs, getJob, listJobs, type JobRow } from '../../jobs/store.ts';
+import { FINAL_STATES, JOB_STATES, countJobs, finishedSince, getJob, listJobs, type JobRow } from '../../jobs/store.ts';
+import { RESYNC } from '../../events/bus.ts';
+import { isDatabaseUnavailable } from '../../db/availability.ts';
 import { CLASSES } from '../../queue/boss.ts';
 import { SluiceError } from '../../errors.ts';
 import { builder, role } from '../builder.ts';
@@ -97,7 +99,8 @@ function encodeCursor(j: JobRow): string {
 function decodeCursor(cursor: string): { createdAtMicros: string; id: string } {
   try {
     const [micros, id] = JSON.parse(Buffer.from(cursor, 'base64url').toString()) as [string, string];
-    if (typeof micros !== 'string' || !/^\d{1,20}$/.test(micros)) throw new Error('bad cursor');
+    // Digits only, and within Postgres's bigint (the cursor is compared as one).
+    if (typeof micros !== 'string' || !/^\d{1,19}$/.test(micros) || BigInt(micros) > 9_223_372_036_854_775_807n) throw new Error('bad cursor');
     return { createdAtMicros: micros, id: asId(id, 'job') };
   } catch {
     throw new SluiceError('BAD_USER_INPUT', 'invalid cursor', { field: 'after' });
@@ -105,6 +108,21 @@ function decodeCursor(cursor: string): { createdAtMicros: string; id: string } {
 }
 
 const MAX_PAGE = 500;
+
+/** A resync re-reads jobs finished this long before the last one sent: settlements commit a little after their finish time. */
+const RESYNC_MARGIN_MS = 60_000;
+
+/** Reads for a resync, retrying while the database is still coming back (the LISTEN may return before every pool connection does). */
+async function readThroughOutage<T>(read: () => Promise<T>): Promise<T> {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await read();
+    } catch (err) {
+      if (!isDatabaseUnavailable(err) || attempt >= 30) throw err;
+      await new Promise((r) => setTimeout(r, 500));
+    }
+  }
+}
 
 builder.queryFields((t) => ({
   job: t.field({
@@ -165,7 +183,7 @@ builder.mutationFields((t) => ({
     description: 'Queues one job and answers at once with state QUEUED.',
     args: { input: t.arg({ type: JobInput, required: true }) },
     resolve: async (_r, { input }, ctx) => {
-      const [job] = await ctx.services.jobs.submit(tenantOf(ctx), [{ ...input, params: asParams(input.params) }]);
+      const [job] = await ctx.services.jobs.submit(tenantOf(ctx), [{ ...input, params: asParams(input.params) }], ctx.gate);
       return { job: job! };
     },
   }),
@@ -178,6 +196,7 @@ builder.mutationFields((t) => ({
       const jobs = await ctx.services.jobs.submit(
         tenantOf(ctx),
         input.jobs.map((j) => ({ ...j, params: asParams(j.params) })),
+        ctx.gate,
       );
       return { jobs };
     },
@@ -201,7 +220,7 @@ builder.subscriptionFields((t) => ({
       const tenantId = tenantOf(ctx).id;
       const jobId = asId(id, 'job');
       // Listen before reading, so a change between the read and the listen is not missed.
-      const events = ctx.services.bus.subscribe((e) => e.jobId === jobId && e.tenantId === tenantId);
+      const events = ctx.services.bus.subscribe((e) => e.jobId === jobId && e.tenantId === tenantId, { resync: true });
       try {
         const current = await getJob(ctx.services.sql, tenantId, jobId);
         if (!current) throw new GraphQLError(`no job with id ${jobId}`, { extensions: { code: 'NOT_FOUND' } });
@@ -210,10 +229,20 @@ builder.subscriptionFields((t) => ({
         let last = current.state;
         if (FINAL_STATES.includes(last)) return;
         for await (const event of events) {
+          if (event === RESYNC) {
+            // Events were missed while the LISTEN connection was down: the row says where the job is now.
+            const job = await readThroughOutage(() => getJob(ctx.services.sql, tenantId, jobId));
+            if (!job) return;
+            if (job.state === last) continue;
+            last = job.state;
+            yield job;
+            if (FINAL_STATES.includes(last)) return;
+            continue;
+          }
           const state = event.state as JobRow['state'];
           if (state === last) continue;
           last = state;
-          const job = await getJob(ctx.services.sql, tenantId, jobId);
+          const job = await readThroughOutage(() => getJob(ctx.services.sql, tenantId, jobId));
           if (!job) return;
           // The row may already be further along than this event: report the state the event announced.
           yield { ...job, state };
@@ -231,11 +260,35 @@ builder.subscriptionFields((t) => ({
     description: 'Every job of yours that reaches SUCCEEDED, FAILED or CANCELLED.',
     subscribe: async function* (_r, _a, ctx) {
       const tenantId = tenantOf(ctx).id;
-      const events = ctx.services.bus.subscribe((e) => e.tenantId === tenantId && (FINAL_STATES as string[]).includes(e.state));
+      const events = ctx.services.bus.subscribe((e) => e.tenantId === tenantId && (FINAL_STATES as string[]).includes(e.state), { resync: true });
+      // What was sent, by finish time, to send each job once across a resync; only the last
+      // RESYNC_MARGIN_MS before the watermark are kept (the resync re-reads from there).
+      const sent = new Map<string, number>();
+      let [{ now: watermark }] = (await ctx.services.sql`select now()`) as unknown as [{ now: Date }];
+      const remember = (job: JobRow) => {
+        const at = job.finishedAt?.getTime() ?? Date.now();
+        if (at > watermark.getTime()) watermark = new Date(at);
+        sent.set(job.id, at);
+        if (sent.size > 1_000) for (const [id, t] of sent) if (t < watermark.getTime() - RESYNC_MARGIN_MS) sent.delete(id);
+      };
       try {
         for await (const event of events) {
-          const job = await getJob(ctx.services.sql, tenantId, event.jobId);
-          if (job) yield job;
+          if (event === RESYNC) {
+            // Events committed while the LISTEN connection was down were never delivered: read what finished since.
+            const since = new Date(watermark.getTime() - RESYNC_MARGIN_MS);
+            const { rows } = await readThroughOutage(() => finishedSince(ctx.services.sql, tenantId, since));
+            for (const job of rows) {
+              if (sent.has(job.id)) continue;
+              remember(job);
+              yield job;
+            }
+            continue;
+          }
+          if (sent.has(event.jobId)) continue;
+          const job = await readThroughOutage(() => getJob(ctx.services.sql, tenantId, event.jobId));
+          if (!job) continue;
+          remember(job);
+          yield job;
         }
       } finally {
         await events.return?.();

@@ -1,0 +1,50 @@
+/**
+ * The process must not die because Postgres went away. postgres.js can throw
+ * from a setImmediate after a connection closed (porsager/postgres #1154,
+ * #1208): `TypeError: Cannot read properties of null (reading 'write')` in
+ * nextWrite, outside any promise, which would end the process.
+ *
+ * scripts/patch-postgres.mjs (postinstall) fixes the cause in node_modules;
+ * this guard is the second line: it recognises exactly that throw, logs it and
+ * lets the process live (the queries on that connection were already failed
+ * with CONNECTION_CLOSED by postgres.js). Any other uncaught exception still
+ * ends the process, as it should.
+ */
+import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import type { Logger } from '../log.ts';
+
+const PATCH_MARKER = 'sluice: guard porsager/postgres#1208';
+
+/** True for postgres.js's write-after-close throw, and nothing else. Pure. */
+export function isPostgresWriteAfterClose(err: unknown): boolean {
+  if (!(err instanceof TypeError)) return false;
+  const stack = err.stack ?? '';
+  return /reading 'write'|evaluating 'socket\.write'/.test(err.message) && /postgres[\\/](cjs[\\/])?src[\\/]connection\.js/.test(stack) && /nextWrite/.test(stack);
+}
+
+/** Whether the installed postgres.js carries the nextWrite guard. */
+export function postgresPatched(): boolean {
+  try {
+    const file = createRequire(import.meta.url).resolve('postgres').replace(/cjs[\\/]src[\\/]index\.js$|src[\\/]index\.js$/, 'src/connection.js');
+    return readFileSync(file, 'utf8').includes(PATCH_MARKER);
+  } catch {
+    return false;
+  }
+}
+
+let installed = false;
+
+export function installConnectionCrashGuard(log: Logger): void {
+  if (installed) return;
+  installed = true;
+  if (!postgresPatched()) log.warn('postgres.js is not patched against write-after-close (run `npm ci` to apply scripts/patch-postgres.mjs); the crash guard still catches it');
+  process.on('uncaughtException', (err, origin) => {
+    if (isPostgresWriteAfterClose(err)) {
+      log.warn({ err: { message: err.message } }, 'postgres.js wrote to a closed connection (porsager/postgres#1208): ignored, the connection is replaced');
+      return;
+    }
+    log.fatal({ err, origin }, 'uncaught exception');
+    process.exit(1);
+  });
+}

@@ -1,0 +1,115 @@
+/**
+ * Revoked keys lose everything: after rotateTenantKey, every graphql-ws
+ * connection opened with the old key, on every node, is closed with 4401 and
+ * a reason. Refused connections say why: 4401 for a missing or unknown key,
+ * 4403 for a forbidden operation.
+ */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createClient, type Client } from 'graphql-ws';
+import WebSocket from 'ws';
+import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
+
+interface Watched {
+  client: Client;
+  closed: { code: number; reason: string } | null;
+  acknowledged: boolean;
+  events: unknown[];
+  errors: unknown[];
+}
+
+function watch(url: string, token: string | null, query: string): Watched {
+  const w: Watched = { client: null as unknown as Client, closed: null, acknowledged: false, events: [], errors: [] };
+  w.client = createClient({
+    url: url.replace(/^http/, 'ws'),
+    webSocketImpl: WebSocket,
+    connectionParams: token ? { authorization: `Bearer ${token}` } : {},
+    retryAttempts: 0,
+    lazy: true,
+    on: {
+      connected: () => void (w.acknowledged = true),
+      closed: (e) => {
+        const ev = e as { code: number; reason: string };
+        w.closed ??= { code: ev.code, reason: String(ev.reason) };
+      },
+    },
+  });
+  w.client.subscribe({ query }, { next: (v) => void w.events.push(v), error: (e) => void w.errors.push(e), complete: () => {} });
+  return w;
+}
+
+/** Connected, acknowledged, and its subscription running (a tenantUsage push arrives at once; jobsCompleted waits quietly). */
+async function connected(w: Watched): Promise<void> {
+  await eventually(async () => (w.acknowledged && w.events.length > 0) || w.closed !== null, 20_000, 20);
+  assert.equal(w.closed, null, `connection closed early: ${JSON.stringify(w.closed)} ${JSON.stringify(w.errors)}`);
+}
+
+describe('revoked keys and refused graphql-ws connections', () => {
+  let a: TestApp;
+  let b: TestApp;
+  let tenant: { id: string; apiKey: string };
+  let other: { id: string; apiKey: string };
+  const watched: Watched[] = [];
+  const open = (app: TestApp, token: string | null, query: string) => {
+    const w = watch(app.url, token, query);
+    watched.push(w);
+    return w;
+  };
+
+  before(async () => {
+    a = await startTestApp({ SLUICE_ROLE: 'api' });
+    // A second node of the same deployment: revocation must reach its connections too.
+    b = await startTestApp({ SLUICE_ROLE: 'api', DATABASE_URL: a.databaseUrl });
+    tenant = await a.createTenant('revoked', 'PRO');
+    other = await a.createTenant('bystander', 'PRO');
+  });
+  after(async () => {
+    await Promise.all(watched.map((w) => w.client.dispose()));
+    await b.stop();
+    await a.stop();
+  });
+
+  test('rotateTenantKey closes every subscription of the old key on every node with 4401; others stay open', async () => {
+    const usageA = open(a, tenant.apiKey, 'subscription { tenantUsage { usage { quota } } }');
+    const usageB = open(b, tenant.apiKey, 'subscription { tenantUsage { usage { quota } } }');
+    const completedB = open(b, tenant.apiKey, 'subscription { jobsCompleted { id state } }');
+    const bystander = open(a, other.apiKey, 'subscription { tenantUsage { usage { quota } } }');
+    await Promise.all([usageA, usageB, bystander].map(connected));
+    await eventually(async () => completedB.acknowledged, 20_000, 20);
+
+    const r = await a.gql(`mutation($id: ID!) { rotateTenantKey(id: $id) { apiKey } }`, { id: tenant.id });
+    const newKey = r.body.data.rotateTenantKey.apiKey as string;
+
+    for (const w of [usageA, usageB, completedB]) {
+      await eventually(async () => w.closed, 10_000, 20);
+      assert.equal(w.closed!.code, 4401, JSON.stringify(w.closed));
+      assert.match(w.closed!.reason, /revoked/);
+    }
+    assert.equal(bystander.closed, null, "another tenant's connection is untouched");
+
+    // The old key cannot reconnect; the new one can.
+    const again = open(a, tenant.apiKey, 'subscription { tenantUsage { usage { quota } } }');
+    await eventually(async () => again.closed, 10_000, 20);
+    assert.equal(again.closed!.code, 4401);
+    const fresh = open(b, newKey, 'subscription { tenantUsage { usage { quota } } }');
+    await connected(fresh);
+  });
+
+  test('a missing or unknown key is refused with 4401 and a reason', async () => {
+    const missing = open(a, null, 'subscription { jobsCompleted { id } }');
+    const unknown = open(a, 'slc_unknown', 'subscription { jobsCompleted { id } }');
+    for (const w of [missing, unknown]) {
+      await eventually(async () => w.closed, 10_000, 20);
+      assert.equal(w.closed!.code, 4401, JSON.stringify(w.closed));
+      assert.ok(w.closed!.reason.length > 0, 'the close says why');
+    }
+    assert.match(missing.closed!.reason, /missing/);
+  });
+
+  test('a forbidden operation closes the connection with 4403', async () => {
+    const w = open(a, other.apiKey, 'subscription { systemStatus { alerts { key } } }');
+    await eventually(async () => w.closed, 10_000, 20);
+    assert.equal(w.closed!.code, 4403, JSON.stringify(w.closed));
+    assert.match(w.closed!.reason, /admin/);
+  });
+});
