@@ -1,9 +1,15 @@
 /**
  * Submission and cancellation: the front half of a job's path. Validation is
- * pure (validate.ts); here the accepted jobs are written to our jobs table and
- * to the tenant's pg-boss queues in ONE transaction, so a job is either fully
- * accepted (a row we can report on and a queue entry the dispatcher will find)
- * or not at all.
+ * pure (validate.ts), so is the group's decision (admission/plan.ts); here the
+ * accepted jobs are written to our jobs table and to the tenants' pg-boss
+ * queues in ONE transaction, so a job is either fully accepted (a row we can
+ * report on and a queue entry the dispatcher will find) or not at all.
+ *
+ * Single submissions (submitJob, or submitJobs of one) are group-committed:
+ * concurrent ones share a transaction (jobs/group-commit.ts). A bulk
+ * submission is a group of one. Either way a transaction takes the admission
+ * gate first (admission/store.ts), so bounds are exact across processes, and
+ * answers only after commit.
  */
 import { randomUUID } from 'node:crypto';
 import type { PgBoss } from 'pg-boss';
@@ -11,15 +17,18 @@ import type { ApiCatalog } from '../config/apis.ts';
 import type { Sql } from '../db/client.ts';
 import { SluiceError } from '../errors.ts';
 import { publishJobEvents } from '../events/bus.ts';
-import { CLASSES, inTransaction, queueName, type JobClass } from '../queue/boss.ts';
-import { cancelQueuedJob, getJob, insertJobs, jobsByIdempotencyKeys, type JobState } from './store.ts';
-import { validateSubmission, type JobInput, type ValidJob } from './validate.ts';
+import { inTransaction, queueName, type JobClass } from '../queue/boss.ts';
+import { insertQueueJobs } from '../queue/insert.ts';
+import { cancelQueuedJob, getJob, insertJobRows, originalsByIdempotencyKey, type JobState, type NewJob } from './store.ts';
+import { validateSubmission, type JobInput } from './validate.ts';
 import type postgres from 'postgres';
-import { admit, tenantDrainRate } from '../admission/rules.ts';
+import { retryAfterSeconds, tenantDrainRate, type Refusal } from '../admission/rules.ts';
+import { planGroup, type SubmissionPlan } from '../admission/plan.ts';
+import { addAdmitted, lockGate, lockTenantQueues, reconcileGate, type TenantAdmissionState } from '../admission/store.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
-import { busyWeights, globalDepthByClass, ledgerFor, lockTenantDepth, readWindows, tenantSchedState } from '../scheduler/store.ts';
+import { busyWeights, ledgerFor, markManyQueuesReady, readWindows, tenantSchedState } from '../scheduler/store.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../tenants/policy.ts';
-import { isQuotaBlocked, markQueuesReady } from '../scheduler/store.ts';
+import { GroupCommit, type ItemResult } from './group-commit.ts';
 
 /** Channel the dispatcher listens on to wake up when new work arrives. */
 export const WORK_CHANNEL = 'sluice_work';
@@ -35,8 +44,12 @@ export interface JobServiceDeps {
   catalog: ApiCatalog;
   maxJobsPerSubmission: number;
   admission: AdmissionConfig;
+  /** Group commit of single submissions; maxItems 1 turns it off. */
+  groupCommit?: { windowMs: number; maxItems: number };
   /** Counts refusals (metrics). */
   onRefused?: (code: string, jobClass: JobClass | null) => void;
+  /** Observes each committed group's size (metrics). */
+  onGroupCommitted?: (size: number) => void;
 }
 
 export interface AdmissionConfig {
@@ -46,102 +59,159 @@ export interface AdmissionConfig {
   windows: readonly WindowSpec[];
 }
 
+/** One submission, validated, with ids assigned: what a group carries. */
+interface Submission {
+  tenant: TenantRecord;
+  jobs: NewJob[];
+  /** submitJobs (errors name an index) or submitJob. */
+  bulk: boolean;
+}
+
+const RETRYABLE_TX_ERRORS = new Set(['40P01', '40001']); // deadlock, serialization failure
+const TX_ATTEMPTS = 3;
+
 export class JobService {
   private readonly deps: JobServiceDeps;
+  private readonly group: GroupCommit<Submission, SubmittedJob[]> | null;
   constructor(deps: JobServiceDeps) {
     this.deps = deps;
+    const gc = deps.groupCommit ?? { windowMs: 2, maxItems: 200 };
+    this.group = gc.maxItems > 1 ? new GroupCommit((subs) => this.commit(subs), { ...gc, onGroup: deps.onGroupCommitted }) : null;
   }
 
-  async submit(tenant: TenantRecord, inputs: readonly JobInput[]): Promise<SubmittedJob[]> {
-    const { sql, boss, catalog, maxJobsPerSubmission } = this.deps;
-    const tenantId = tenant.id;
-    const valid = validateSubmission(inputs, catalog, maxJobsPerSubmission);
-    const jobs = valid.map((j) => ({ ...j, id: randomUUID() }));
+  async submit(tenant: TenantRecord, inputs: readonly JobInput[], opts: { bulk?: boolean } = {}): Promise<SubmittedJob[]> {
+    const valid = validateSubmission(inputs, this.deps.catalog, this.deps.maxJobsPerSubmission);
+    const sub: Submission = { tenant, jobs: valid.map((j) => ({ ...j, id: randomUUID() })), bulk: opts.bulk ?? inputs.length > 1 };
+    if (sub.jobs.length === 1 && this.group) return this.group.submit(sub);
+    const [result] = await this.commit([sub]);
+    if (!result!.ok) throw result!.error;
+    return result!.value;
+  }
 
-    return sql.begin(async (tx) => {
-      await this.admit(tx, tenant, valid);
-      // A tenant waiting for quota takes new jobs as WAITING_QUOTA, like the ones already waiting.
-      const state = (await isQuotaBlocked(tx, tenantId)) ? 'WAITING_QUOTA' : 'QUEUED';
-      const inserted = await insertJobs(tx, tenantId, jobs, state);
-      const byClass = new Map<JobClass, typeof jobs>();
-      for (const job of jobs) {
-        if (!inserted.has(job.id)) continue;
-        const list = byClass.get(job.priority) ?? [];
-        list.push(job);
-        byClass.set(job.priority, list);
+  /**
+   * One transaction for a group of submissions; one result per submission.
+   * Retry-After is computed after commit, and only for refusals.
+   */
+  private async commit(subs: readonly Submission[]): Promise<Array<ItemResult<SubmittedJob[]>>> {
+    let plans: Array<SubmissionPlan<NewJob> | SluiceError> | undefined;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        plans = await this.deps.sql.begin((tx) => this.decideAndWrite(tx, subs));
+        break;
+      } catch (err) {
+        const code = (err as { code?: string }).code;
+        if (attempt >= TX_ATTEMPTS || !code || !RETRYABLE_TX_ERRORS.has(code)) throw err;
       }
-      const db = inTransaction(tx);
-      for (const jobClass of CLASSES) {
-        const list = byClass.get(jobClass);
-        if (!list) continue;
-        await boss.insert(
-          queueName(tenantId, jobClass),
-          list.map((j) => ({ id: j.id, data: { tenantId, api: j.api, params: j.params } })),
-          { db },
-        );
-      }
-      await markQueuesReady(tx, tenantId, [...byClass.keys()]);
-      if (inserted.size > 0) await tx`select pg_notify(${WORK_CHANNEL}, ${tenantId})`;
+    }
+    return Promise.all(
+      subs.map(async (sub, i): Promise<ItemResult<SubmittedJob[]>> => {
+        const plan = plans![i]!;
+        if (plan instanceof SluiceError) return { ok: false, error: plan };
+        if (plan.kind === 'accept') return { ok: true, value: plan.answers as SubmittedJob[] };
+        if (plan.kind === 'conflict') {
+          const where = sub.bulk ? `jobs[${plan.index}]: ` : '';
+          return {
+            ok: false,
+            error: new SluiceError(
+              'IDEMPOTENCY_CONFLICT',
+              `${where}idempotencyKey "${plan.key}" was already used for job ${plan.originalId} with a different api or params`,
+              { jobId: plan.originalId, idempotencyKey: plan.key, ...(sub.bulk ? { index: plan.index } : {}) },
+              409,
+            ),
+          };
+        }
+        return { ok: false, error: await this.refusalError(sub, plan.refusal) };
+      }),
+    );
+  }
 
-      // Items whose idempotency key was used before (or twice in this call) answer with the original job.
-      const replayedKeys = jobs.filter((j) => !inserted.has(j.id) && j.idempotencyKey !== null).map((j) => j.idempotencyKey!);
-      const originals = await jobsByIdempotencyKeys(tx, tenantId, [...new Set(replayedKeys)]);
-      return jobs.map((job) => {
-        if (inserted.has(job.id)) return { id: job.id, state };
-        const original = originals.get(job.idempotencyKey!);
-        if (!original) throw new Error(`idempotent replay of ${job.idempotencyKey} found no original`);
-        return original;
+  private async decideAndWrite(tx: postgres.TransactionSql, subs: readonly Submission[]): Promise<Array<SubmissionPlan<NewJob> | SluiceError>> {
+    const { admission } = this.deps;
+    // Lock order: the gate, then the group's tenants' queue rows, then the inserts (admission/store.ts).
+    const gate = await lockGate(tx);
+    const tenants = await lockTenantQueues(tx, subs.map((s) => s.tenant.id));
+
+    // Refusals that do not depend on the queues: one place for the tenant's own state.
+    const early = await Promise.all(subs.map((s) => this.tenantRefusal(tx, s, tenants.get(s.tenant.id))));
+    const open = subs.map((s, i) => ({ s, i })).filter(({ i }) => early[i] === null);
+
+    const keyed = open.flatMap(({ s }) => s.jobs.filter((j) => j.idempotencyKey !== null).map((j) => ({ tenantId: s.tenant.id, key: j.idempotencyKey! })));
+    const originals = await originalsByIdempotencyKey(tx, keyed);
+    const plan = (globalDepth: number) =>
+      planGroup({
+        subs: open.map(({ s }) => ({ tenantId: s.tenant.id, tenantBound: effectiveLimits(s.tenant).queueBound, jobs: s.jobs })),
+        originals,
+        tenantDepth: new Map([...tenants].map(([id, t]) => [id, t.depth])),
+        newState: (id) => (tenants.get(id)?.quotaBlocked ? 'WAITING_QUOTA' : 'QUEUED'),
+        globalDepth,
+        globalBound: admission.globalBound,
+        classShare: admission.classShare,
       });
+    const sum = (d: Partial<Record<JobClass, number>>) => Object.values(d).reduce((a, n) => a + (n ?? 0), 0);
+    let plans = plan(sum(gate));
+    const refusedGlobally = plans.some((p) => p.kind === 'refuse' && p.refusal.scope === 'GLOBAL' && p.refusal.retryable);
+    if (refusedGlobally) {
+      // The gate's estimate only drifts upward (dispatch does not lower it): count exactly before
+      // refusing. O(queues), once per refusing group, never on the accepting path.
+      plans = plan(sum(await reconcileGate(tx)));
+    }
+
+    const accepted = plans.flatMap((p, k) => (p.kind === 'accept' ? p.insert.map((j) => ({ ...j, tenantId: open[k]!.s.tenant.id, state: p.state })) : []));
+    if (accepted.length > 0) {
+      const inserted = await insertJobRows(tx, accepted);
+      // The gate serializes every writer of idempotency keys, so a skipped row means something is badly wrong.
+      if (inserted.size !== accepted.length) throw new Error(`stored ${inserted.size} of ${accepted.length} jobs`);
+      await insertQueueJobs(
+        tx,
+        accepted.map((j) => ({ id: j.id, name: queueName(j.tenantId, j.priority), data: { tenantId: j.tenantId, api: j.api, params: j.params } })),
+      );
+      const queues = new Map(accepted.map((j) => [`${j.tenantId}:${j.priority}`, { tenantId: j.tenantId, jobClass: j.priority }]));
+      await markManyQueuesReady(tx, [...queues.values()]);
+      const perClass: Partial<Record<JobClass, number>> = {};
+      for (const j of accepted) perClass[j.priority] = (perClass[j.priority] ?? 0) + 1;
+      await addAdmitted(tx, perClass);
+      const tenantIds = [...new Set(accepted.map((j) => j.tenantId))];
+      await tx`select pg_notify(${WORK_CHANNEL}, t) from unnest(${tenantIds}::text[]) as t`;
+    }
+    const out: Array<SubmissionPlan<NewJob> | SluiceError> = early.map((e) => e ?? (null as never));
+    open.forEach(({ i }, k) => (out[i] = plans[k]!));
+    return out;
+  }
+
+  /**
+   * Refusals from the tenant's own state, before its queues are looked at.
+   * The single place for tenant-state checks at the front door (a suspended
+   * tenant belongs here). `state` is the tenant's row as read under the gate.
+   */
+  private async tenantRefusal(tx: postgres.TransactionSql, sub: Submission, _state: TenantAdmissionState | undefined): Promise<SluiceError | null> {
+    const { tenant } = sub;
+    if (tenant.quotaPolicy !== 'FAIL') return null;
+    const limits = effectiveLimits(tenant);
+    const period = quotaPeriod(tenant.periodAnchor, new Date());
+    const ledger = await ledgerFor(tx, tenant.id, period.start);
+    const cheapest = Math.min(...sub.jobs.map((j) => this.deps.catalog.get(j.api)?.creditCost ?? 1));
+    const remaining = limits.monthlyQuota - ledger.billed - ledger.reserved;
+    if (remaining >= cheapest) return null;
+    return new SluiceError('QUOTA_EXCEEDED', `your monthly credit quota is spent (${remaining} of ${limits.monthlyQuota} left until ${period.end.toISOString()})`, {
+      quota: limits.monthlyQuota,
+      creditsRemaining: Math.max(0, remaining),
+      periodEnd: period.end.toISOString(),
     });
   }
 
   /**
-   * Admission, inside the submission's transaction. The tenant's scheduler
-   * row is locked first, so one tenant's concurrent submissions cannot both
-   * slip under its bound; the global bound is read without a lock (it may be
-   * overshot by what is admitted concurrently, never by more).
+   * A refusal as the client sees it. Retryable: 429 with Retry-After from how
+   * long the excess takes to drain (drain rates are read only here, when
+   * refusing). Never fits: 413, `retryable: false`, no Retry-After.
    */
-  private async admit(tx: postgres.TransactionSql, tenant: TenantRecord, jobs: readonly ValidJob[]): Promise<void> {
-    const { catalog, admission } = this.deps;
-    const limits = effectiveLimits(tenant);
-    if (tenant.quotaPolicy === 'FAIL') {
-      const period = quotaPeriod(tenant.periodAnchor, new Date());
-      const ledger = await ledgerFor(tx, tenant.id, period.start);
-      const cheapest = Math.min(...jobs.map((j) => catalog.get(j.api)?.creditCost ?? 1));
-      const remaining = limits.monthlyQuota - ledger.billed - ledger.reserved;
-      if (remaining < cheapest) {
-        throw new SluiceError('QUOTA_EXCEEDED', `your monthly credit quota is spent (${remaining} of ${limits.monthlyQuota} left until ${period.end.toISOString()})`, {
-          quota: limits.monthlyQuota,
-          creditsRemaining: Math.max(0, remaining),
-          periodEnd: period.end.toISOString(),
-        });
-      }
-    }
-    const incoming: Partial<Record<JobClass, number>> = {};
-    for (const j of jobs) incoming[j.priority] = (incoming[j.priority] ?? 0) + 1;
-    const tenantDepth = await lockTenantDepth(tx, tenant.id);
-    const globalDepth = await globalDepthByClass(tx);
-    const estimate = await this.drainRates(tx, tenant, Object.keys(incoming) as JobClass[]);
-    const verdict = admit({
-      incoming,
-      tenantDepth,
-      tenantBound: limits.queueBound,
-      globalDepth,
-      globalBound: admission.globalBound,
-      classShare: admission.classShare,
-      tenantDrainPerSecond: estimate.tenant,
-      globalDrainPerSecond: estimate.global,
-    });
-    if (!verdict.ok) {
-      this.deps.onRefused?.(verdict.code, verdict.jobClass);
-      throw new SluiceError(
-        'QUEUE_FULL',
-        verdict.message,
-        { retryAfterSeconds: verdict.retryAfterSeconds, scope: verdict.scope, ...(verdict.jobClass ? { priority: verdict.jobClass } : {}) },
-        429,
-        { 'Retry-After': String(verdict.retryAfterSeconds) },
-      );
-    }
+  private async refusalError(sub: Submission, r: Refusal): Promise<SluiceError> {
+    this.deps.onRefused?.(r.code, r.jobClass);
+    const ext = { scope: r.scope, retryable: r.retryable, ...(r.jobClass ? { priority: r.jobClass } : {}) };
+    if (!r.retryable) return new SluiceError('QUEUE_FULL', r.message, ext, 413);
+    const classes = [...new Set(sub.jobs.map((j) => j.priority))];
+    const rates = await this.drainRates(this.deps.sql, sub.tenant, classes);
+    const seconds = retryAfterSeconds(r.excess, r.scope === 'TENANT' ? rates.tenant : rates.global);
+    return new SluiceError('QUEUE_FULL', r.message, { ...ext, retryAfterSeconds: seconds }, 429, { 'Retry-After': String(seconds) });
   }
 
   /** Drain rates (jobs/s) for Retry-After: the tenant's fair share of its classes' pace, and the whole pace. */

@@ -178,6 +178,7 @@ builder.mutationFields((t) => ({
       const jobs = await ctx.services.jobs.submit(
         tenantOf(ctx),
         input.jobs.map((j) => ({ ...j, params: asParams(j.params) })),
+        { bulk: true },
       );
       return { jobs };
     },
