@@ -41,8 +41,9 @@ export const JobRef = builder.objectRef<JobRow>('Job').implement({
     estimatedStartAt: t.field({
       type: 'DateTime',
       nullable: true,
-      description: "For a waiting job: when it should start, from the jobs ahead of it and your fair share of the pace. Null once started, or when nothing drains the queue now.",
-      resolve: (j, _a, ctx) => (ctx.auth.kind === 'tenant' ? estimatedStartAt(ctx.services, ctx.auth.tenant, { id: j.id, priority: j.priority, state: j.state, createdAt: j.createdAt }) : null),
+      description:
+        "For a waiting job: when it should start, from the jobs ahead of it and your fair share of the pace; for a job WAITING_QUOTA, the end of your quota period (when the quota renews). Null once started, or when nothing drains the queue now (see waitReason).",
+      resolve: (j, _a, ctx) => (ctx.auth.kind === 'tenant' ? estimatedStartAt(ctx.services, ctx.auth.tenant, { id: j.id, api: j.api, priority: j.priority, state: j.state, createdAt: j.createdAt }) : null),
     }),
   }),
 });
