@@ -5,8 +5,9 @@
  * O(queues) reconciliation runs only when a check would refuse.
  *
  * Lock order of a submitting transaction (documented in ARCHITECTURE.md):
- *   admission_totals (all rows, class order) → sched_queues of the group's
- *   tenants (tenant, class order) → jobs / pgboss.job inserts.
+ *   admission_totals (all rows, class order) → jobs insert (its depth trigger
+ *   updates the tenants' sched_queues rows) → pgboss.job → sched_queues
+ *   (ready_at) → admission_totals (already held).
  * Only submissions take admission_totals, and they take it first, so it can
  * close no deadlock cycle with dispatch or settlement.
  */
@@ -59,20 +60,16 @@ export interface TenantAdmissionState {
 }
 
 /**
- * The group's tenants: waiting jobs and quota block, locking their queue rows
- * in (tenant, class) order so the inserts' depth trigger finds them held.
+ * The group's tenants: waiting jobs and quota block. Read, not locked: under
+ * the gate no other admission changes them, and dispatch only lowers a depth
+ * (a requeue raising it is work admitted before). Locking them would make the
+ * gate wait for dispatch transactions even for submissions that are refused.
  */
-export async function lockTenantQueues(tx: Tx, tenantIds: readonly string[]): Promise<Map<string, TenantAdmissionState>> {
-  const ids = [...new Set(tenantIds)].sort();
+export async function readTenants(tx: Tx, tenantIds: readonly string[]): Promise<Map<string, TenantAdmissionState>> {
+  const ids = [...new Set(tenantIds)];
   const rows = await tx`
-    with locked as (
-      select tenant_id, depth from sched_queues
-      where tenant_id = any(${ids}::uuid[])
-      order by tenant_id, class
-      for no key update
-    )
-    select l.tenant_id, sum(l.depth)::int as depth, coalesce(bool_or(t.quota_blocked), false) as quota_blocked
-    from locked l left join sched_tenants t on t.tenant_id = l.tenant_id
-    group by l.tenant_id`;
+    select t.tenant_id, t.quota_blocked,
+      (select coalesce(sum(q.depth), 0) from sched_queues q where q.tenant_id = t.tenant_id)::int as depth
+    from sched_tenants t where t.tenant_id = any(${ids}::uuid[])`;
   return new Map(rows.map((r) => [r.tenant_id as string, { depth: r.depth as number, quotaBlocked: r.quota_blocked as boolean }]));
 }

@@ -24,7 +24,7 @@ import { validateSubmission, type JobInput } from './validate.ts';
 import type postgres from 'postgres';
 import { retryAfterSeconds, tenantDrainRate, type Refusal } from '../admission/rules.ts';
 import { planGroup, type SubmissionPlan } from '../admission/plan.ts';
-import { addAdmitted, lockGate, lockTenantQueues, reconcileGate, type TenantAdmissionState } from '../admission/store.ts';
+import { addAdmitted, lockGate, readTenants, reconcileGate, type TenantAdmissionState } from '../admission/store.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
 import { busyWeights, ledgerFor, markManyQueuesReady, readWindows, tenantSchedState } from '../scheduler/store.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../tenants/policy.ts';
@@ -70,9 +70,12 @@ interface Submission {
 const RETRYABLE_TX_ERRORS = new Set(['40P01', '40001']); // deadlock, serialization failure
 const TX_ATTEMPTS = 3;
 
+/** What a committed group decided for one submission: its answer, or the refusal to turn into an error. */
+type Outcome = SubmissionPlan<NewJob> | SluiceError;
+
 export class JobService {
   private readonly deps: JobServiceDeps;
-  private readonly group: GroupCommit<Submission, SubmittedJob[]> | null;
+  private readonly group: GroupCommit<Submission, Outcome> | null;
   constructor(deps: JobServiceDeps) {
     this.deps = deps;
     const gc = deps.groupCommit ?? { windowMs: 2, maxItems: 200 };
@@ -82,54 +85,52 @@ export class JobService {
   async submit(tenant: TenantRecord, inputs: readonly JobInput[], opts: { bulk?: boolean } = {}): Promise<SubmittedJob[]> {
     const valid = validateSubmission(inputs, this.deps.catalog, this.deps.maxJobsPerSubmission);
     const sub: Submission = { tenant, jobs: valid.map((j) => ({ ...j, id: randomUUID() })), bulk: opts.bulk ?? inputs.length > 1 };
-    if (sub.jobs.length === 1 && this.group) return this.group.submit(sub);
-    const [result] = await this.commit([sub]);
-    if (!result!.ok) throw result!.error;
-    return result!.value;
+    let outcome: Outcome;
+    if (sub.jobs.length === 1 && this.group) {
+      outcome = await this.group.submit(sub);
+    } else {
+      const [result] = await this.commit([sub]);
+      if (!result!.ok) throw result!.error;
+      outcome = result!.value;
+    }
+    // After the group is answered, off its critical path: the next group need not wait for Retry-After estimates.
+    return this.answer(sub, outcome);
   }
 
-  /**
-   * One transaction for a group of submissions; one result per submission.
-   * Retry-After is computed after commit, and only for refusals.
-   */
-  private async commit(subs: readonly Submission[]): Promise<Array<ItemResult<SubmittedJob[]>>> {
-    let plans: Array<SubmissionPlan<NewJob> | SluiceError> | undefined;
+  /** One transaction for a group of submissions; one outcome per submission. */
+  private async commit(subs: readonly Submission[]): Promise<Array<ItemResult<Outcome>>> {
     for (let attempt = 1; ; attempt++) {
       try {
-        plans = await this.deps.sql.begin((tx) => this.decideAndWrite(tx, subs));
-        break;
+        const outcomes = await this.deps.sql.begin((tx) => this.decideAndWrite(tx, subs));
+        return outcomes.map((value) => ({ ok: true, value }));
       } catch (err) {
         const code = (err as { code?: string }).code;
         if (attempt >= TX_ATTEMPTS || !code || !RETRYABLE_TX_ERRORS.has(code)) throw err;
       }
     }
-    return Promise.all(
-      subs.map(async (sub, i): Promise<ItemResult<SubmittedJob[]>> => {
-        const plan = plans![i]!;
-        if (plan instanceof SluiceError) return { ok: false, error: plan };
-        if (plan.kind === 'accept') return { ok: true, value: plan.answers as SubmittedJob[] };
-        if (plan.kind === 'conflict') {
-          const where = sub.bulk ? `jobs[${plan.index}]: ` : '';
-          return {
-            ok: false,
-            error: new SluiceError(
-              'IDEMPOTENCY_CONFLICT',
-              `${where}idempotencyKey "${plan.key}" was already used for job ${plan.originalId} with a different api or params`,
-              { jobId: plan.originalId, idempotencyKey: plan.key, ...(sub.bulk ? { index: plan.index } : {}) },
-              409,
-            ),
-          };
-        }
-        return { ok: false, error: await this.refusalError(sub, plan.refusal) };
-      }),
-    );
   }
 
-  private async decideAndWrite(tx: postgres.TransactionSql, subs: readonly Submission[]): Promise<Array<SubmissionPlan<NewJob> | SluiceError>> {
+  /** The answer to one submission, or its refusal as the client sees it. */
+  private async answer(sub: Submission, plan: Outcome): Promise<SubmittedJob[]> {
+    if (plan instanceof SluiceError) throw plan;
+    if (plan.kind === 'accept') return plan.answers as SubmittedJob[];
+    if (plan.kind === 'conflict') {
+      const where = sub.bulk ? `jobs[${plan.index}]: ` : '';
+      throw new SluiceError(
+        'IDEMPOTENCY_CONFLICT',
+        `${where}idempotencyKey "${plan.key}" was already used for job ${plan.originalId} with a different api or params`,
+        { jobId: plan.originalId, idempotencyKey: plan.key, ...(sub.bulk ? { index: plan.index } : {}) },
+        409,
+      );
+    }
+    throw await this.refusalError(sub, plan.refusal);
+  }
+
+  private async decideAndWrite(tx: postgres.TransactionSql, subs: readonly Submission[]): Promise<Outcome[]> {
     const { admission } = this.deps;
-    // Lock order: the gate, then the group's tenants' queue rows, then the inserts (admission/store.ts).
+    // Lock order: the gate, then the inserts (admission/store.ts).
     const gate = await lockGate(tx);
-    const tenants = await lockTenantQueues(tx, subs.map((s) => s.tenant.id));
+    const tenants = await readTenants(tx, subs.map((s) => s.tenant.id));
 
     // Refusals that do not depend on the queues: one place for the tenant's own state.
     const early = await Promise.all(subs.map((s) => this.tenantRefusal(tx, s, tenants.get(s.tenant.id))));
@@ -173,7 +174,7 @@ export class JobService {
       const tenantIds = [...new Set(accepted.map((j) => j.tenantId))];
       await tx`select pg_notify(${WORK_CHANNEL}, t) from unnest(${tenantIds}::text[]) as t`;
     }
-    const out: Array<SubmissionPlan<NewJob> | SluiceError> = early.map((e) => e ?? (null as never));
+    const out: Outcome[] = early.map((e) => e ?? (null as never));
     open.forEach(({ i }, k) => (out[i] = plans[k]!));
     return out;
   }
@@ -216,7 +217,8 @@ export class JobService {
 
   /** Drain rates (jobs/s) for Retry-After: the tenant's fair share of its classes' pace, and the whole pace. */
   async drainRates(sql: Sql | postgres.TransactionSql, tenant: TenantRecord, classes: readonly JobClass[]): Promise<{ tenant: number; global: number }> {
-    const windows = await readWindows(sql);
+    // Independent reads, side by side: a refusal's answer waits for them.
+    const [windows, state, busy] = await Promise.all([readWindows(sql), tenantSchedState(sql, tenant.id), busyWeights(sql, classes)]);
     const rateOf = (name: string) => {
       const spec = this.deps.admission.windows.find((w) => w.name === name);
       const row = windows.find((w) => w.name === name);
@@ -227,9 +229,7 @@ export class JobService {
     const global = this.deps.admission.windows.reduce((s, w) => s + rateOf(w.name), 0);
     const mine = this.deps.admission.windows.filter((w) => w.classes.some((c) => classes.includes(c)));
     const paced = mine.reduce((s, w) => s + rateOf(w.name), 0);
-    const state = await tenantSchedState(sql, tenant.id);
     const latency = Math.max(0.001, (windows.find((w) => mine.some((m) => m.name === w.name))?.latencyP50Ms ?? 1000) / 1000);
-    const busy = await busyWeights(sql, classes);
     const limits = effectiveLimits(tenant);
     return {
       tenant: tenantDrainRate({ pacedPerSecond: paced, weight: limits.weight, busyWeights: busy, cap: state?.cap ?? limits.concurrencyCap, latencySeconds: latency }),
