@@ -154,4 +154,15 @@ describe('GroupCommit', () => {
     assert.deepEqual(r.map((x) => x.status), ['fulfilled', 'fulfilled', 'rejected', 'fulfilled']);
     assert.deepEqual(flushed, [[11, 12, 13, 14], [11], [12], [13], [14]]);
   });
+
+  test('a group that may have committed is not retried: every caller gets the error, nothing is written twice', async () => {
+    const flushed: number[][] = [];
+    const gc = new GroupCommit<number, number>(async (items) => {
+      flushed.push([...items]);
+      throw new Error('connection lost at COMMIT');
+    }, { windowMs: 1, maxItems: 10, splittable: () => false });
+    const r = await Promise.allSettled([1, 2, 3].map((n) => gc.submit(n)));
+    assert.deepEqual(r.map((x) => x.status), ['rejected', 'rejected', 'rejected']);
+    assert.deepEqual(flushed, [[1, 2, 3]]);
+  });
 });

@@ -15,6 +15,12 @@ export interface GroupCommitOptions {
   maxItems: number;
   /** Observes each committed group's size (metrics). */
   onGroup?: (size: number) => void;
+  /**
+   * Whether a failed group may be retried item by item: only when it surely
+   * did not commit (an error at COMMIT itself may hide a commit, and a retry
+   * would then write the jobs twice). Default: always.
+   */
+  splittable?: (error: unknown) => boolean;
 }
 
 export type ItemResult<O> = { ok: true; value: O } | { ok: false; error: unknown };
@@ -72,8 +78,8 @@ export class GroupCommit<I, O> {
       results = await this.flush(group.map((p) => p.item));
       this.opts.onGroup?.(group.length);
     } catch (groupError) {
-      if (group.length === 1) {
-        group[0]!.reject(groupError);
+      if (group.length === 1 || !(this.opts.splittable?.(groupError) ?? true)) {
+        for (const p of group) p.reject(groupError);
         return;
       }
       // Find the culprit: each item in its own transaction.

@@ -21,7 +21,7 @@ import { inTransaction, queueName, type JobClass } from '../queue/boss.ts';
 import { insertQueueJobs } from '../queue/insert.ts';
 import { cancelQueuedJob, getJob, insertJobRows, originalsByIdempotencyKey, type JobState, type NewJob } from './store.ts';
 import { validateSubmission, type JobInput } from './validate.ts';
-import type postgres from 'postgres';
+import postgres from 'postgres';
 import { retryAfterSeconds, tenantDrainRate, type Refusal } from '../admission/rules.ts';
 import { planGroup, type SubmissionPlan } from '../admission/plan.ts';
 import { addAdmitted, lockGate, readTenants, reconcileGate, type TenantAdmissionState } from '../admission/store.ts';
@@ -70,6 +70,15 @@ interface Submission {
 const RETRYABLE_TX_ERRORS = new Set(['40P01', '40001']); // deadlock, serialization failure
 const TX_ATTEMPTS = 3;
 
+/** A transaction that surely did not commit (so its submissions may be retried); wraps the cause. */
+class NotCommitted extends Error {
+  override readonly cause: unknown;
+  constructor(cause: unknown) {
+    super(cause instanceof Error ? cause.message : String(cause));
+    this.cause = cause;
+  }
+}
+
 /** What a committed group decided for one submission: its answer, or the refusal to turn into an error. */
 type Outcome = SubmissionPlan<NewJob> | SluiceError;
 
@@ -79,19 +88,25 @@ export class JobService {
   constructor(deps: JobServiceDeps) {
     this.deps = deps;
     const gc = deps.groupCommit ?? { windowMs: 2, maxItems: 200 };
-    this.group = gc.maxItems > 1 ? new GroupCommit((subs) => this.commit(subs), { ...gc, onGroup: deps.onGroupCommitted }) : null;
+    this.group =
+      gc.maxItems > 1
+        ? new GroupCommit((subs) => this.commit(subs), { ...gc, onGroup: deps.onGroupCommitted, splittable: (err) => err instanceof NotCommitted })
+        : null;
   }
 
   async submit(tenant: TenantRecord, inputs: readonly JobInput[], opts: { bulk?: boolean } = {}): Promise<SubmittedJob[]> {
     const valid = validateSubmission(inputs, this.deps.catalog, this.deps.maxJobsPerSubmission);
     const sub: Submission = { tenant, jobs: valid.map((j) => ({ ...j, id: randomUUID() })), bulk: opts.bulk ?? inputs.length > 1 };
     let outcome: Outcome;
-    if (sub.jobs.length === 1 && this.group) {
-      outcome = await this.group.submit(sub);
-    } else {
-      const [result] = await this.commit([sub]);
-      if (!result!.ok) throw result!.error;
-      outcome = result!.value;
+    try {
+      if (sub.jobs.length === 1 && this.group) {
+        outcome = await this.group.submit(sub);
+      } else {
+        const [result] = await this.commit([sub]);
+        outcome = (result as { value: Outcome }).value;
+      }
+    } catch (err) {
+      throw err instanceof NotCommitted ? err.cause : err;
     }
     // After the group is answered, off its critical path: the next group need not wait for Retry-After estimates.
     return this.answer(sub, outcome);
@@ -100,12 +115,22 @@ export class JobService {
   /** One transaction for a group of submissions; one outcome per submission. */
   private async commit(subs: readonly Submission[]): Promise<Array<ItemResult<Outcome>>> {
     for (let attempt = 1; ; attempt++) {
+      let beforeCommit = false;
       try {
-        const outcomes = await this.deps.sql.begin((tx) => this.decideAndWrite(tx, subs));
+        const outcomes = await this.deps.sql.begin(async (tx) => {
+          try {
+            return await this.decideAndWrite(tx, subs);
+          } catch (err) {
+            beforeCommit = true; // thrown before COMMIT was sent: rolled back
+            throw err;
+          }
+        });
         return outcomes.map((value) => ({ ok: true, value }));
       } catch (err) {
         const code = (err as { code?: string }).code;
-        if (attempt >= TX_ATTEMPTS || !code || !RETRYABLE_TX_ERRORS.has(code)) throw err;
+        if (attempt < TX_ATTEMPTS && code && RETRYABLE_TX_ERRORS.has(code)) continue;
+        // The server's own error (even at COMMIT) means it rolled back; a lost connection at COMMIT may hide a commit.
+        throw beforeCommit || err instanceof postgres.PostgresError ? new NotCommitted(err) : err;
       }
     }
   }
