@@ -33,6 +33,16 @@ import { GroupCommit, type ItemResult } from './group-commit.ts';
 /** Channel the dispatcher listens on to wake up when new work arrives. */
 export const WORK_CHANNEL = 'sluice_work';
 
+/**
+ * One notification per transaction, not one per tenant: every listener wakes
+ * once per group. The payload names the tenants with new work (comma-separated)
+ * while that fits a NOTIFY payload, else it is empty ("several").
+ */
+export function workPayload(tenantIds: readonly string[]): string {
+  const text = [...new Set(tenantIds)].join(',');
+  return text.length <= 7_000 ? text : '';
+}
+
 export interface SubmittedJob {
   id: string;
   state: JobState;
@@ -196,8 +206,7 @@ export class JobService {
       const perClass: Partial<Record<JobClass, number>> = {};
       for (const j of accepted) perClass[j.priority] = (perClass[j.priority] ?? 0) + 1;
       await addAdmitted(tx, perClass);
-      const tenantIds = [...new Set(accepted.map((j) => j.tenantId))];
-      await tx`select pg_notify(${WORK_CHANNEL}, t) from unnest(${tenantIds}::text[]) as t`;
+      await tx`select pg_notify(${WORK_CHANNEL}, ${workPayload(accepted.map((j) => j.tenantId))})`;
     }
     const out: Outcome[] = early.map((e) => e ?? (null as never));
     open.forEach(({ i }, k) => (out[i] = plans[k]!));
