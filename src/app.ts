@@ -173,6 +173,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         maxJobsPerSubmission: env.MAX_JOBS_PER_SUBMISSION,
         paramLimits: { maxKeys: env.MAX_PARAM_KEYS, maxBytes: env.MAX_PARAMS_BYTES },
         admission: { globalBound: env.GLOBAL_QUEUE_BOUND, classShare: parseClassNumbers(env.CLASS_SHARES), windows: windowSpecs },
+        groupCommit: { windowMs: env.GROUP_COMMIT_MS, maxItems: env.GROUP_COMMIT_MAX },
         onRefused: (code, jobClass) => metrics.refused(code, jobClass ?? 'ALL'),
       }),
       bus,

@@ -28,13 +28,18 @@ describe('admission', () => {
     const err = refused.body.errors[0];
     assert.equal(err.extensions.code, 'QUEUE_FULL');
     assert.equal(err.extensions.scope, 'TENANT');
+    assert.equal(err.extensions.priority, 'STANDARD', 'STANDARD may fill 80 % of the bound: 4 of 5; the share caused it');
+    assert.equal(err.extensions.retryable, true);
     assert.ok(Number.isInteger(err.extensions.retryAfterSeconds) && err.extensions.retryAfterSeconds >= 1);
     assert.equal(refused.headers.get('retry-after'), String(err.extensions.retryAfterSeconds));
     assert.equal(err.extensions.http, undefined, 'transport details stay out of the body');
     const me = await t.gql(`{ me { queues { priority depth } } }`, {}, a.apiKey);
     assert.equal(me.body.data.me.queues.find((q: any) => q.priority === 'STANDARD').depth, 4, 'nothing of the refused submission was stored');
-    // One more fits exactly.
-    assert.equal((await t.gql(SUBMIT_MANY, { i: { jobs: jobs(1) } }, a.apiKey)).body.data.submitJobs.jobs.length, 1);
+    // INTERACTIVE may fill the whole bound: one more fits exactly.
+    assert.equal((await t.gql(SUBMIT_MANY, { i: { jobs: jobs(1, 'INTERACTIVE') } }, a.apiKey)).body.data.submitJobs.jobs.length, 1);
+    const whole = await t.gql(SUBMIT_MANY, { i: { jobs: jobs(1, 'INTERACTIVE') } }, a.apiKey);
+    assert.equal(whole.status, 429);
+    assert.equal(whole.body.errors[0].extensions.priority, undefined, 'the whole bound caused it, not a class share');
 
     const events = await collect<any>(t.ws(a.apiKey), `mutation { submitJob(input: { api: "dnslookup", params: { domain: "ws.example" } }) { job { id } } }`, {}, () => true).catch((e) => e);
     const wsErr = events.errors?.[0] ?? events[0]?.errors?.[0];

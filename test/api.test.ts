@@ -111,22 +111,38 @@ describe('a running Sluice', () => {
     assert.equal(none.body.data.jobs.totalCount, 0);
   });
 
-  test('the same idempotency key returns the original job, never a second one', async () => {
+  test('the same idempotency key returns the original job, never a second one; a different request under it is a conflict', async () => {
     const input = { api: 'dnslookup', params: { domain: 'idem.example' }, idempotencyKey: 'order-42' };
     const first = await t.gql(SUBMIT, { i: input }, a.apiKey);
-    const second = await t.gql(SUBMIT, { i: { ...input, params: { domain: 'other.example' } } }, a.apiKey);
-    assert.equal(second.body.data.submitJob.job.id, first.body.data.submitJob.job.id);
-    const bulk = await t.gql(SUBMIT_MANY, { i: { jobs: [input, { ...input, idempotencyKey: 'order-43' }, { ...input, idempotencyKey: 'order-43' }] } }, a.apiKey);
-    const [x, y, z] = bulk.body.data.submitJobs.jobs;
-    assert.equal(x.id, first.body.data.submitJob.job.id);
-    assert.equal(y.id, z.id);
+    const firstId = first.body.data.submitJob.job.id;
+    const again = await t.gql(SUBMIT, { i: input }, a.apiKey);
+    assert.equal(again.body.data.submitJob.job.id, firstId);
+    // The same key with other params (or another api) is not a replay: refused, naming the original job.
+    const other = await t.gql(SUBMIT, { i: { ...input, params: { domain: 'other.example' } } }, a.apiKey);
+    assert.equal(other.body.errors[0].extensions.code, 'IDEMPOTENCY_CONFLICT');
+    assert.equal(other.body.errors[0].extensions.jobId, firstId);
+    assert.match(other.body.errors[0].message, new RegExp(firstId));
+    const otherApi = await t.gql(SUBMIT, { i: { ...input, api: 'emailvalidator', params: { email: 'idem@example.com' } } }, a.apiKey);
+    assert.equal(otherApi.body.errors[0].extensions.code, 'IDEMPOTENCY_CONFLICT');
+    // In a bulk submission: the whole submission is refused, naming the item and the original.
+    const bulkConflict = await t.gql(SUBMIT_MANY, { i: { jobs: [{ ...input, idempotencyKey: 'order-44' }, { ...input, params: { domain: 'x.example' } }] } }, a.apiKey);
+    assert.equal(bulkConflict.body.errors[0].extensions.code, 'IDEMPOTENCY_CONFLICT');
+    assert.equal(bulkConflict.body.errors[0].extensions.index, 1);
+    assert.equal(bulkConflict.body.errors[0].extensions.jobId, firstId);
+    // The same key twice in one submission: BAD_USER_INPUT naming both items.
+    const twice = await t.gql(SUBMIT_MANY, { i: { jobs: [input, { ...input, idempotencyKey: 'order-43' }, { ...input, idempotencyKey: 'order-43' }] } }, a.apiKey);
+    assert.equal(twice.body.errors[0].extensions.code, 'BAD_USER_INPUT');
+    assert.deepEqual(twice.body.errors[0].extensions.indices, [1, 2]);
+    const bulk = await t.gql(SUBMIT_MANY, { i: { jobs: [input, { ...input, idempotencyKey: 'order-43' }] } }, a.apiKey);
+    const [x, y] = bulk.body.data.submitJobs.jobs;
+    assert.equal(x.id, firstId, 'a replay inside a bulk submission answers with the original');
     assert.notEqual(y.id, x.id);
     // Another tenant's key space is its own.
-    const other = await t.gql(SUBMIT, { i: input }, b.apiKey);
-    assert.notEqual(other.body.data.submitJob.job.id, first.body.data.submitJob.job.id);
+    const elsewhere = await t.gql(SUBMIT, { i: input }, b.apiKey);
+    assert.notEqual(elsewhere.body.data.submitJob.job.id, firstId);
     const count = await t.gql(`{ jobs(filter: { api: "dnslookup" }) { edges { node { idempotencyKey } } } }`, {}, a.apiKey);
     const keys = count.body.data.jobs.edges.map((e: any) => e.node.idempotencyKey).filter((k: string | null) => k?.startsWith('order-'));
-    assert.deepEqual(keys.sort(), ['order-42', 'order-43']);
+    assert.deepEqual(keys.sort(), ['order-42', 'order-43'], 'refused submissions stored nothing');
   });
 
   test('me shows the tenant, its usage this period and its queues', async () => {

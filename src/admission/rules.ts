@@ -4,9 +4,10 @@
  * Every tenant has a queue bound (its tier's, overridable) and the whole
  * system has a global bound, of which each class may fill only a share
  * (BULK 70 %, STANDARD 90 %, INTERACTIVE 100 % by default): as the queues fill,
- * BULK is refused first, then STANDARD, and INTERACTIVE last. A submission is
- * accepted whole or refused whole, with a Retry-After computed from how long
- * the excess takes to drain.
+ * BULK is refused first, then STANDARD, and INTERACTIVE last. The same shares
+ * apply to a tenant's own bound. A submission is accepted whole or refused
+ * whole; a refusal says how many jobs must drain first (Retry-After is computed
+ * from that only when refusing), or that the submission can never fit.
  */
 import type { JobClass } from '../queue/boss.ts';
 
@@ -16,19 +17,27 @@ export interface AdmissionInput {
   /** The tenant's waiting jobs (all classes) and bound. */
   tenantDepth: number;
   tenantBound: number;
-  /** Waiting jobs per class, all tenants. */
-  globalDepth: Partial<Record<JobClass, number>>;
+  /** Waiting jobs of all tenants, all classes. */
+  globalDepth: number;
   globalBound: number;
-  /** Share of the global bound each class may use (0..1]. */
+  /** Share of a bound each class may use (0..1], at both scopes: the lowest class sheds first. */
   classShare: Partial<Record<JobClass, number>>;
-  /** Estimated drain rates (jobs/s): the tenant's fair share, and the whole account's pace. */
-  tenantDrainPerSecond: number;
-  globalDrainPerSecond: number;
 }
 
-export type AdmissionResult =
-  | { ok: true }
-  | { ok: false; code: 'QUEUE_FULL'; scope: 'TENANT' | 'GLOBAL'; jobClass: JobClass | null; retryAfterSeconds: number; message: string };
+export interface Refusal {
+  ok: false;
+  code: 'QUEUE_FULL';
+  scope: 'TENANT' | 'GLOBAL';
+  /** The class that sheds (GLOBAL); at TENANT scope only when a class share, not the whole bound, caused it. */
+  jobClass: JobClass | null;
+  /** Jobs that must drain before the submission fits (for Retry-After). */
+  excess: number;
+  /** False when the submission is bigger than the bound itself: it can never fit, waiting does not help. */
+  retryable: boolean;
+  message: string;
+}
+
+export type AdmissionResult = { ok: true } | Refusal;
 
 export const MAX_RETRY_AFTER_SECONDS = 3_600;
 
@@ -40,36 +49,50 @@ export function retryAfterSeconds(excess: number, perSecond: number): number {
 
 const ORDER: JobClass[] = ['BULK', 'STANDARD', 'INTERACTIVE'];
 
+/**
+ * The first limit of one scope that `depth + total` passes, lowest class first
+ * (so the refusal names the class that sheds). A class may fill `share` of the
+ * bound; INTERACTIVE (share 1) the whole of it.
+ */
+function passedLimit(a: AdmissionInput, depth: number, bound: number, total: number): { jobClass: JobClass; limit: number; share: number } | null {
+  for (const jobClass of ORDER) {
+    if ((a.incoming[jobClass] ?? 0) === 0) continue;
+    const share = Math.min(1, a.classShare[jobClass] ?? 1);
+    const limit = Math.floor(bound * share);
+    if (depth + total > limit) return { jobClass, limit, share };
+  }
+  return null;
+}
+
+/**
+ * Admits or refuses one submission, whole. Tenant scope first (its own bound),
+ * then the global one. A submission that passes a limit even into empty
+ * queues can never fit: it is refused as not retryable, with no Retry-After.
+ */
 export function admit(a: AdmissionInput): AdmissionResult {
   const total = Object.values(a.incoming).reduce((s, n) => s + (n ?? 0), 0);
-  if (a.tenantDepth + total > a.tenantBound) {
-    const excess = a.tenantDepth + total - a.tenantBound;
-    return {
-      ok: false,
-      code: 'QUEUE_FULL',
-      scope: 'TENANT',
-      jobClass: null,
-      retryAfterSeconds: retryAfterSeconds(excess, a.tenantDrainPerSecond),
-      message: `your queue holds ${a.tenantDepth} jobs; ${total} more would pass its bound of ${a.tenantBound}`,
-    };
-  }
-  const globalTotal = Object.values(a.globalDepth).reduce((s, n) => s + (n ?? 0), 0);
-  // Lowest class first, so the refusal names the class that sheds.
-  for (const jobClass of ORDER) {
-    const n = a.incoming[jobClass] ?? 0;
-    if (n === 0) continue;
-    const limit = Math.floor(a.globalBound * (a.classShare[jobClass] ?? 1));
-    if (globalTotal + total > limit) {
-      const excess = globalTotal + total - limit;
+  const scopes = [
+    { scope: 'TENANT' as const, depth: a.tenantDepth, bound: a.tenantBound },
+    { scope: 'GLOBAL' as const, depth: a.globalDepth, bound: a.globalBound },
+  ];
+  for (const { scope, depth, bound } of scopes) {
+    const passed = passedLimit(a, depth, bound, total);
+    if (!passed) continue;
+    // A global refusal always names the class that sheds; a tenant's only when a class share (not its whole bound) caused it.
+    const jobClass = scope === 'GLOBAL' || passed.share < 1 ? passed.jobClass : null;
+    const { limit } = passed;
+    const what = passed.share < 1 ? `${passed.jobClass} work may fill ${limit} of ${bound}` : `the bound is ${limit}`;
+    const where = scope === 'TENANT' ? 'your queues' : "the system's queues";
+    if (total > limit) {
       return {
-        ok: false,
-        code: 'QUEUE_FULL',
-        scope: 'GLOBAL',
-        jobClass,
-        retryAfterSeconds: retryAfterSeconds(excess, a.globalDrainPerSecond),
-        message: `the system's queues are full for ${jobClass} work (${globalTotal} waiting, ${jobClass} may fill ${limit})`,
+        ok: false, code: 'QUEUE_FULL', scope, jobClass, excess: total - limit, retryable: false,
+        message: `${total} jobs can never fit in ${where}: ${what}; submit at most ${limit} at a time`,
       };
     }
+    return {
+      ok: false, code: 'QUEUE_FULL', scope, jobClass, excess: depth + total - limit, retryable: true,
+      message: `${where} hold ${depth} waiting jobs; ${total} more would pass the limit (${what})`,
+    };
   }
   return { ok: true };
 }

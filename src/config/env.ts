@@ -130,6 +130,10 @@ export const envSchema = z.object({
   /** Admission: the bound on waiting jobs across all tenants, and the share of it each class may fill. */
   GLOBAL_QUEUE_BOUND: int(1_000_000, 1),
   CLASS_SHARES: classNumbers('BULK=0.7,STANDARD=0.9,INTERACTIVE=1'),
+  /** Group commit: concurrent single submissions share one transaction, gathered for at most this long... */
+  GROUP_COMMIT_MS: int(2, 0),
+  /** ...or until this many are waiting (1 = no group commit). */
+  GROUP_COMMIT_MAX: int(200, 1),
   /** Age promises: an alert is raised when a class's oldest job is older than this. */
   CLASS_AGE_PROMISE_SECONDS: classNumbers('INTERACTIVE=10,STANDARD=300,BULK=14400'),
   /** Alerts are POSTed here (JSON) when raised and when cleared. */

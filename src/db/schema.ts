@@ -154,6 +154,18 @@ export const schedClasses = pgTable('sched_classes', {
   servedAt: timestamp('served_at', { withTimezone: true }),
 });
 
+/**
+ * The front door's global gate (migration 0008): one row per class, locked by every submitting
+ * transaction before anything else, so admissions are serialized and the global bound is exact.
+ * `depth` is an upper estimate of waiting jobs kept by submissions only, reconciled from
+ * sched_queues.depth when a check would refuse.
+ */
+export const admissionTotals = pgTable('admission_totals', {
+  jobClass: text('class').primaryKey(),
+  depth: bigint('depth', { mode: 'number' }).notNull().default(0),
+  reconciledAt: timestamp('reconciled_at', { withTimezone: true }).notNull().defaultNow(),
+});
+
 /** One upstream rate window (key): its pacer bucket, pause and in-flight count, shared by every node. */
 export const windows = pgTable('windows', {
   name: text('name').primaryKey(),

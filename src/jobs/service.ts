@@ -1,9 +1,15 @@
 /**
  * Submission and cancellation: the front half of a job's path. Validation is
- * pure (validate.ts); here the accepted jobs are written to our jobs table and
- * to the tenant's pg-boss queues in ONE transaction, so a job is either fully
- * accepted (a row we can report on and a queue entry the dispatcher will find)
- * or not at all.
+ * pure (validate.ts), so is the group's decision (admission/plan.ts); here the
+ * accepted jobs are written to our jobs table and to the tenants' pg-boss
+ * queues in ONE transaction, so a job is either fully accepted (a row we can
+ * report on and a queue entry the dispatcher will find) or not at all.
+ *
+ * Single submissions (submitJob, or submitJobs of one) are group-committed:
+ * concurrent ones share a transaction (jobs/group-commit.ts). A bulk
+ * submission is a group of one. Either way a transaction takes the admission
+ * gate first (admission/store.ts), so bounds are exact across processes, and
+ * answers only after commit.
  */
 import { randomUUID } from 'node:crypto';
 import type { PgBoss } from 'pg-boss';
@@ -11,20 +17,33 @@ import type { ApiCatalog } from '../config/apis.ts';
 import type { Sql } from '../db/client.ts';
 import { SluiceError } from '../errors.ts';
 import { publishJobEvents } from '../events/bus.ts';
-import { CLASSES, inTransaction, lockBossJob, queueName, type JobClass } from '../queue/boss.ts';
-import { cancelQueuedJob, getJob, insertJobs, jobClassOf, jobsByIdempotencyKeys, type JobState } from './store.ts';
-import { validateSubmission, type JobInput, type ParamLimits, type ValidJob } from './validate.ts';
+import { inTransaction, lockBossJob, queueName, type JobClass } from '../queue/boss.ts';
+import { insertQueueJobs } from '../queue/insert.ts';
+import { cancelQueuedJob, getJob, insertJobRows, jobClassOf, originalsByIdempotencyKey, type JobState, type NewJob } from './store.ts';
+import { validateSubmission, type JobInput, type ParamLimits } from './validate.ts';
 import type { CommitGate } from '../http/deadline.ts';
 import { databaseUnavailable } from '../db/availability.ts';
-import type postgres from 'postgres';
-import { admit, tenantDrainRate } from '../admission/rules.ts';
+import postgres from 'postgres';
+import { retryAfterSeconds, tenantDrainRate, type Refusal } from '../admission/rules.ts';
+import { planGroup, type SubmissionPlan } from '../admission/plan.ts';
+import { addAdmitted, lockGate, readTenants, reconcileGate, type TenantAdmissionState } from '../admission/store.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
-import { busyWeights, globalDepthByClass, ledgerFor, lockTenantDepth, readWindows, tenantSchedState } from '../scheduler/store.ts';
+import { busyWeights, ledgerFor, lockTenants, markManyQueuesReady, readWindows, tenantSchedState } from '../scheduler/store.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../tenants/policy.ts';
-import { isQuotaBlocked, lockTenants, markQueuesReady } from '../scheduler/store.ts';
+import { GroupCommit, type ItemResult } from './group-commit.ts';
 
 /** Channel the dispatcher listens on to wake up when new work arrives. */
 export const WORK_CHANNEL = 'sluice_work';
+
+/**
+ * One notification per transaction, not one per tenant: every listener wakes
+ * once per group. The payload names the tenants with new work (comma-separated)
+ * while that fits a NOTIFY payload, else it is empty ("several").
+ */
+export function workPayload(tenantIds: readonly string[]): string {
+  const text = [...new Set(tenantIds)].join(',');
+  return text.length <= 7_000 ? text : '';
+}
 
 export interface SubmittedJob {
   id: string;
@@ -39,8 +58,12 @@ export interface JobServiceDeps {
   /** MAX_PARAM_KEYS / MAX_PARAMS_BYTES; defaults in validate.ts. */
   paramLimits?: ParamLimits;
   admission: AdmissionConfig;
+  /** Group commit of single submissions; maxItems 1 turns it off. */
+  groupCommit?: { windowMs: number; maxItems: number };
   /** Counts refusals (metrics). */
   onRefused?: (code: string, jobClass: JobClass | null) => void;
+  /** Observes each committed group's size (metrics). */
+  onGroupCommitted?: (size: number) => void;
 }
 
 export interface AdmissionConfig {
@@ -50,110 +73,200 @@ export interface AdmissionConfig {
   windows: readonly WindowSpec[];
 }
 
+/** One submission, validated, with ids assigned: what a group carries. */
+interface Submission {
+  tenant: TenantRecord;
+  jobs: NewJob[];
+  /** submitJobs (errors name an index) or submitJob. */
+  bulk: boolean;
+  /** The request deadline's gate: once it has answered, this submission must not commit (http/deadline.ts). */
+  gate: CommitGate | undefined;
+}
+
+const RETRYABLE_TX_ERRORS = new Set(['40P01', '40001']); // deadlock, serialization failure
+const TX_ATTEMPTS = 3;
+
+/** A transaction that surely did not commit (so its submissions may be retried); wraps the cause. */
+class NotCommitted extends Error {
+  override readonly cause: unknown;
+  constructor(cause: unknown) {
+    super(cause instanceof Error ? cause.message : String(cause));
+    this.cause = cause;
+  }
+}
+
+/** What a committed group decided for one submission: its answer, or the refusal to turn into an error. */
+type Outcome = SubmissionPlan<NewJob> | SluiceError;
+
 export class JobService {
   private readonly deps: JobServiceDeps;
+  private readonly group: GroupCommit<Submission, Outcome> | null;
   constructor(deps: JobServiceDeps) {
     this.deps = deps;
+    const gc = deps.groupCommit ?? { windowMs: 2, maxItems: 200 };
+    this.group =
+      gc.maxItems > 1
+        ? new GroupCommit((subs) => this.commit(subs), { ...gc, onGroup: deps.onGroupCommitted, splittable: (err) => err instanceof NotCommitted })
+        : null;
   }
 
-  /** `gate`: the request deadline's; once it has answered, the transaction rolls back instead of committing (http/deadline.ts). */
-  async submit(tenant: TenantRecord, inputs: readonly JobInput[], gate?: CommitGate): Promise<SubmittedJob[]> {
-    const { sql, boss, catalog, maxJobsPerSubmission } = this.deps;
-    const tenantId = tenant.id;
-    const valid = validateSubmission(inputs, catalog, maxJobsPerSubmission, this.deps.paramLimits);
-    const jobs = valid.map((j) => ({ ...j, id: randomUUID() }));
-
-    return sql.begin(async (tx) => {
-      await this.admit(tx, tenant, valid);
-      // A tenant waiting for quota takes new jobs as WAITING_QUOTA, like the ones already waiting.
-      const state = (await isQuotaBlocked(tx, tenantId)) ? 'WAITING_QUOTA' : 'QUEUED';
-      const inserted = await insertJobs(tx, tenantId, jobs, state);
-      const byClass = new Map<JobClass, typeof jobs>();
-      for (const job of jobs) {
-        if (!inserted.has(job.id)) continue;
-        const list = byClass.get(job.priority) ?? [];
-        list.push(job);
-        byClass.set(job.priority, list);
+  async submit(tenant: TenantRecord, inputs: readonly JobInput[], opts: { bulk?: boolean; gate?: CommitGate } = {}): Promise<SubmittedJob[]> {
+    const valid = validateSubmission(inputs, this.deps.catalog, this.deps.maxJobsPerSubmission, this.deps.paramLimits);
+    const sub: Submission = { tenant, jobs: valid.map((j) => ({ ...j, id: randomUUID() })), bulk: opts.bulk ?? inputs.length > 1, gate: opts.gate };
+    let outcome: Outcome;
+    try {
+      if (sub.jobs.length === 1 && this.group) {
+        outcome = await this.group.submit(sub);
+      } else {
+        const [result] = await this.commit([sub]);
+        outcome = (result as { value: Outcome }).value;
       }
-      const db = inTransaction(tx);
-      for (const jobClass of CLASSES) {
-        const list = byClass.get(jobClass);
-        if (!list) continue;
-        await boss.insert(
-          queueName(tenantId, jobClass),
-          list.map((j) => ({ id: j.id, data: { tenantId, api: j.api, params: j.params } })),
-          { db },
-        );
-      }
-      await markQueuesReady(tx, tenantId, [...byClass.keys()]);
-      if (inserted.size > 0) await tx`select pg_notify(${WORK_CHANNEL}, ${tenantId})`;
+    } catch (err) {
+      throw err instanceof NotCommitted ? err.cause : err;
+    }
+    // After the group is answered, off its critical path: the next group need not wait for Retry-After estimates.
+    return this.answer(sub, outcome);
+  }
 
-      // Items whose idempotency key was used before (or twice in this call) answer with the original job.
-      const replayedKeys = jobs.filter((j) => !inserted.has(j.id) && j.idempotencyKey !== null).map((j) => j.idempotencyKey!);
-      const originals = await jobsByIdempotencyKeys(tx, tenantId, [...new Set(replayedKeys)]);
-      const answer = jobs.map((job): SubmittedJob => {
-        if (inserted.has(job.id)) return { id: job.id, state };
-        const original = originals.get(job.idempotencyKey!);
-        if (!original) throw new Error(`idempotent replay of ${job.idempotencyKey} found no original`);
-        return original;
+  /** One transaction for a group of submissions; one outcome per submission. */
+  private async commit(subs: readonly Submission[]): Promise<Array<ItemResult<Outcome>>> {
+    for (let attempt = 1; ; attempt++) {
+      let beforeCommit = false;
+      try {
+        const outcomes = await this.deps.sql.begin(async (tx) => {
+          try {
+            return await this.decideAndWrite(tx, subs);
+          } catch (err) {
+            beforeCommit = true; // thrown before COMMIT was sent: rolled back
+            throw err;
+          }
+        });
+        return outcomes.map((value) => ({ ok: true, value }));
+      } catch (err) {
+        const code = (err as { code?: string }).code;
+        if (attempt < TX_ATTEMPTS && code && RETRYABLE_TX_ERRORS.has(code)) continue;
+        // The server's own error (even at COMMIT) means it rolled back; a lost connection at COMMIT may hide a commit.
+        throw beforeCommit || err instanceof postgres.PostgresError ? new NotCommitted(err) : err;
+      }
+    }
+  }
+
+  /** The answer to one submission, or its refusal as the client sees it. */
+  private async answer(sub: Submission, plan: Outcome): Promise<SubmittedJob[]> {
+    if (plan instanceof SluiceError) throw plan;
+    if (plan.kind === 'accept') return plan.answers as SubmittedJob[];
+    if (plan.kind === 'conflict') {
+      const where = sub.bulk ? `jobs[${plan.index}]: ` : '';
+      throw new SluiceError(
+        'IDEMPOTENCY_CONFLICT',
+        `${where}idempotencyKey "${plan.key}" was already used for job ${plan.originalId} with a different api or params`,
+        { jobId: plan.originalId, idempotencyKey: plan.key, ...(sub.bulk ? { index: plan.index } : {}) },
+        409,
+      );
+    }
+    throw await this.refusalError(sub, plan.refusal);
+  }
+
+  private async decideAndWrite(tx: postgres.TransactionSql, subs: readonly Submission[]): Promise<Outcome[]> {
+    const { admission } = this.deps;
+    // Lock order: the gate, then the inserts (admission/store.ts).
+    const gate = await lockGate(tx);
+    const tenants = await readTenants(tx, subs.map((s) => s.tenant.id));
+
+    // Refusals that do not depend on the queues: one place for the tenant's own state.
+    const early = await Promise.all(subs.map((s) => this.tenantRefusal(tx, s, tenants.get(s.tenant.id))));
+    const open = subs.map((s, i) => ({ s, i })).filter(({ i }) => early[i] === null);
+
+    const keyed = open.flatMap(({ s }) => s.jobs.filter((j) => j.idempotencyKey !== null).map((j) => ({ tenantId: s.tenant.id, key: j.idempotencyKey! })));
+    const originals = await originalsByIdempotencyKey(tx, keyed);
+    const plan = (globalDepth: number) =>
+      planGroup({
+        subs: open.map(({ s }) => ({ tenantId: s.tenant.id, tenantBound: effectiveLimits(s.tenant).queueBound, jobs: s.jobs })),
+        originals,
+        tenantDepth: new Map([...tenants].map(([id, t]) => [id, t.depth])),
+        newState: (id) => (tenants.get(id)?.quotaBlocked ? 'WAITING_QUOTA' : 'QUEUED'),
+        globalDepth,
+        globalBound: admission.globalBound,
+        classShare: admission.classShare,
       });
-      if (gate && !gate.enterCommit()) throw databaseUnavailable('the submission outlived the request deadline and was not stored');
-      return answer;
+    const sum = (d: Partial<Record<JobClass, number>>) => Object.values(d).reduce((a, n) => a + (n ?? 0), 0);
+    let plans = plan(sum(gate));
+    const refusedGlobally = plans.some((p) => p.kind === 'refuse' && p.refusal.scope === 'GLOBAL' && p.refusal.retryable);
+    if (refusedGlobally) {
+      // The gate's estimate only drifts upward (dispatch does not lower it): count exactly before
+      // refusing. O(queues), once per refusing group, never on the accepting path.
+      plans = plan(sum(await reconcileGate(tx)));
+    }
+
+    const accepted = plans.flatMap((p, k) => (p.kind === 'accept' ? p.insert.map((j) => ({ ...j, tenantId: open[k]!.s.tenant.id, state: p.state })) : []));
+    if (accepted.length > 0) {
+      const inserted = await insertJobRows(tx, accepted);
+      // The gate serializes every writer of idempotency keys, so a skipped row means something is badly wrong.
+      if (inserted.size !== accepted.length) throw new Error(`stored ${inserted.size} of ${accepted.length} jobs`);
+      await insertQueueJobs(
+        tx,
+        accepted.map((j) => ({ id: j.id, name: queueName(j.tenantId, j.priority), data: { tenantId: j.tenantId, api: j.api, params: j.params } })),
+      );
+      const queues = new Map(accepted.map((j) => [`${j.tenantId}:${j.priority}`, { tenantId: j.tenantId, jobClass: j.priority }]));
+      await markManyQueuesReady(tx, [...queues.values()]);
+      const perClass: Partial<Record<JobClass, number>> = {};
+      for (const j of accepted) perClass[j.priority] = (perClass[j.priority] ?? 0) + 1;
+      await addAdmitted(tx, perClass);
+      await tx`select pg_notify(${WORK_CHANNEL}, ${workPayload(accepted.map((j) => j.tenantId))})`;
+    }
+    const out: Outcome[] = early.map((e) => e ?? (null as never));
+    open.forEach(({ i }, k) => (out[i] = plans[k]!));
+    // Last thing before COMMIT: a submission whose request has already been answered (the deadline's
+    // 503) must not be stored. Rolling back splits the group, so only that submission fails.
+    for (let k = 0; k < subs.length; k++) {
+      const o = out[k];
+      if (o && !(o instanceof SluiceError) && o.kind === 'accept' && subs[k]!.gate && !subs[k]!.gate!.enterCommit()) {
+        throw databaseUnavailable('the submission outlived the request deadline and was not stored');
+      }
+    }
+    return out;
+  }
+
+  /**
+   * Refusals from the tenant's own state, before its queues are looked at.
+   * The single place for tenant-state checks at the front door (a suspended
+   * tenant belongs here). `state` is the tenant's row as read under the gate.
+   */
+  private async tenantRefusal(tx: postgres.TransactionSql, sub: Submission, _state: TenantAdmissionState | undefined): Promise<SluiceError | null> {
+    const { tenant } = sub;
+    if (tenant.quotaPolicy !== 'FAIL') return null;
+    const limits = effectiveLimits(tenant);
+    const period = quotaPeriod(tenant.periodAnchor, new Date());
+    const ledger = await ledgerFor(tx, tenant.id, period.start);
+    const cheapest = Math.min(...sub.jobs.map((j) => this.deps.catalog.get(j.api)?.creditCost ?? 1));
+    const remaining = limits.monthlyQuota - ledger.billed - ledger.reserved;
+    if (remaining >= cheapest) return null;
+    return new SluiceError('QUOTA_EXCEEDED', `your monthly credit quota is spent (${remaining} of ${limits.monthlyQuota} left until ${period.end.toISOString()})`, {
+      quota: limits.monthlyQuota,
+      creditsRemaining: Math.max(0, remaining),
+      periodEnd: period.end.toISOString(),
     });
   }
 
   /**
-   * Admission, inside the submission's transaction. The tenant's scheduler
-   * row is locked first, so one tenant's concurrent submissions cannot both
-   * slip under its bound; the global bound is read without a lock (it may be
-   * overshot by what is admitted concurrently, never by more).
+   * A refusal as the client sees it. Retryable: 429 with Retry-After from how
+   * long the excess takes to drain (drain rates are read only here, when
+   * refusing). Never fits: 413, `retryable: false`, no Retry-After.
    */
-  private async admit(tx: postgres.TransactionSql, tenant: TenantRecord, jobs: readonly ValidJob[]): Promise<void> {
-    const { catalog, admission } = this.deps;
-    const limits = effectiveLimits(tenant);
-    if (tenant.quotaPolicy === 'FAIL') {
-      const period = quotaPeriod(tenant.periodAnchor, new Date());
-      const ledger = await ledgerFor(tx, tenant.id, period.start);
-      const cheapest = Math.min(...jobs.map((j) => catalog.get(j.api)?.creditCost ?? 1));
-      const remaining = limits.monthlyQuota - ledger.billed - ledger.reserved;
-      if (remaining < cheapest) {
-        throw new SluiceError('QUOTA_EXCEEDED', `your monthly credit quota is spent (${remaining} of ${limits.monthlyQuota} left until ${period.end.toISOString()})`, {
-          quota: limits.monthlyQuota,
-          creditsRemaining: Math.max(0, remaining),
-          periodEnd: period.end.toISOString(),
-        });
-      }
-    }
-    const incoming: Partial<Record<JobClass, number>> = {};
-    for (const j of jobs) incoming[j.priority] = (incoming[j.priority] ?? 0) + 1;
-    const tenantDepth = await lockTenantDepth(tx, tenant.id);
-    const globalDepth = await globalDepthByClass(tx);
-    const estimate = await this.drainRates(tx, tenant, Object.keys(incoming) as JobClass[]);
-    const verdict = admit({
-      incoming,
-      tenantDepth,
-      tenantBound: limits.queueBound,
-      globalDepth,
-      globalBound: admission.globalBound,
-      classShare: admission.classShare,
-      tenantDrainPerSecond: estimate.tenant,
-      globalDrainPerSecond: estimate.global,
-    });
-    if (!verdict.ok) {
-      this.deps.onRefused?.(verdict.code, verdict.jobClass);
-      throw new SluiceError(
-        'QUEUE_FULL',
-        verdict.message,
-        { retryAfterSeconds: verdict.retryAfterSeconds, scope: verdict.scope, ...(verdict.jobClass ? { priority: verdict.jobClass } : {}) },
-        429,
-        { 'Retry-After': String(verdict.retryAfterSeconds) },
-      );
-    }
+  private async refusalError(sub: Submission, r: Refusal): Promise<SluiceError> {
+    this.deps.onRefused?.(r.code, r.jobClass);
+    const ext = { scope: r.scope, retryable: r.retryable, ...(r.jobClass ? { priority: r.jobClass } : {}) };
+    if (!r.retryable) return new SluiceError('QUEUE_FULL', r.message, ext, 413);
+    const classes = [...new Set(sub.jobs.map((j) => j.priority))];
+    const rates = await this.drainRates(this.deps.sql, sub.tenant, classes);
+    const seconds = retryAfterSeconds(r.excess, r.scope === 'TENANT' ? rates.tenant : rates.global);
+    return new SluiceError('QUEUE_FULL', r.message, { ...ext, retryAfterSeconds: seconds }, 429, { 'Retry-After': String(seconds) });
   }
 
   /** Drain rates (jobs/s) for Retry-After: the tenant's fair share of its classes' pace, and the whole pace. */
   async drainRates(sql: Sql | postgres.TransactionSql, tenant: TenantRecord, classes: readonly JobClass[]): Promise<{ tenant: number; global: number }> {
-    const windows = await readWindows(sql);
+    // Independent reads, side by side: a refusal's answer waits for them.
+    const [windows, state, busy] = await Promise.all([readWindows(sql), tenantSchedState(sql, tenant.id), busyWeights(sql, classes)]);
     const rateOf = (name: string) => {
       const spec = this.deps.admission.windows.find((w) => w.name === name);
       const row = windows.find((w) => w.name === name);
@@ -164,9 +277,7 @@ export class JobService {
     const global = this.deps.admission.windows.reduce((s, w) => s + rateOf(w.name), 0);
     const mine = this.deps.admission.windows.filter((w) => w.classes.some((c) => classes.includes(c)));
     const paced = mine.reduce((s, w) => s + rateOf(w.name), 0);
-    const state = await tenantSchedState(sql, tenant.id);
     const latency = Math.max(0.001, (windows.find((w) => mine.some((m) => m.name === w.name))?.latencyP50Ms ?? 1000) / 1000);
-    const busy = await busyWeights(sql, classes);
     const limits = effectiveLimits(tenant);
     return {
       tenant: tenantDrainRate({ pacedPerSecond: paced, weight: limits.weight, busyWeights: busy, cap: state?.cap ?? limits.concurrencyCap, latencySeconds: latency }),

@@ -50,30 +50,53 @@ export interface NewJob extends ValidJob {
   id: string;
 }
 
+/** A job row to insert: any tenant, so one statement can carry a whole group commit. */
+export interface NewJobRow extends NewJob {
+  tenantId: string;
+  state: 'QUEUED' | 'WAITING_QUOTA';
+}
+
 /**
- * Inserts jobs, skipping any whose idempotency key the tenant already used.
- * Returns the ids actually inserted. One JSON parameter, so 10,000 jobs are
- * one statement and far below Postgres's 65,535-parameter limit.
+ * Inserts jobs of any tenants in ONE statement, skipping any whose idempotency
+ * key its tenant already used. Returns the ids actually inserted. One JSON
+ * parameter, so 10,000 jobs are one statement and far below Postgres's
+ * 65,535-parameter limit; the depth trigger then runs once for the statement.
  */
-export async function insertJobs(tx: Tx, tenantId: string, jobs: readonly NewJob[], state: 'QUEUED' | 'WAITING_QUOTA' = 'QUEUED'): Promise<Set<string>> {
-  const payload = jobs.map((j) => ({ id: j.id, api: j.api, params: j.params, priority: j.priority, idempotency_key: j.idempotencyKey }));
+export async function insertJobRows(tx: Tx, jobs: readonly NewJobRow[]): Promise<Set<string>> {
+  if (jobs.length === 0) return new Set();
+  const payload = jobs.map((j) => ({ id: j.id, tenant_id: j.tenantId, api: j.api, params: j.params, priority: j.priority, state: j.state, idempotency_key: j.idempotencyKey }));
   const rows = await tx`
     insert into jobs (id, tenant_id, api, params, priority, state, idempotency_key)
-    select x.id, ${tenantId}, x.api, x.params, x.priority, ${state}, x.idempotency_key
+    select x.id, x.tenant_id, x.api, x.params, x.priority, x.state, x.idempotency_key
     from jsonb_to_recordset(${tx.json(payload as never)}::jsonb)
-      as x(id uuid, api text, params jsonb, priority text, idempotency_key text)
+      as x(id uuid, tenant_id uuid, api text, params jsonb, priority text, state text, idempotency_key text)
     on conflict (tenant_id, idempotency_key) do nothing
     returning id`;
   return new Set(rows.map((r) => r.id as string));
 }
 
-/** The jobs a tenant already submitted under these idempotency keys. */
-export async function jobsByIdempotencyKeys(tx: Tx, tenantId: string, keys: readonly string[]): Promise<Map<string, { id: string; state: JobState }>> {
-  if (keys.length === 0) return new Map();
+/** One tenant's jobs (see insertJobRows). */
+export async function insertJobs(tx: Tx, tenantId: string, jobs: readonly NewJob[], state: 'QUEUED' | 'WAITING_QUOTA' = 'QUEUED'): Promise<Set<string>> {
+  return insertJobRows(tx, jobs.map((j) => ({ ...j, tenantId, state })));
+}
+
+export interface OriginalJob {
+  id: string;
+  state: JobState;
+  api: string;
+  params: Record<string, unknown>;
+}
+
+/** `${tenantId}:${key}` → the job first submitted under it, with what it asked for (to tell a replay from a conflict). */
+export async function originalsByIdempotencyKey(tx: Tx, pairs: ReadonlyArray<{ tenantId: string; key: string }>): Promise<Map<string, OriginalJob>> {
+  if (pairs.length === 0) return new Map();
   const rows = await tx`
-    select id, state, idempotency_key from jobs
-    where tenant_id = ${tenantId} and idempotency_key = any(${keys as string[]}::text[])`;
-  return new Map(rows.map((r) => [r.idempotency_key as string, { id: r.id as string, state: r.state as JobState }]));
+    select j.id, j.state, j.api, j.params, j.tenant_id, j.idempotency_key from jobs j
+    join jsonb_to_recordset(${tx.json(pairs.map((p) => ({ t: p.tenantId, k: p.key })) as never)}::jsonb) as x(t uuid, k text)
+      on j.tenant_id = x.t and j.idempotency_key = x.k`;
+  return new Map(
+    rows.map((r) => [`${r.tenant_id}:${r.idempotency_key}`, { id: r.id as string, state: r.state as JobState, api: r.api as string, params: r.params as Record<string, unknown> }]),
+  );
 }
 
 export async function getJob(sql: Tx, tenantId: string | null, id: string): Promise<JobRow | null> {

@@ -98,5 +98,19 @@ export function validateSubmission(inputs: readonly JobInput[], catalog: ApiCata
       got: inputs.length,
     });
   }
-  return inputs.map((input, i) => validateJob(input, catalog, i, limits));
+  const valid = inputs.map((input, i) => validateJob(input, catalog, i, limits));
+  // The same key twice in one submission is ambiguous (which one is "the" job?): refuse it, naming both.
+  const firstIndex = new Map<string, number>();
+  valid.forEach((job, i) => {
+    if (job.idempotencyKey === null) return;
+    const first = firstIndex.get(job.idempotencyKey);
+    if (first !== undefined) {
+      throw new SluiceError('BAD_USER_INPUT', `jobs[${first}] and jobs[${i}] have the same idempotencyKey; each key may appear once per submission`, {
+        field: 'idempotencyKey',
+        indices: [first, i],
+      });
+    }
+    firstIndex.set(job.idempotencyKey, i);
+  });
+  return valid;
 }

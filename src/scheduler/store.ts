@@ -52,13 +52,18 @@ export async function ensureClasses(sql: Tx): Promise<void> {
  * delayed work) joins at the class clock: no credit for idle time.
  */
 export async function markQueuesReady(tx: Tx, tenantId: string, classes: readonly JobClass[], at: Date | null = null): Promise<void> {
-  if (classes.length === 0) return;
+  await markManyQueuesReady(tx, classes.map((jobClass) => ({ tenantId, jobClass })), at);
+}
+
+/** markQueuesReady for the queues of many tenants in one statement (a group commit). */
+export async function markManyQueuesReady(tx: Tx, queues: ReadonlyArray<{ tenantId: string; jobClass: JobClass }>, at: Date | null = null): Promise<void> {
+  if (queues.length === 0) return;
   await tx`
     update sched_queues q set
       vtime = case when q.ready_at is null or q.ready_at > now() then greatest(q.vtime, c.clock) else q.vtime end,
       ready_at = least(coalesce(q.ready_at, 'infinity'), coalesce(${at}::timestamptz, now()))
-    from sched_classes c
-    where q.tenant_id = ${tenantId} and q.class = any(${classes as string[]}::text[]) and c.class = q.class`;
+    from sched_classes c, jsonb_to_recordset(${tx.json(queues.map((x) => ({ t: x.tenantId, c: x.jobClass })) as never)}::jsonb) as r(t uuid, c text)
+    where q.tenant_id = r.t and q.class = r.c and c.class = q.class`;
 }
 
 /**

@@ -67,11 +67,18 @@ export async function tenantQueueStatus(services: Services, tenant: TenantRecord
   return out;
 }
 
-/** When a waiting job should start: the jobs ahead of it in its tenant's class queue at the tenant's fair-share rate. */
+/**
+ * When a waiting job should start: the jobs ahead of it in its tenant's class
+ * queue at the tenant's fair-share rate. A job waiting for quota does not
+ * drain at any rate: it starts when the period renews (the quota is reset),
+ * or never on its own when a whole period's quota cannot pay for it (null;
+ * the job's waitReason says QUOTA).
+ */
 // The job's own created_at is read in SQL, not passed as a JS Date, which would drop the
 // microseconds that order the jobs of one submission.
-export async function estimatedStartAt(services: Services, tenant: TenantRecord, job: { id: string; priority: JobClass; state: string; createdAt: Date }): Promise<Date | null> {
+export async function estimatedStartAt(services: Services, tenant: TenantRecord, job: { id: string; api: string; priority: JobClass; state: string; createdAt: Date }): Promise<Date | null> {
   if (job.state !== 'QUEUED' && job.state !== 'WAITING_QUOTA') return null;
+  if (job.state === 'WAITING_QUOTA') return quotaRenewalStart(services, tenant, job.api);
   const [row] = await services.sql`
     select count(*)::int as n from jobs
     where tenant_id = ${tenant.id} and priority = ${job.priority} and state in ('QUEUED', 'WAITING_QUOTA')
@@ -79,6 +86,24 @@ export async function estimatedStartAt(services: Services, tenant: TenantRecord,
   const rate = (await services.jobs.drainRates(services.sql, tenant, [job.priority])).tenant;
   const seconds = drainSeconds(row!.n as number, rate);
   return seconds === null ? null : new Date(Date.now() + seconds * 1000);
+}
+
+/** A job waiting for quota starts at the period end, if one period's quota can pay for it at all. */
+export function quotaRenewalStart(services: Services, tenant: TenantRecord, api: string): Date | null {
+  const cost = services.catalog.get(api)?.creditCost ?? 1;
+  if (effectiveLimits(tenant).monthlyQuota < cost) return null;
+  return quotaPeriod(tenant.periodAnchor, new Date()).end;
+}
+
+/**
+ * Why one waiting job waits: QUOTA for a job waiting for quota, otherwise its
+ * queue's reason (me.queues.waitReason); null once it started.
+ */
+export async function jobWaitReason(services: Services, tenant: TenantRecord, job: { priority: JobClass; state: string }): Promise<WaitReason | null> {
+  if (job.state === 'WAITING_QUOTA') return 'QUOTA';
+  if (job.state !== 'QUEUED') return null;
+  const queues = await tenantQueueStatus(services, tenant);
+  return queues.find((q) => q.priority === job.priority)?.waitReason ?? 'RATE';
 }
 
 export interface SystemStatus {

@@ -43,8 +43,9 @@ export const JobRef = builder.objectRef<JobRow>('Job').implement({
     estimatedStartAt: t.field({
       type: 'DateTime',
       nullable: true,
-      description: "For a waiting job: when it should start, from the jobs ahead of it and your fair share of the pace. Null once started, or when nothing drains the queue now.",
-      resolve: (j, _a, ctx) => (ctx.auth.kind === 'tenant' ? estimatedStartAt(ctx.services, ctx.auth.tenant, { id: j.id, priority: j.priority, state: j.state, createdAt: j.createdAt }) : null),
+      description:
+        "For a waiting job: when it should start, from the jobs ahead of it and your fair share of the pace; for a job WAITING_QUOTA, the end of your quota period (when the quota renews). Null once started, or when nothing drains the queue now (see waitReason).",
+      resolve: (j, _a, ctx) => (ctx.auth.kind === 'tenant' ? estimatedStartAt(ctx.services, ctx.auth.tenant, { id: j.id, api: j.api, priority: j.priority, state: j.state, createdAt: j.createdAt }) : null),
     }),
   }),
 });
@@ -183,7 +184,7 @@ builder.mutationFields((t) => ({
     description: 'Queues one job and answers at once with state QUEUED.',
     args: { input: t.arg({ type: JobInput, required: true }) },
     resolve: async (_r, { input }, ctx) => {
-      const [job] = await ctx.services.jobs.submit(tenantOf(ctx), [{ ...input, params: asParams(input.params) }], ctx.gate);
+      const [job] = await ctx.services.jobs.submit(tenantOf(ctx), [{ ...input, params: asParams(input.params) }], { gate: ctx.gate });
       return { job: job! };
     },
   }),
@@ -196,7 +197,7 @@ builder.mutationFields((t) => ({
       const jobs = await ctx.services.jobs.submit(
         tenantOf(ctx),
         input.jobs.map((j) => ({ ...j, params: asParams(j.params) })),
-        ctx.gate,
+        { bulk: true, gate: ctx.gate },
       );
       return { jobs };
     },

@@ -1,8 +1,8 @@
 import type { TenantRecord } from '../../tenants/policy.ts';
-import { changes, tenantQueueStatus, tenantUsage, type QueueStatus, type Usage } from '../../visibility/status.ts';
+import { changes, jobWaitReason, tenantQueueStatus, tenantUsage, type QueueStatus, type Usage } from '../../visibility/status.ts';
 import { builder, role } from '../builder.ts';
 import { tenantOf } from '../context.ts';
-import { PriorityEnum } from './jobs.ts';
+import { JobRef, PriorityEnum } from './jobs.ts';
 import { TenantRef } from './tenants.ts';
 
 export const UsageRef = builder.objectRef<Usage>('Usage').implement({
@@ -29,6 +29,16 @@ export const WaitReasonEnum = builder.enumType('WaitReason', {
     RATE: { description: 'Waiting its turn in the fair share of the pace.' },
   },
 });
+
+// Defined here, next to its enum (jobs.ts cannot import this file: it imports jobs.ts).
+builder.objectField(JobRef, 'waitReason', (t) =>
+  t.field({
+    type: WaitReasonEnum,
+    nullable: true,
+    description: 'For a waiting job: why it waits (QUOTA while it waits for credits, otherwise its queue\'s reason). Null once started.',
+    resolve: (j, _a, ctx) => (ctx.auth.kind === 'tenant' ? jobWaitReason(ctx.services, ctx.auth.tenant, { priority: j.priority, state: j.state }) : null),
+  }),
+);
 
 export const QueueRef = builder.objectRef<QueueStatus>('QueueStatus').implement({
   description: 'One class of your queue, counted at query time.',
