@@ -25,9 +25,25 @@ export async function publishJobEvents(tx: Sql | postgres.TransactionSql, events
   await tx`select pg_notify(${JOB_EVENTS_CHANNEL}, e::text) from jsonb_array_elements(${tx.json(events as never)}::jsonb) as e`;
 }
 
+/** The socket of a graphql-ws subscriber, closed when it falls behind. */
+export interface SubscriberSocket {
+  close(code: number, reason: string): void;
+}
+
+/** Close code for a subscriber whose buffer overflowed (src/events/subscriptions.ts lists the codes). */
+export const SLOW_CONSUMER_CLOSE = 4408;
+
 export class EventBus {
   private readonly listeners = new Set<Listener>();
   private unlisten: (() => Promise<void>) | null = null;
+  /** Events one subscriber may have waiting (SUBSCRIPTION_BUFFER_MAX); past it the subscriber is closed. */
+  readonly maxBuffer: number;
+  /** Subscribers closed for being too slow (for metrics and tests). */
+  slowConsumersClosed = 0;
+
+  constructor(opts: { maxBuffer?: number } = {}) {
+    this.maxBuffer = opts.maxBuffer ?? 1_000;
+  }
 
   async start(sql: Sql): Promise<void> {
     const { unlisten } = await sql.listen(JOB_EVENTS_CHANNEL, (payload) => {
@@ -49,15 +65,25 @@ export class EventBus {
 
   /**
    * Events matching `filter`, as an async iterator for a GraphQL subscription.
-   * Buffers while the consumer is slow; `return()` (client unsubscribes)
+   * Buffers while the consumer is slow, up to `maxBuffer` events: one more and
+   * the subscriber is dropped (its buffer freed, its socket closed with
+   * SLOW_CONSUMER_CLOSE, its iterator ended), so a consumer that does not read
+   * never grows the process's memory. `return()` (client unsubscribes)
    * removes the listener.
    */
-  subscribe(filter: (event: JobEvent) => boolean): AsyncIterableIterator<JobEvent> {
+  subscribe(filter: (event: JobEvent) => boolean, socket?: SubscriberSocket): AsyncIterableIterator<JobEvent> {
     const buffer: JobEvent[] = [];
     let wake: (() => void) | null = null;
     let done = false;
     const listener: Listener = (event) => {
-      if (!filter(event)) return;
+      if (done || !filter(event)) return;
+      if (buffer.length >= this.maxBuffer) {
+        buffer.length = 0;
+        this.slowConsumersClosed++;
+        finish();
+        socket?.close(SLOW_CONSUMER_CLOSE, 'subscriber too slow: event buffer full');
+        return;
+      }
       buffer.push(event);
       wake?.();
     };

@@ -15,7 +15,7 @@
  *   `x-graphql-yoga-csrf` or `authorization`. Refused with 403 CSRF_PREVENTED.
  *   JSON POSTs (GraphiQL's, every client's) and graphql-ws are not affected.
  */
-import { GraphQLError, type ParseOptions, type Source, type ValidationContext } from 'graphql';
+import { GraphQLError, Kind, visit, type ASTNode, type DocumentNode, type ParseOptions, type Source, type ValidationContext, type ValidationRule } from 'graphql';
 import type { Plugin } from 'graphql-yoga';
 import { useCSRFPrevention } from '@graphql-yoga/plugin-csrf-prevention';
 import { costLimitRule } from '@escape.tech/graphql-armor-cost-limit';
@@ -28,7 +28,8 @@ export interface QueryLimits {
   maxDepth: number;
   /**
    * graphql-armor's cost: 1 per scalar, 2 per object, children × 1.5 per level,
-   * a literal `first:`/`last:` multiplies its subtree. A full page of `jobs(first: 500)`
+   * a `first:`/`last:` multiplies its subtree, whether written as a literal or passed as a
+   * variable (`jobs(first: $n)` counts the value of `$n`). A full page of `jobs(first: 500)`
    * with every field costs about 41,000.
    */
   maxCost: number;
@@ -68,13 +69,56 @@ function reportAs(code: LimitCode, limit: number) {
   };
 }
 
+/**
+ * The document with every `first:`/`last:` argument given as a variable
+ * replaced by the variable's value (or its declared default), as an integer
+ * literal, so the cost rule multiplies by what the request really asks for.
+ * graphql-armor's rule only sees literals: 30 aliases of `jobs(first: $n)`
+ * would otherwise cost as if each took one item. Pure.
+ */
+export function inlinePageSizes(document: DocumentNode, variables: Record<string, unknown> | null | undefined): DocumentNode {
+  const defaults = new Map<string, ASTNode>();
+  for (const def of document.definitions) {
+    if (def.kind !== Kind.OPERATION_DEFINITION) continue;
+    for (const v of def.variableDefinitions ?? []) if (v.defaultValue) defaults.set(v.variable.name.value, v.defaultValue);
+  }
+  return visit(document, {
+    Argument(node) {
+      if ((node.name.value !== 'first' && node.name.value !== 'last') || node.value.kind !== Kind.VARIABLE) return undefined;
+      const name = node.value.name.value;
+      const given = variables?.[name];
+      const fallback = defaults.get(name);
+      const n = typeof given === 'number' ? given : fallback?.kind === Kind.INT ? Number(fallback.value) : NaN;
+      if (!Number.isInteger(n)) return undefined;
+      return { ...node, value: { kind: Kind.INT, value: String(n) } };
+    },
+  });
+}
+
+/** graphql-armor's cost rule, run over the document with page sizes from the variables inlined. */
+function costRuleWithVariables(options: Parameters<typeof costLimitRule>[0], variables: Record<string, unknown> | undefined): ValidationRule {
+  return (context) => {
+    const inlined = inlinePageSizes(context.getDocument(), variables);
+    const fragments = new Map(inlined.definitions.flatMap((d) => (d.kind === Kind.FRAGMENT_DEFINITION ? [[d.name.value, d] as const] : [])));
+    // The rule reads fragments and reports errors through its context: give it the inlined fragments.
+    const view = Object.create(context, { getFragment: { value: (name: string) => fragments.get(name) } }) as ValidationContext;
+    const visitor = costLimitRule(options)(view) as unknown as { OperationDefinition: { enter(node: unknown): void } };
+    const operations = new Map(inlined.definitions.flatMap((d) => (d.kind === Kind.OPERATION_DEFINITION ? [[d.loc?.start ?? -1, d] as const] : [])));
+    return {
+      OperationDefinition: (node) => {
+        visitor.OperationDefinition.enter(operations.get(node.loc?.start ?? -1) ?? node);
+      },
+    };
+  };
+}
+
 export function useQueryLimits(limits: QueryLimits): Plugin {
   const common = { exposeLimits: true, propagateOnRejection: false } as const;
   const rules = [
     maxDepthRule({ ...common, n: limits.maxDepth, onReject: [reportAs(LIMIT_CODES.depth, limits.maxDepth)] }),
-    costLimitRule({ ...common, maxCost: limits.maxCost, onReject: [reportAs(LIMIT_CODES.cost, limits.maxCost)] }),
     maxAliasesRule({ ...common, n: limits.maxAliases, onReject: [reportAs(LIMIT_CODES.aliases, limits.maxAliases)] }),
   ];
+  const costOptions = { ...common, maxCost: limits.maxCost, onReject: [reportAs(LIMIT_CODES.cost, limits.maxCost)] };
   const tokenReject = reportAs(LIMIT_CODES.tokens, limits.maxTokens); // no validation context while parsing: it throws
   const parseWithTokenLimit = (source: string | Source, options?: ParseOptions) => {
     const parser = new MaxTokensParserWLexer(typeof source === 'string' ? source : source.body, {
@@ -90,8 +134,11 @@ export function useQueryLimits(limits: QueryLimits): Plugin {
     onParse({ setParseFn }) {
       setParseFn(parseWithTokenLimit);
     },
-    onValidate({ addValidationRule }) {
+    onValidate({ addValidationRule, context }) {
       for (const rule of rules) addValidationRule(rule);
+      // Yoga's context carries the request's params (HTTP and, through src/server.ts, graphql-ws).
+      const variables = (context as { params?: { variables?: Record<string, unknown> } }).params?.variables;
+      addValidationRule(costRuleWithVariables(costOptions, variables ?? undefined));
     },
     onResultProcess({ result, setResult }) {
       // Yoga marks parse and validation errors `http.spec`, which makes an application/json answer 200;

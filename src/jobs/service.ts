@@ -59,6 +59,9 @@ export class JobService {
     const jobs = valid.map((j) => ({ ...j, id: randomUUID() }));
 
     return sql.begin(async (tx) => {
+      // The tenant's scheduler row is locked first (lock order), so a suspension cannot slip in after this check.
+      const [sched] = await tx`select suspended from sched_tenants where tenant_id = ${tenantId} for update`;
+      if (sched?.suspended || tenant.suspendedAt) throw new SluiceError('TENANT_SUSPENDED', 'your tenant is suspended: submissions are refused until an operator resumes it', {}, 403);
       await this.admit(tx, tenant, valid);
       // A tenant waiting for quota takes new jobs as WAITING_QUOTA, like the ones already waiting.
       const state = (await isQuotaBlocked(tx, tenantId)) ? 'WAITING_QUOTA' : 'QUEUED';

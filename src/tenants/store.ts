@@ -24,6 +24,7 @@ function toRecord(row: Row): TenantRecord {
     quotaPolicy: row.quotaPolicy as 'WAIT' | 'FAIL',
     periodAnchor: row.periodAnchor,
     createdAt: row.createdAt,
+    suspendedAt: row.suspendedAt,
   };
 }
 

@@ -52,6 +52,7 @@ export async function tenantQueueStatus(services: Services, tenant: TenantRecord
     const paused = w !== undefined && w.pausedUntil !== null && w.pausedUntil > w.dbNow;
     const reason = waitReason({
       depth: q.depth,
+      suspended: state?.suspended ?? false,
       accountStopped: account.dispatchStoppedUntil !== null,
       keyUnusable: paused && w!.pauseReason === 'KEY_UNUSABLE',
       windowPaused: paused,

@@ -201,7 +201,7 @@ builder.subscriptionFields((t) => ({
       const tenantId = tenantOf(ctx).id;
       const jobId = asId(id, 'job');
       // Listen before reading, so a change between the read and the listen is not missed.
-      const events = ctx.services.bus.subscribe((e) => e.jobId === jobId && e.tenantId === tenantId);
+      const events = ctx.services.bus.subscribe((e) => e.jobId === jobId && e.tenantId === tenantId, ctx.socket);
       try {
         const current = await getJob(ctx.services.sql, tenantId, jobId);
         if (!current) throw new GraphQLError(`no job with id ${jobId}`, { extensions: { code: 'NOT_FOUND' } });
@@ -231,7 +231,7 @@ builder.subscriptionFields((t) => ({
     description: 'Every job of yours that reaches SUCCEEDED, FAILED or CANCELLED.',
     subscribe: async function* (_r, _a, ctx) {
       const tenantId = tenantOf(ctx).id;
-      const events = ctx.services.bus.subscribe((e) => e.tenantId === tenantId && (FINAL_STATES as string[]).includes(e.state));
+      const events = ctx.services.bus.subscribe((e) => e.tenantId === tenantId && (FINAL_STATES as string[]).includes(e.state), ctx.socket);
       try {
         for await (const event of events) {
           const job = await getJob(ctx.services.sql, tenantId, event.jobId);
