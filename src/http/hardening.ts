@@ -15,7 +15,7 @@
  *   `x-graphql-yoga-csrf` or `authorization`. Refused with 403 CSRF_PREVENTED.
  *   JSON POSTs (GraphiQL's, every client's) and graphql-ws are not affected.
  */
-import { GraphQLError, Kind, visit, type ASTNode, type DocumentNode, type ParseOptions, type Source, type ValidationContext, type ValidationRule } from 'graphql';
+import { GraphQLError, Kind, validate, visit, type ASTNode, type DocumentNode, type GraphQLSchema, type ParseOptions, type Source, type ValidationContext } from 'graphql';
 import type { Plugin } from 'graphql-yoga';
 import { useCSRFPrevention } from '@graphql-yoga/plugin-csrf-prevention';
 import { costLimitRule } from '@escape.tech/graphql-armor-cost-limit';
@@ -95,30 +95,43 @@ export function inlinePageSizes(document: DocumentNode, variables: Record<string
   });
 }
 
-/** graphql-armor's cost rule, run over the document with page sizes from the variables inlined. */
-function costRuleWithVariables(options: Parameters<typeof costLimitRule>[0], variables: Record<string, unknown> | undefined): ValidationRule {
-  return (context) => {
-    const inlined = inlinePageSizes(context.getDocument(), variables);
-    const fragments = new Map(inlined.definitions.flatMap((d) => (d.kind === Kind.FRAGMENT_DEFINITION ? [[d.name.value, d] as const] : [])));
-    // The rule reads fragments and reports errors through its context: give it the inlined fragments.
-    const view = Object.create(context, { getFragment: { value: (name: string) => fragments.get(name) } }) as ValidationContext;
-    const visitor = costLimitRule(options)(view) as unknown as { OperationDefinition: { enter(node: unknown): void } };
-    const operations = new Map(inlined.definitions.flatMap((d) => (d.kind === Kind.OPERATION_DEFINITION ? [[d.loc?.start ?? -1, d] as const] : [])));
-    return {
-      OperationDefinition: (node) => {
-        visitor.OperationDefinition.enter(operations.get(node.loc?.start ?? -1) ?? node);
-      },
-    };
-  };
+/**
+ * The cost of a request whose page sizes come from variables, checked when it
+ * executes (variables are known then; validation results are cached per
+ * document, so a variable-dependent verdict must not be made there).
+ * Returns the refusal, or null. Documents without a variable page size cost
+ * what validation already measured.
+ */
+export function variableCostRefusal(schema: GraphQLSchema, document: DocumentNode, variables: Record<string, unknown> | null | undefined, maxCost: number): GraphQLError | null {
+  if (!hasVariablePageSize(document)) return null;
+  let refusal: GraphQLError | null = null;
+  const rule = costLimitRule({
+    exposeLimits: true,
+    propagateOnRejection: false,
+    maxCost,
+    onReject: [(_ctx: unknown, err: GraphQLError) => (refusal = limitError(LIMIT_CODES.cost, err, maxCost))],
+  });
+  validate(schema, inlinePageSizes(document, variables), [rule]);
+  return refusal;
+}
+
+function hasVariablePageSize(document: DocumentNode): boolean {
+  let found = false;
+  visit(document, {
+    Argument(node) {
+      if ((node.name.value === 'first' || node.name.value === 'last') && node.value.kind === Kind.VARIABLE) found = true;
+    },
+  });
+  return found;
 }
 
 export function useQueryLimits(limits: QueryLimits): Plugin {
   const common = { exposeLimits: true, propagateOnRejection: false } as const;
   const rules = [
     maxDepthRule({ ...common, n: limits.maxDepth, onReject: [reportAs(LIMIT_CODES.depth, limits.maxDepth)] }),
+    costLimitRule({ ...common, maxCost: limits.maxCost, onReject: [reportAs(LIMIT_CODES.cost, limits.maxCost)] }),
     maxAliasesRule({ ...common, n: limits.maxAliases, onReject: [reportAs(LIMIT_CODES.aliases, limits.maxAliases)] }),
   ];
-  const costOptions = { ...common, maxCost: limits.maxCost, onReject: [reportAs(LIMIT_CODES.cost, limits.maxCost)] };
   const tokenReject = reportAs(LIMIT_CODES.tokens, limits.maxTokens); // no validation context while parsing: it throws
   const parseWithTokenLimit = (source: string | Source, options?: ParseOptions) => {
     const parser = new MaxTokensParserWLexer(typeof source === 'string' ? source : source.body, {
@@ -134,11 +147,16 @@ export function useQueryLimits(limits: QueryLimits): Plugin {
     onParse({ setParseFn }) {
       setParseFn(parseWithTokenLimit);
     },
-    onValidate({ addValidationRule, context }) {
+    onValidate({ addValidationRule }) {
       for (const rule of rules) addValidationRule(rule);
-      // Yoga's context carries the request's params (HTTP and, through src/server.ts, graphql-ws).
-      const variables = (context as { params?: { variables?: Record<string, unknown> } }).params?.variables;
-      addValidationRule(costRuleWithVariables(costOptions, variables ?? undefined));
+    },
+    onExecute({ args, setResultAndStopExecution }) {
+      const refusal = variableCostRefusal(args.schema, args.document, args.variableValues, limits.maxCost);
+      if (refusal) setResultAndStopExecution({ errors: [refusal] });
+    },
+    onSubscribe({ args, setResultAndStopExecution }) {
+      const refusal = variableCostRefusal(args.schema, args.document, args.variableValues, limits.maxCost);
+      if (refusal) setResultAndStopExecution({ errors: [refusal] });
     },
     onResultProcess({ result, setResult }) {
       // Yoga marks parse and validation errors `http.spec`, which makes an application/json answer 200;
