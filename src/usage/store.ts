@@ -45,7 +45,11 @@ export const MAX_USAGE_ROWS = 10_000;
 /** Element-wise sum of the latency histograms in SQL (11 buckets, src/usage/histogram.ts). */
 const HIST_SUM = Array.from({ length: 11 }, (_, i) => `sum(latency_hist[${i + 1}])`).join(', ');
 
-/** History for one tenant over [from, to), in UTC buckets, grouped as asked. Settled hours only. */
+/**
+ * History for one tenant: the UTC buckets from the one holding `from` up to `to` (exclusive),
+ * grouped as asked. `from` is rounded down to its bucket, so a period that starts mid-hour (a
+ * tenant's anniversary) still counts its first hour.
+ */
 export async function usageHistory(sql: Tx, q: UsageQuery): Promise<UsageRow[]> {
   const byApi = q.groupBy.includes('API');
   const byClass = q.groupBy.includes('PRIORITY');
@@ -57,10 +61,10 @@ export async function usageHistory(sql: Tx, q: UsageQuery): Promise<UsageRow[]> 
         array[${HIST_SUM}]::bigint[] as hist
       from (
         select hour, api, class, calls, succeeded, failed, credits_billed, credits_refunded, latency_hist
-        from usage_hourly where tenant_id = $1 and hour >= $2 and hour < $3
+        from usage_hourly where tenant_id = $1 and hour >= date_trunc($4, $2::timestamptz, 'UTC') and hour < $3
         union all
         select hour, api, class, calls, succeeded, failed, credits_billed, credits_refunded, latency_hist
-        from usage_deltas where tenant_id = $1 and hour >= $2 and hour < $3
+        from usage_deltas where tenant_id = $1 and hour >= date_trunc($4, $2::timestamptz, 'UTC') and hour < $3
       ) u
       group by 1, 2, 3 order by 1, 2 nulls first, 3 nulls first
       limit ${MAX_USAGE_ROWS + 1}`,

@@ -59,7 +59,7 @@ async function read(ctx: Context, tenantId: string, a: Parameters<typeof usageAr
 const historyField = (t: any, tenantOf: (parent: any) => string) =>
   t.field({
     type: [UsageRowRef],
-    description: 'Usage history over [from, to), bucketed in UTC, oldest first. Kept after retention deletes the jobs.',
+    description: 'Usage history in UTC buckets from the one holding `from` up to `to` (exclusive), oldest first. Kept after retention deletes the jobs.',
     args: {
       from: t.arg({ type: 'DateTime', required: true }),
       to: t.arg({ type: 'DateTime', required: true }),
