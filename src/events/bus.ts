@@ -45,6 +45,21 @@ export class EventBus {
     this.maxBuffer = opts.maxBuffer ?? 1_000;
   }
 
+  private readonly loads = new Map<string, Promise<unknown>>();
+
+  /**
+   * One load per key while it is in flight: the subscribers an event wakes
+   * (a tenant's 5 jobsCompleted subscribers) wake in the same tick and read
+   * the job once instead of once each. Nothing is cached past the load.
+   */
+  shared<T>(key: string, load: () => Promise<T>): Promise<T> {
+    const pending = this.loads.get(key);
+    if (pending) return pending as Promise<T>;
+    const p = load().finally(() => this.loads.delete(key));
+    this.loads.set(key, p);
+    return p;
+  }
+
   async start(sql: Sql): Promise<void> {
     const { unlisten } = await sql.listen(JOB_EVENTS_CHANNEL, (payload) => {
       let event: JobEvent;

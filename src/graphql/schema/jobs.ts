@@ -234,7 +234,8 @@ builder.subscriptionFields((t) => ({
       const events = ctx.services.bus.subscribe((e) => e.tenantId === tenantId && (FINAL_STATES as string[]).includes(e.state), ctx.socket);
       try {
         for await (const event of events) {
-          const job = await getJob(ctx.services.sql, tenantId, event.jobId);
+          // A final state does not change: the tenant's subscribers woken by this event share one read.
+          const job = await ctx.services.bus.shared(`${event.jobId}:${event.state}`, () => getJob(ctx.services.sql, tenantId, event.jobId));
           if (job) yield job;
         }
       } finally {
