@@ -58,7 +58,7 @@ async function config(pg: BenchPostgres, apis: number, workers: number, o: { ten
       return r.createTenant.apiKey;
     });
     progress(`[cluster ${label}] submitting the backlog: ${o.tenants} x ${o.jobs}`);
-    await mapLimit(keys, 4, (key, t) => gqlRaw(urls[t % urls.length]!, key, submitBody(Array.from({ length: o.jobs }, (_, k) => ({ api: 'dnslookup', params: { domain: `b${t}-${k}.example.com` }, priority: 'BULK' as const })))));
+    await mapLimit(keys, 4, (key, t) => gqlRaw(urls[t % urls.length]!, key, submitBody(Array.from({ length: o.jobs }, (_, k) => ({ api: 'dnslookup', params: { domain: `b${t}-${k}.example.com` }, priority: 'STANDARD' as const })))));
     for (let i = 0; i < workers; i++) nodes.push(await startSluiceFor({ ...env, SLUICE_ROLE: 'worker' }, 'child'));
     progress(`[cluster ${label}] ${workers} workers up; warming up ${o.warmupS} s, measuring ${o.windowS} s`);
 
@@ -72,7 +72,7 @@ async function config(pg: BenchPostgres, apis: number, workers: number, o: { ten
         const n = seq++;
         let ok = true;
         try {
-          await gql(urls[n % urls.length]!, keys[s % keys.length]!, 'mutation($i: JobInput!) { submitJob(input: $i) { job { id } } }', { i: { api: 'dnslookup', params: { domain: `i${n}.example.com` }, priority: 'STANDARD' } });
+          await gql(urls[n % urls.length]!, keys[s % keys.length]!, 'mutation($i: JobInput!) { submitJob(input: $i) { job { id } } }', { i: { api: 'dnslookup', params: { domain: `i${n}.example.com` }, priority: 'BULK' } });
         } catch {
           ok = false;
         }
@@ -186,8 +186,8 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
     },
     targets,
     setup: {
-      backlog: `${o.tenants} ENTERPRISE tenants (cap 200) x ${o.jobs} BULK dnslookup jobs, submitted before the workers start`,
-      ingest: `${o.submitters} clients submitting one STANDARD job each, back to back, round robin over the API nodes`,
+      backlog: `${o.tenants} ENTERPRISE tenants (cap 200) x ${o.jobs} STANDARD dnslookup jobs, submitted before the workers start`,
+      ingest: `${o.submitters} clients submitting one BULK job each (a lower class, so dispatch measures the backlog, not the ingest rate), back to back, round robin over the API nodes`,
       upstream: 'simulator MEGA plan (no pacer), 500 concurrent calls, latency median 20 ms, in the bench process',
       nodes: 'each node a child process (bench/lib/sluice-child.ts) with Sluice defaults (batching on, DISPATCH_LOOPS 4)',
       window: `${o.warmupS} s warm-up after the workers start, then up to ${o.windowS} s (shorter if the backlog drains)`,
