@@ -157,13 +157,9 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
     windowS: flags.number('window', 15),
     extraEnv: parseEnvFlag(flags.optionalString('env')),
   };
+  // `--shapes 1x1,1x2,1x4,2x4`: APIs x workers per configuration.
+  const shapes = (flags.optionalString('shapes') ?? '1x1,1x2,1x4,2x4').split(',').map((x) => x.split('x').map(Number) as [number, number]);
   flags.done();
-  const shapes: Array<[number, number]> = [
-    [1, 1],
-    [1, 2],
-    [1, 4],
-    [2, 4],
-  ];
   const configs = [];
   for (const [a, w] of shapes) configs.push(await config(pg, a, w, o));
   const base = configs[0]!;
