@@ -21,6 +21,8 @@ import * as dispatch from './dispatch.ts';
 import * as overload from './overload.ts';
 import * as batching from './batching.ts';
 import * as ingest from './ingest.ts';
+import * as fanout from './fanout.ts';
+import * as cluster from './cluster.ts';
 
 interface Benchmark {
   description: string;
@@ -34,6 +36,8 @@ const BENCHMARKS: Record<string, Benchmark> = {
   overload,
   batching,
   ingest,
+  fanout,
+  cluster,
 };
 
 function usage(): string {

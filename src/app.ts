@@ -11,7 +11,7 @@ import { buildCatalog } from './config/apis.ts';
 import { ConfigError, type Env } from './config/env.ts';
 import { connect, ensureDatabase } from './db/client.ts';
 import { startEmbeddedPostgres, type EmbeddedDatabase } from './db/embedded.ts';
-import { runMigrations } from './db/migrate.ts';
+import { runMigrations, shippedMigrations } from './db/migrate.ts';
 import { resolveAdminToken } from './db/settings.ts';
 import { Dispatcher } from './dispatch/dispatcher.ts';
 import { Breakers } from './dispatch/breakers.ts';
@@ -26,7 +26,10 @@ import type { Services } from './graphql/context.ts';
 import { JobService } from './jobs/service.ts';
 import type { Logger } from './log.ts';
 import { createProviderClient } from './provider/client.ts';
-import { BossMaintenance, TENANT_QUEUE_RETENTION_SECONDS, disableBossHeartbeats, ensureTenantQueues, extendTenantQueueRetention, startBoss } from './queue/boss.ts';
+import { BossMaintenance, TENANT_QUEUE_RETENTION_SECONDS, applyFinishedJobRetention, disableBossHeartbeats, ensureTenantQueues, extendTenantQueueRetention, startBoss } from './queue/boss.ts';
+import { createOpsServer, type OpsOptions } from './http/ops.ts';
+import { SubscriptionRegistry } from './events/subscriptions.ts';
+import { Retention } from './retention/retention.ts';
 import { GRAPHQL_PATH, createHttpServer } from './server.ts';
 import { startSimulator, type Simulator, type SimulatorOptions } from './simulator/index.ts';
 import { simulatorOptionsFromEnv } from './simulator/env.ts';
@@ -41,6 +44,8 @@ export interface SluiceApp {
   /** http://host:port/graphql when this process serves the API. */
   url: string | null;
   port: number | null;
+  /** The port a worker-only process serves /healthz, /readyz and /metrics on (null otherwise). */
+  metricsPort: number | null;
   databaseUrl: string;
   /** The in-process simulator in demo mode. */
   simulator: Simulator | null;
@@ -154,10 +159,12 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
 
     // 3. Shared services.
     const admin = await resolveAdminToken(sql, env.SLUICE_ADMIN_TOKEN);
-    const bus = new EventBus();
+    const bus = new EventBus({ maxBuffer: env.SUBSCRIPTION_BUFFER_MAX });
     await bus.start(sql);
     cleanups.push(() => bus.stop());
+    await applyFinishedJobRetention(sql, env.JOB_RETENTION_SECONDS);
     const queuePolicy = {
+      deleteAfterSeconds: env.JOB_RETENTION_SECONDS,
       retryLimit: 10, // pg-boss's own retries only cover crash redelivery; Sluice counts upstream attempts itself
       retryDelaySeconds: 1,
       heartbeatSeconds: env.JOB_HEARTBEAT_SECONDS,
@@ -181,6 +188,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       windows: windowSpecs,
       adminTokenHash: admin.hash,
       queuePolicy,
+      lifecycle: { sql, boss },
       tenantChanged: async (tenant) => {
         await ensureTenantQueues(boss, tenant.id, queuePolicy);
         await sched.syncTenant(sql, tenant);
@@ -208,7 +216,17 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     // 4. The parts this process runs.
     let url: string | null = null;
     let port: number | null = null;
+    let dispatcherUp = false;
+    let metricsPort: number | null = null;
+    const ops: OpsOptions = {
+      sql,
+      expectedMigrations: shippedMigrations(),
+      metrics,
+      metricsToken: env.METRICS_TOKEN,
+      ...(env.SLUICE_ROLE !== 'api' ? { dispatcherRunning: () => dispatcherUp } : {}),
+    };
     if (env.SLUICE_ROLE !== 'worker') {
+      const subscriptions = new SubscriptionRegistry({ perTenant: env.MAX_SUBSCRIPTIONS_PER_TENANT, perProcess: env.MAX_SUBSCRIPTIONS_PER_PROCESS });
       const { server, closeSubscriptions, connections } = createHttpServer({
         services,
         maxBodyBytes: env.MAX_BODY_BYTES,
@@ -217,6 +235,8 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         development: env.NODE_ENV === 'development',
         limits: queryLimitsFromEnv(env),
         metrics,
+        ops,
+        subscriptions,
       });
       // Revoked keys lose their open subscriptions on every node (http/ws-auth.ts).
       await connections.start(sql, (err) => log.warn({ err }, 'could not re-validate graphql-ws connections'));
@@ -244,6 +264,14 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         halfOpenAfterMs: env.BREAKER_HALF_OPEN_SECONDS * 1000,
       });
       const agePromises = parseClassSeconds(env.CLASS_AGE_PROMISE_SECONDS);
+      const retention = new Retention({
+        sql,
+        retentionSeconds: env.JOB_RETENTION_SECONDS,
+        batchSize: env.RETENTION_BATCH_SIZE,
+        maxBatches: 20,
+        intervalSeconds: env.RETENTION_INTERVAL_SECONDS,
+        log,
+      });
       const dispatcher = new Dispatcher({
         sql,
         boss,
@@ -288,6 +316,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
           await sched.publishBreakers(sql, breakers.states().map((b) => ({ ...b, retryAt: b.state === 'OPEN' ? new Date(breakers.retryAt(b.api) ?? Date.now()) : null })));
           const status = client.lastStatus();
           if (status) await sched.publishProviderStatus(sql, status);
+          await retention.maybeRun();
         },
         desiredAlerts: async (tx) => {
           const [totals, account, windows, breakerRows] = await Promise.all([
@@ -310,13 +339,30 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       await sweeper.start();
       cleanups.push(() => sweeper.stop());
       await dispatcher.start();
+      dispatcherUp = true;
       // Stops leasing, lets in-flight calls finish and settle within the grace; past it, their
       // attempt leases expire and a live node's sweeper settles them (never called twice).
-      cleanups.push(() => dispatcher.stop({ graceMs: env.SHUTDOWN_GRACE_SECONDS * 1000 }));
+      cleanups.push(() => {
+        dispatcherUp = false;
+        return dispatcher.stop({ graceMs: env.SHUTDOWN_GRACE_SECONDS * 1000 });
+      });
+      if (env.SLUICE_ROLE === 'worker') {
+        // A worker serves no GraphQL: /healthz, /readyz and /metrics get their own small server.
+        const opsServer = createOpsServer(ops);
+        try {
+          await listen(opsServer, env.METRICS_PORT, env.HOST);
+          cleanups.push(() => closeServer(opsServer));
+          metricsPort = (opsServer.address() as AddressInfo).port;
+          log.info({ port: metricsPort }, 'worker serves /healthz, /readyz and /metrics');
+        } catch (err) {
+          // Dispatching matters more than being scraped: say so loudly and keep working.
+          log.error({ err, port: env.METRICS_PORT }, 'could not listen on METRICS_PORT: this worker serves no /metrics');
+        }
+      }
       log.info({ nodeId, windows: windowSpecs.map((w) => ({ name: w.name, classes: w.classes, pacedPerMinute: w.pacedPerMinute })) }, 'dispatcher started');
     }
 
-    return { url, port, databaseUrl, simulator, generatedAdminToken: admin.generated, stop };
+    return { url, port, metricsPort, databaseUrl, simulator, generatedAdminToken: admin.generated, stop };
   } catch (err) {
     await stop();
     throw err;

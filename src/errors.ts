@@ -17,6 +17,8 @@ export const ERROR_CODES = [
   'NOT_CANCELLABLE',
   'QUOTA_EXCEEDED',
   'QUEUE_FULL',
+  'TENANT_SUSPENDED',
+  'TENANT_BUSY',
   // Refused before execution by the front door (src/http/hardening.ts):
   'QUERY_TOO_DEEP',
   'QUERY_TOO_COSTLY',

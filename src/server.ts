@@ -21,6 +21,9 @@ import { schema } from './graphql/schema.ts';
 import { DEFAULT_QUERY_LIMITS, hardeningPlugins, type QueryLimits } from './http/hardening.ts';
 import type { Metrics } from './metrics.ts';
 // --- end front door and metrics ---
+import { serveOps, type OpsOptions } from './http/ops.ts';
+import { USAGE_CSV_PATH, serveUsageCsv } from './http/usage-csv.ts';
+import type { SubscriptionRegistry } from './events/subscriptions.ts';
 
 export const GRAPHQL_PATH = '/graphql';
 
@@ -37,6 +40,10 @@ export interface ServerOptions {
   /** Serves GET /metrics and counts GraphQL requests; absent: /metrics answers 404. */
   metrics?: Metrics;
   // --- end front door and metrics ---
+  /** /healthz, /readyz and /metrics with METRICS_TOKEN (src/http/ops.ts); absent: /healthz and an open /metrics only. */
+  ops?: OpsOptions;
+  /** graphql-ws caps and the sockets closed when keys change; absent: no caps. */
+  subscriptions?: SubscriptionRegistry;
 }
 
 /** SluiceError → a GraphQL error with its code; anything else is logged and masked (no stack traces outside development). */
@@ -68,13 +75,13 @@ export function createGraphQL(opts: ServerOptions): YogaServerInstance<Record<st
     landingPage: false,
     logging: false,
     maskedErrors: { maskError: (e, m, d) => maskError(opts.log, e, m, d), isDev: opts.development },
-    context: async ({ request, connectionParams, gate }: { request?: Request; connectionParams?: Record<string, unknown>; gate?: CommitGate }) => {
+    context: async ({ request, connectionParams, gate, socket }: { request?: Request; connectionParams?: Record<string, unknown>; gate?: CommitGate; socket?: { close(code: number, reason: string): void } }) => {
       const authorization =
         (connectionParams?.authorization as string | undefined) ??
         (connectionParams?.Authorization as string | undefined) ??
         request?.headers.get('authorization') ??
         null;
-      return { auth: await authenticate(opts.services, authorization), services: opts.services, ...(gate ? { gate } : {}) };
+      return { auth: await authenticate(opts.services, authorization), services: opts.services, ...(gate ? { gate } : {}), ...(socket ? { socket } : {}) };
     },
     plugins: [
       ...hardeningPlugins(opts.limits ?? DEFAULT_QUERY_LIMITS), // front door: CSRF, then query limits (before auth, before execution)
@@ -131,6 +138,8 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
   const server = createServer(async (req, res) => {
     try {
       const url = new URL(req.url ?? '/', 'http://localhost');
+      if (opts.ops && (await serveOps(req, res, opts.ops))) return;
+      if (url.pathname === USAGE_CSV_PATH && req.method === 'GET') return await serveUsageCsv(req, res, opts.services);
       if (url.pathname === '/healthz') {
         res.writeHead(200, { 'content-type': 'text/plain' }).end('ok');
         return;
@@ -233,9 +242,15 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
           return false;
         }
         connections.add(socket, auth, authorization!);
+        opts.subscriptions?.connected(ctx, auth.kind === 'tenant' ? auth.tenant.id : null);
         return true;
       },
-      onSubscribe: async (ctx, _id, payload) => {
+      onComplete: (ctx, id) => opts.subscriptions?.end(ctx, id),
+      onError: (ctx, id) => {
+        opts.subscriptions?.end(ctx, id);
+      },
+      onClose: (ctx) => opts.subscriptions?.disconnected(ctx),
+      onSubscribe: async (ctx, id, payload) => {
         const { schema: s, execute, subscribe, contextFactory, parse, validate } = yoga.getEnveloped({
           ...ctx,
           req: ctx.extra.request,
@@ -268,6 +283,9 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
           ctx.extra.socket.close(code, refused.message.slice(0, 120));
           return [refused];
         }
+        // Counted once it will run; onComplete, onError or the socket's close uncount it.
+        const overCap = opts.subscriptions?.start(ctx, id);
+        if (overCap) return [overCap];
         return args;
       },
     },

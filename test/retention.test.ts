@@ -1,100 +1,142 @@
 /**
- * Jobs never expire while they wait. A job held by a quota WAIT may wait a
- * month; pg-boss's maintenance deletes waiting rows past their queue's
- * retention. Tenant queues now keep waiting jobs 400 days, existing queues are
- * migrated, and the reconciler puts back (or fails with a code) any waiting
- * job whose pg-boss job is gone anyway.
+ * Retention and usage history (issue 13, I10): the summed creditsBilled of
+ * usage history equals me.usage.creditsUsed and the ledger, before and after
+ * retention deletes the jobs, their results and settled reservations; cleared
+ * alerts are pruned; pg-boss keeps finished jobs as long as we do.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import postgres from 'postgres';
-import type { PgBoss } from 'pg-boss';
-import { TENANT_QUEUE_RETENTION_SECONDS, extendTenantQueueRetention, queueName, startBoss } from '../src/queue/boss.ts';
-import { LOST_JOB_CODE } from '../src/scheduler/reconcile.ts';
-import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
+import { Retention } from '../src/retention/retention.ts';
+import { percentileMs } from '../src/usage/histogram.ts';
+import { parseUsageQuery, toCsv } from '../src/http/usage-csv.ts';
+import { eventually, startTestApp, ADMIN_TOKEN, type TestApp } from './helpers/app.ts';
 
-const SUBMIT = `mutation($i: JobInput!) { submitJob(input: $i) { job { id state } } }`;
-const UPDATE = `mutation($i: UpdateTenantInput!) { updateTenant(input: $i) { id } }`;
-const JOB = `query($id: ID!) { job(id: $id) { state error { code } } }`;
+const RETENTION = 86_400;
 
-describe('a job waiting past the queue retention', () => {
+describe('usage history: pure parts', () => {
+  test('p95 is the upper bound of the bucket holding it; none without samples', () => {
+    assert.equal(percentileMs([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], 0.95), null);
+    assert.equal(percentileMs([100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], 0.95), 25);
+    assert.equal(percentileMs([94, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0], 0.95), 500);
+    assert.equal(percentileMs([95, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0], 0.95), 25);
+    assert.equal(percentileMs([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3], 0.5), 30_000);
+  });
+  test('CSV rows and query parsing', () => {
+    const csv = toCsv([{ start: new Date('2026-01-01T00:00:00Z'), api: 'dnslookup', priority: null, calls: 2, succeeded: 1, failed: 1, creditsBilled: 1, creditsRefunded: 1, latencyP95Ms: 250 }]);
+    assert.equal(csv, 'start,api,priority,calls,succeeded,failed,creditsBilled,creditsRefunded,latencyP95Ms\r\n2026-01-01T00:00:00.000Z,dnslookup,,2,1,1,1,1,250\r\n');
+    const q = parseUsageQuery(new URLSearchParams('from=2026-01-01T00:00:00Z&to=2026-02-01T00:00:00Z&granularity=hour&groupBy=API,PRIORITY'));
+    assert.equal(q.granularity, 'HOUR');
+    assert.deepEqual(q.groupBy, ['API', 'PRIORITY']);
+    assert.throws(() => parseUsageQuery(new URLSearchParams('from=2026-02-01&to=2026-01-01')), /before/);
+    assert.throws(() => parseUsageQuery(new URLSearchParams('from=2026-01-01&to=2026-02-01&groupBy=TENANT')), /groupBy/);
+  });
+});
+
+describe('retention keeps history equal to the ledger', () => {
   let t: TestApp;
   let sql: postgres.Sql;
-  let boss: PgBoss;
-
+  let tenant: { id: string; apiKey: string };
   before(async () => {
-    t = await startTestApp({ SWEEP_INTERVAL_MS: '200', RECONCILE_INTERVAL_SECONDS: '1' });
+    t = await startTestApp({ JOB_RETENTION_SECONDS: String(RETENTION) });
     sql = postgres(t.databaseUrl, { max: 2, onnotice: () => {} });
-    // A second pg-boss on the same database, to run its maintenance on demand (no background supervision).
-    boss = await startBoss(t.databaseUrl, { max: 2, supervise: false });
+    tenant = await t.createTenant('billed-co');
   });
   after(async () => {
-    await boss.stop({ graceful: false, close: true });
     await sql.end();
     await t.stop();
   });
 
-  test('tenant queues keep waiting jobs longer than any wait', async () => {
-    const tenant = await t.createTenant('retained', 'PRO');
-    const [q] = await sql`select retention_seconds from pgboss.queue where name = ${queueName(tenant.id, 'STANDARD')}`;
-    assert.equal(q!.retention_seconds, TENANT_QUEUE_RETENTION_SECONDS);
-    assert.ok(TENANT_QUEUE_RETENTION_SECONDS > 62 * 86_400, 'longer than a monthly quota wait plus a credits stop');
-  });
+  const history = async (granularity: string, groupBy: string[]) => {
+    const { periodStart, periodEnd } = (await t.gql('{ me { usage { periodStart periodEnd } } }', {}, tenant.apiKey)).body.data.me.usage;
+    const r = await t.gql(
+      `query($from: DateTime!, $to: DateTime!, $g: UsageGranularity, $by: [UsageGroupBy!]) { me { usageHistory(from: $from, to: $to, granularity: $g, groupBy: $by) { start api priority calls succeeded failed creditsBilled creditsRefunded latencyP95Ms } } }`,
+      { from: periodStart, to: periodEnd, g: granularity, by: groupBy },
+      tenant.apiKey,
+    );
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    return r.body.data.me.usageHistory as Array<{ api: string | null; priority: string | null; calls: number; succeeded: number; creditsBilled: number; latencyP95Ms: number | null }>;
+  };
+  const sum = (rows: Array<{ creditsBilled: number }>) => rows.reduce((s, r) => s + r.creditsBilled, 0);
+  /** me.usage, the ledger row and history by month, by hour per API and class, and the CSV, all at once. */
+  const figures = async () => {
+    const usage = (await t.gql('{ me { usage { creditsUsed periodStart periodEnd } } }', {}, tenant.apiKey)).body.data.me.usage;
+    const [ledger] = await sql`select billed::int from tenant_ledger where tenant_id = ${tenant.id}`;
+    const byMonth = await history('MONTH', []);
+    const byHour = await history('HOUR', ['API', 'PRIORITY']);
+    const csv = await fetch(`${t.url.replace('/graphql', '')}/usage.csv?from=${usage.periodStart}&to=${usage.periodEnd}&granularity=DAY&groupBy=API`, {
+      headers: { authorization: `Bearer ${tenant.apiKey}` },
+    });
+    assert.equal(csv.status, 200);
+    assert.match(csv.headers.get('content-type')!, /^text\/csv/);
+    const lines = (await csv.text()).trim().split('\r\n');
+    const billedColumn = lines[0]!.split(',').indexOf('creditsBilled');
+    const csvBilled = lines.slice(1).reduce((s, l) => s + Number(l.split(',')[billedColumn]), 0);
+    return { used: usage.creditsUsed, ledger: ledger!.billed as number, month: sum(byMonth), hour: sum(byHour), csv: csvBilled, byHour, byMonth };
+  };
 
-  test('existing queues and their waiting jobs are migrated to the long retention', async () => {
-    const tenant = await t.createTenant('old-queue', 'PRO');
-    await t.gql(UPDATE, { i: { id: tenant.id, monthlyQuota: 0, quotaPolicy: 'WAIT' } });
-    const r = await t.gql(SUBMIT, { i: { api: 'dnslookup', params: { domain: 'old.example' } } }, tenant.apiKey);
-    const id = r.body.data.submitJob.job.id;
-    const queue = queueName(tenant.id, 'STANDARD');
-    // As a queue created before this change: pg-boss's 14-day default, the job's deadline fixed at insert.
-    await sql`update pgboss.queue set retention_seconds = 14 * 86400 where name = ${queue}`;
-    await sql`update pgboss.job set keep_until = start_after + interval '14 days' where name = ${queue} and id = ${id}`;
-    assert.ok((await extendTenantQueueRetention(sql as never)) >= 1);
-    const [job] = await sql`select keep_until > now() + interval '300 days' as long from pgboss.job where name = ${queue} and id = ${id}`;
-    assert.equal(job!.long, true, "the waiting job's deadline moved out too");
-    assert.equal(await extendTenantQueueRetention(sql as never), 0, 'idempotent');
-  });
-
-  test('a quota-WAIT job whose pg-boss job was deleted by maintenance is put back, and runs once quota returns', async () => {
-    const tenant = await t.createTenant('waits-a-month', 'PRO');
-    await t.gql(UPDATE, { i: { id: tenant.id, monthlyQuota: 0, quotaPolicy: 'WAIT' } });
-    const r = await t.gql(SUBMIT, { i: { api: 'dnslookup', params: { domain: 'patient.example' } } }, tenant.apiKey);
-    const id = r.body.data.submitJob.job.id;
-    await eventually(async () => (await t.gql(JOB, { id }, tenant.apiKey)).body.data.job.state === 'WAITING_QUOTA');
-
-    // Forty days later (as the old default retention would have it): the job is past its pg-boss deadline
-    // and pg-boss's own maintenance deletes it.
-    const queue = queueName(tenant.id, 'STANDARD');
-    await sql`update jobs set created_at = now() - interval '40 days' where id = ${id}`;
-    await sql`update pgboss.job set keep_until = now() - interval '1 day' where name = ${queue} and id = ${id}`;
-    await boss.supervise(queue);
-    const [gone] = await sql`select count(*)::int as n from pgboss.job where name = ${queue} and id = ${id}`;
-    assert.equal(gone!.n, 0, 'pg-boss maintenance deleted the waiting job (the loss the reconciler repairs)');
-
-    // The reconciler notices and puts it back under the same id; the job never left WAITING_QUOTA.
+  test('history equals me.usage and the ledger, before and after retention deletes the jobs', async () => {
+    const apis = ['dnslookup', 'exchangerate', 'emailvalidator'];
+    const params: Record<string, Record<string, string>> = { dnslookup: { domain: 'example.com' }, exchangerate: { currency1: 'USD', currency2: 'EUR' }, emailvalidator: { email: 'jane@mailinator.com' } };
+    const jobs = Array.from({ length: 24 }, (_, i) => ({ api: apis[i % 3], params: { ...params[apis[i % 3]!], n: String(i) }, priority: ['INTERACTIVE', 'STANDARD', 'BULK'][i % 3] }));
+    const sub = await t.gql(`mutation($i: SubmitJobsInput!) { submitJobs(input: $i) { jobs { id } } }`, { i: { jobs } }, tenant.apiKey);
+    assert.equal(sub.status, 200, JSON.stringify(sub.body));
     await eventually(async () => {
-      const [row] = await sql`select state from pgboss.job where name = ${queue} and id = ${id}`;
-      return row && (row.state === 'created' || row.state === 'retry');
-    }, 20_000);
-    assert.equal((await t.gql(JOB, { id }, tenant.apiKey)).body.data.job.state, 'WAITING_QUOTA');
+      const [r] = await sql`select count(*)::int as n from jobs where tenant_id = ${tenant.id} and state in ('SUCCEEDED', 'FAILED')`;
+      return r!.n === 24;
+    }, 60_000);
 
-    // Quota comes back (a new period, or an admin): the job runs.
-    await t.gql(UPDATE, { i: { id: tenant.id, monthlyQuota: 1000 } });
-    await eventually(async () => (await t.gql(JOB, { id }, tenant.apiKey)).body.data.job.state === 'SUCCEEDED', 30_000);
+    const before = await figures();
+    assert.ok(before.used > 0);
+    assert.deepEqual([before.ledger, before.month, before.hour, before.csv], [before.used, before.used, before.used, before.used]);
+    assert.ok(before.byHour.every((r) => r.api !== null && r.priority !== null && r.latencyP95Ms !== null));
+    assert.equal(before.byMonth.reduce((s, r) => s + r.calls, 0) >= 24, true);
+    assert.equal(new Set(before.byHour.map((r) => r.api)).size, 3);
+
+    // Age everything past the retention, add an old cleared alert and a recent one.
+    await sql`update jobs set finished_at = now() - interval '2 days' where tenant_id = ${tenant.id}`;
+    await sql`update reservations set settled_at = now() - interval '2 days' where tenant_id = ${tenant.id}`;
+    await sql`insert into alerts (id, key, severity, message, raised_at, cleared_at) values
+      (gen_random_uuid(), 'AGE_PROMISE:BULK', 'warning', 'old', now() - interval '3 days', now() - interval '2 days'),
+      (gen_random_uuid(), 'AGE_PROMISE:BULK', 'warning', 'recent', now() - interval '2 hours', now() - interval '1 hour')`;
+    const retention = new Retention({ sql: sql as never, retentionSeconds: RETENTION, batchSize: 5, maxBatches: 100, intervalSeconds: 0 });
+    const pass = await retention.runOnce();
+    assert.ok(pass);
+    assert.equal(pass.jobs, 24);
+    assert.ok(pass.reservations >= 24);
+    assert.equal(pass.alerts, 1);
+    assert.ok(pass.foldedDeltas > 0);
+
+    const [left] = await sql`
+      select (select count(*) from jobs where tenant_id = ${tenant.id})::int as jobs,
+        (select count(*) from job_results)::int as results,
+        (select count(*) from reservations where tenant_id = ${tenant.id})::int as reservations,
+        (select count(*) from usage_deltas)::int as deltas,
+        (select count(*) from alerts where message = 'recent')::int as recent_alerts`;
+    assert.deepEqual({ ...left }, { jobs: 0, results: 0, reservations: 0, deltas: 0, recent_alerts: 1 });
+
+    const afterwards = await figures();
+    assert.deepEqual(
+      { used: afterwards.used, ledger: afterwards.ledger, month: afterwards.month, hour: afterwards.hour, csv: afterwards.csv },
+      { used: before.used, ledger: before.used, month: before.used, hour: before.used, csv: before.used },
+    );
+    assert.deepEqual(afterwards.byHour, before.byHour);
   });
 
-  test('a waiting job whose queue is gone altogether fails with QUEUE_ENTRY_LOST instead of waiting forever', async () => {
-    const tenant = await t.createTenant('queue-gone', 'PRO');
-    await t.gql(UPDATE, { i: { id: tenant.id, monthlyQuota: 0, quotaPolicy: 'WAIT' } });
-    const r = await t.gql(SUBMIT, { i: { api: 'dnslookup', params: { domain: 'orphan.example' }, priority: 'BULK' } }, tenant.apiKey);
-    const id = r.body.data.submitJob.job.id;
-    await sql`update jobs set created_at = now() - interval '40 days' where id = ${id}`;
-    await boss.deleteQueue(queueName(tenant.id, 'BULK'));
-    const job = await eventually(async () => {
-      const j = (await t.gql(JOB, { id }, tenant.apiKey)).body.data.job;
-      return j.state === 'FAILED' ? j : null;
-    }, 20_000);
-    assert.equal(job.error.code, LOST_JOB_CODE);
+  test("pg-boss deletes the tenant queues' finished jobs after the same retention", async () => {
+    const rows = await sql`select deletion_seconds from pgboss.queue where name like ${`t.${tenant.id}.%`}`;
+    assert.equal(rows.length, 3);
+    assert.ok(rows.every((r) => r.deletion_seconds === RETENTION));
+  });
+
+  test('the CSV needs the same credentials: none is 401, the admin names the tenant', async () => {
+    const base = `${t.url.replace('/graphql', '')}/usage.csv?from=2020-01-01T00:00:00Z&to=2100-01-01T00:00:00Z&granularity=MONTH`;
+    assert.equal((await fetch(base)).status, 401);
+    const admin = await fetch(base, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } });
+    assert.equal(admin.status, 400);
+    assert.equal((await admin.json()).errors[0].extensions.code, 'BAD_USER_INPUT');
+    const named = await fetch(`${base}&tenantId=${tenant.id}`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } });
+    assert.equal(named.status, 200);
+    assert.match(await named.text(), /^start,api,priority,calls/);
   });
 });

@@ -57,6 +57,8 @@ export interface TenantAdmissionState {
   /** Waiting jobs, all classes (exact: sched_queues.depth). */
   depth: number;
   quotaBlocked: boolean;
+  /** suspendTenant: submissions are refused with TENANT_SUSPENDED. */
+  suspended: boolean;
 }
 
 /**
@@ -68,8 +70,8 @@ export interface TenantAdmissionState {
 export async function readTenants(tx: Tx, tenantIds: readonly string[]): Promise<Map<string, TenantAdmissionState>> {
   const ids = [...new Set(tenantIds)];
   const rows = await tx`
-    select t.tenant_id, t.quota_blocked,
+    select t.tenant_id, t.quota_blocked, t.suspended,
       (select coalesce(sum(q.depth), 0) from sched_queues q where q.tenant_id = t.tenant_id)::int as depth
     from sched_tenants t where t.tenant_id = any(${ids}::uuid[])`;
-  return new Map(rows.map((r) => [r.tenant_id as string, { depth: r.depth as number, quotaBlocked: r.quota_blocked as boolean }]));
+  return new Map(rows.map((r) => [r.tenant_id as string, { depth: r.depth as number, quotaBlocked: r.quota_blocked as boolean, suspended: r.suspended as boolean }]));
 }

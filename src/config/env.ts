@@ -159,6 +159,23 @@ export const envSchema = z.object({
   /** Per-tenant series on GET /metrics (one series per tenant and class): off by default to bound cardinality. */
   METRICS_TENANT_LABELS: bool(false),
   // --- end front door and metrics ---
+
+  // --- Running it for real (issue 13): retention, ops endpoints, subscription limits ---
+  /** Finished jobs and results, settled reservations and cleared alerts older than this are deleted (default 30 days); pg-boss keeps its finished jobs as long. */
+  JOB_RETENTION_SECONDS: int(30 * 24 * 3600, 1),
+  /** How often the sweeping worker runs a retention pass, and the rows one delete statement takes. */
+  RETENTION_INTERVAL_SECONDS: int(60, 1),
+  RETENTION_BATCH_SIZE: int(500, 1),
+  /** Worker-only processes serve /healthz, /readyz and /metrics on this port (0 = a free port). API nodes use PORT. */
+  METRICS_PORT: int(9464, 0),
+  /** When set, GET /metrics needs Authorization: Bearer <METRICS_TOKEN>. */
+  METRICS_TOKEN: optionalString,
+  /** Open graphql-ws operations one tenant may hold on one process, and one process in all. */
+  MAX_SUBSCRIPTIONS_PER_TENANT: int(100, 1),
+  MAX_SUBSCRIPTIONS_PER_PROCESS: int(20_000, 1),
+  /** Events one subscriber may have waiting; a subscriber that falls further behind is closed (4408). */
+  SUBSCRIPTION_BUFFER_MAX: int(1_000, 1),
+  // --- end running it for real ---
 });
 
 export type Env = z.infer<typeof envSchema>;

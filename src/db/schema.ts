@@ -5,7 +5,7 @@
  * Migrations in drizzle/ are generated from this file with `npm run db:generate`.
  */
 import { sql } from 'drizzle-orm';
-import { bigint, boolean, check, doublePrecision, index, integer, jsonb, pgTable, primaryKey, text, timestamp, uniqueIndex, uuid } from 'drizzle-orm/pg-core';
+import { bigint, bigserial, boolean, check, doublePrecision, index, integer, jsonb, pgTable, primaryKey, text, timestamp, uniqueIndex, uuid } from 'drizzle-orm/pg-core';
 
 const timestamps = {
   createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
@@ -27,6 +27,8 @@ export const tenants = pgTable(
     quotaPolicy: text('quota_policy').notNull().default('WAIT'),
     /** The quota period starts on this instant's monthly anniversary. */
     periodAnchor: timestamp('period_anchor', { withTimezone: true }).notNull().defaultNow(),
+    /** Set while the tenant is suspended: submissions refused, dispatch skips it (migration 0009). */
+    suspendedAt: timestamp('suspended_at', { withTimezone: true }),
     ...timestamps,
   },
   (t) => [
@@ -123,6 +125,8 @@ export const schedTenants = pgTable('sched_tenants', {
   /** Set when the tenant's next job would pass its quota (policy WAIT); cleared by the sweeper. */
   quotaBlocked: boolean('quota_blocked').notNull().default(false),
   quotaBlockedCost: integer('quota_blocked_cost').notNull().default(0),
+  /** The tenant is suspended: dispatch skips it, its queued jobs wait (reason SUSPENDED). */
+  suspended: boolean('suspended').notNull().default(false),
 });
 
 /** One row per (tenant, class) queue: its virtual time and when it next has ready work. */
@@ -138,6 +142,8 @@ export const schedQueues = pgTable(
     readyAt: timestamp('ready_at', { withTimezone: true }),
     /** Jobs waiting (QUEUED or WAITING_QUOTA), kept exact by triggers on jobs (migration 0003). */
     depth: integer('depth').notNull().default(0),
+    /** Jobs RUNNING, kept exact by triggers on jobs (migration 0009): a scrape reads it, never counts rows. */
+    running: integer('running').notNull().default(0),
   },
   (t) => [
     primaryKey({ columns: [t.tenantId, t.jobClass] }),
@@ -273,3 +279,34 @@ export const breakers = pgTable('breakers', {
   failures: integer('failures').notNull().default(0),
   updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
 });
+
+/* ---- Usage history (owned by src/usage/store.ts; written by a trigger on reservations, migration 0009) ---- */
+
+const usageColumns = {
+  tenantId: uuid('tenant_id').notNull(),
+  /** The ledger period the reservation was charged to, so history sums per period equal the ledger. */
+  periodStart: timestamp('period_start', { withTimezone: true }).notNull(),
+  /** The settlement's hour (UTC). */
+  hour: timestamp('hour', { withTimezone: true }).notNull(),
+  api: text('api').notNull(),
+  jobClass: text('class').notNull(),
+  calls: integer('calls').notNull().default(0),
+  succeeded: integer('succeeded').notNull().default(0),
+  failed: integer('failed').notNull().default(0),
+  creditsBilled: bigint('credits_billed', { mode: 'number' }).notNull().default(0),
+  creditsRefunded: bigint('credits_refunded', { mode: 'number' }).notNull().default(0),
+  /** Settled attempts per latency bucket (bounds in src/usage/histogram.ts). */
+  latencyHist: integer('latency_hist').array().notNull(),
+};
+
+/** Hourly aggregates per tenant, period, API and class; no foreign key: history outlives the tenant. */
+export const usageHourly = pgTable('usage_hourly', usageColumns, (t) => [
+  primaryKey({ name: 'usage_hourly_pk', columns: [t.tenantId, t.hour, t.periodStart, t.api, t.jobClass] }),
+]);
+
+/** Appended by each settling statement (insert only, no lock contention); folded into usage_hourly by the sweeper. */
+export const usageDeltas = pgTable(
+  'usage_deltas',
+  { id: bigserial('id', { mode: 'number' }).primaryKey(), ...usageColumns },
+  (t) => [index('usage_deltas_tenant_hour_idx').on(t.tenantId, t.hour)],
+);

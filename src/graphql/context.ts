@@ -5,13 +5,14 @@
  */
 import type { ApiCatalog } from '../config/apis.ts';
 import type { Sql } from '../db/client.ts';
-import type { EventBus } from '../events/bus.ts';
+import type { EventBus, SubscriberSocket } from '../events/bus.ts';
 import type { JobService } from '../jobs/service.ts';
 import { bearerToken, hashSecret, sameHash } from '../tenants/keys.ts';
 import type { TenantRecord } from '../tenants/policy.ts';
 import type { TenantStore } from '../tenants/store.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
 import type { CommitGate } from '../http/deadline.ts';
+import type { LifecycleDeps } from '../tenants/lifecycle.ts';
 
 export type Auth =
   | { kind: 'anonymous' }
@@ -32,6 +33,8 @@ export interface Services {
   windows: readonly WindowSpec[];
   adminTokenHash: string;
   queuePolicy: { retryLimit: number; retryDelaySeconds: number; heartbeatSeconds: number; expireInSeconds: number };
+  /** What suspendTenant, resumeTenant and deleteTenant need (pg-boss to drop queues). */
+  lifecycle: LifecycleDeps;
   /** After a tenant is created or changed: its pg-boss queues exist and the scheduler has its limits. */
   tenantChanged(tenant: TenantRecord): Promise<void>;
 }
@@ -41,6 +44,8 @@ export interface Context {
   services: Services;
   /** HTTP only: the request deadline's commit gate (a submission must not commit once the deadline answered). */
   gate?: CommitGate;
+  /** The graphql-ws socket of a subscription (absent over HTTP): closed if the subscriber falls behind. */
+  socket?: SubscriberSocket;
 }
 
 export async function authenticate(services: Services, authorization: string | null | undefined): Promise<Auth> {

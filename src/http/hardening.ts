@@ -15,7 +15,7 @@
  *   `x-graphql-yoga-csrf` or `authorization`. Refused with 403 CSRF_PREVENTED.
  *   JSON POSTs (GraphiQL's, every client's) and graphql-ws are not affected.
  */
-import { GraphQLError, type ParseOptions, type Source, type ValidationContext } from 'graphql';
+import { GraphQLError, Kind, validate, visit, type ASTNode, type DocumentNode, type GraphQLSchema, type ParseOptions, type Source, type ValidationContext } from 'graphql';
 import type { Plugin } from 'graphql-yoga';
 import { useCSRFPrevention } from '@graphql-yoga/plugin-csrf-prevention';
 import { costLimitRule } from '@escape.tech/graphql-armor-cost-limit';
@@ -28,7 +28,8 @@ export interface QueryLimits {
   maxDepth: number;
   /**
    * graphql-armor's cost: 1 per scalar, 2 per object, children × 1.5 per level,
-   * a literal `first:`/`last:` multiplies its subtree. A full page of `jobs(first: 500)`
+   * a `first:`/`last:` multiplies its subtree, whether written as a literal or passed as a
+   * variable (`jobs(first: $n)` counts the value of `$n`). A full page of `jobs(first: 500)`
    * with every field costs about 41,000.
    */
   maxCost: number;
@@ -68,6 +69,62 @@ function reportAs(code: LimitCode, limit: number) {
   };
 }
 
+/**
+ * The document with every `first:`/`last:` argument given as a variable
+ * replaced by the variable's value (or its declared default), as an integer
+ * literal, so the cost rule multiplies by what the request really asks for.
+ * graphql-armor's rule only sees literals: 30 aliases of `jobs(first: $n)`
+ * would otherwise cost as if each took one item. Pure.
+ */
+export function inlinePageSizes(document: DocumentNode, variables: Record<string, unknown> | null | undefined): DocumentNode {
+  const defaults = new Map<string, ASTNode>();
+  for (const def of document.definitions) {
+    if (def.kind !== Kind.OPERATION_DEFINITION) continue;
+    for (const v of def.variableDefinitions ?? []) if (v.defaultValue) defaults.set(v.variable.name.value, v.defaultValue);
+  }
+  return visit(document, {
+    Argument(node) {
+      if ((node.name.value !== 'first' && node.name.value !== 'last') || node.value.kind !== Kind.VARIABLE) return undefined;
+      const name = node.value.name.value;
+      const given = variables?.[name];
+      const fallback = defaults.get(name);
+      const n = typeof given === 'number' ? given : fallback?.kind === Kind.INT ? Number(fallback.value) : NaN;
+      if (!Number.isInteger(n)) return undefined;
+      return { ...node, value: { kind: Kind.INT, value: String(n) } };
+    },
+  });
+}
+
+/**
+ * The cost of a request whose page sizes come from variables, checked when it
+ * executes (variables are known then; validation results are cached per
+ * document, so a variable-dependent verdict must not be made there).
+ * Returns the refusal, or null. Documents without a variable page size cost
+ * what validation already measured.
+ */
+export function variableCostRefusal(schema: GraphQLSchema, document: DocumentNode, variables: Record<string, unknown> | null | undefined, maxCost: number): GraphQLError | null {
+  if (!hasVariablePageSize(document)) return null;
+  let refusal: GraphQLError | null = null;
+  const rule = costLimitRule({
+    exposeLimits: true,
+    propagateOnRejection: false,
+    maxCost,
+    onReject: [(_ctx: unknown, err: GraphQLError) => (refusal = limitError(LIMIT_CODES.cost, err, maxCost))],
+  });
+  validate(schema, inlinePageSizes(document, variables), [rule]);
+  return refusal;
+}
+
+function hasVariablePageSize(document: DocumentNode): boolean {
+  let found = false;
+  visit(document, {
+    Argument(node) {
+      if ((node.name.value === 'first' || node.name.value === 'last') && node.value.kind === Kind.VARIABLE) found = true;
+    },
+  });
+  return found;
+}
+
 export function useQueryLimits(limits: QueryLimits): Plugin {
   const common = { exposeLimits: true, propagateOnRejection: false } as const;
   const rules = [
@@ -102,6 +159,14 @@ export function useQueryLimits(limits: QueryLimits): Plugin {
     },
     onValidate({ addValidationRule }) {
       for (const rule of rules) addValidationRule(rule);
+    },
+    onExecute({ args, setResultAndStopExecution }) {
+      const refusal = variableCostRefusal(args.schema, args.document, args.variableValues, limits.maxCost);
+      if (refusal) setResultAndStopExecution({ errors: [refusal] });
+    },
+    onSubscribe({ args, setResultAndStopExecution }) {
+      const refusal = variableCostRefusal(args.schema, args.document, args.variableValues, limits.maxCost);
+      if (refusal) setResultAndStopExecution({ errors: [refusal] });
     },
     onResultProcess({ result, setResult }) {
       // Yoga marks parse and validation errors `http.spec`, which makes an application/json answer 200;

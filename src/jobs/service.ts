@@ -232,8 +232,11 @@ export class JobService {
    * The single place for tenant-state checks at the front door (a suspended
    * tenant belongs here). `state` is the tenant's row as read under the gate.
    */
-  private async tenantRefusal(tx: postgres.TransactionSql, sub: Submission, _state: TenantAdmissionState | undefined): Promise<SluiceError | null> {
+  private async tenantRefusal(tx: postgres.TransactionSql, sub: Submission, state: TenantAdmissionState | undefined): Promise<SluiceError | null> {
     const { tenant } = sub;
+    if (state?.suspended || tenant.suspendedAt) {
+      return new SluiceError('TENANT_SUSPENDED', 'your tenant is suspended: submissions are refused until an operator resumes it', {}, 403);
+    }
     if (tenant.quotaPolicy !== 'FAIL') return null;
     const limits = effectiveLimits(tenant);
     const period = quotaPeriod(tenant.periodAnchor, new Date());

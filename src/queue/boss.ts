@@ -28,6 +28,8 @@ export interface QueuePolicy {
   heartbeatSeconds: number;
   /** Upper bound on one attempt, whatever the heartbeat says. */
   expireInSeconds: number;
+  /** pg-boss deletes finished jobs after this long: JOB_RETENTION_SECONDS, so it agrees with our retention. */
+  deleteAfterSeconds?: number;
 }
 
 /**
@@ -98,12 +100,23 @@ export async function ensureTenantQueues(boss: PgBoss, tenantId: string, policy:
         retryBackoff: true,
         expireInSeconds: policy.expireInSeconds,
         retentionSeconds: TENANT_QUEUE_RETENTION_SECONDS,
+        ...(policy.deleteAfterSeconds !== undefined ? { deleteAfterSeconds: policy.deleteAfterSeconds } : {}),
       });
     } catch (err) {
       // Another process created it between our check and our create.
       if (!(await boss.getQueue(name))) throw err;
     }
   }
+}
+
+/**
+ * Brings every tenant queue's finished-job deletion to JOB_RETENTION_SECONDS
+ * (queues created before it was set, or under another value), in one
+ * statement on pg-boss's queue table rather than one call per tenant. Only the
+ * deletion of finished jobs: how long waiting jobs are kept is not touched.
+ */
+export async function applyFinishedJobRetention(sql: Sql, seconds: number): Promise<void> {
+  await sql`update pgboss.queue set deletion_seconds = ${seconds} where name like 't.%' and deletion_seconds <> ${seconds}`;
 }
 
 /**

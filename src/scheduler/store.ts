@@ -96,7 +96,7 @@ export async function loadCandidates(sql: Tx, classes: readonly JobClass[], perC
       select q.tenant_id, q.class, q.vtime, t.weight, t.in_flight, t.cap, t.quota_blocked
       from sched_queues q join sched_tenants t on t.tenant_id = q.tenant_id
       where q.class = c.class and q.ready_at is not null and q.ready_at <= now()
-        and t.in_flight < t.cap and not t.quota_blocked
+        and t.in_flight < t.cap and not t.quota_blocked and not t.suspended
       order by q.vtime limit ${perClass}
     ) q`;
   return rows.map((r) => ({
@@ -134,7 +134,7 @@ export async function classTotals(sql: Tx): Promise<Array<{ jobClass: JobClass; 
   const rows = await sql`
     select c.class,
       (select coalesce(sum(depth), 0) from sched_queues q where q.class = c.class)::int as depth,
-      (select count(*) from jobs j where j.priority = c.class and j.state = 'RUNNING')::int as running,
+      (select coalesce(sum(running), 0) from sched_queues q where q.class = c.class)::int as running,
       (select extract(epoch from now() - min(created_at)) from (
         select created_at from jobs where priority = c.class and state = 'QUEUED' order by created_at limit 1) o) as oldest
     from unnest(${CLASSES as unknown as string[]}::text[]) as c(class)`;
@@ -144,8 +144,7 @@ export async function classTotals(sql: Tx): Promise<Array<{ jobClass: JobClass; 
 /** Per class of one tenant: waiting, running, oldest waiting job's age, quota block, and the tenant's cap state. */
 export async function tenantQueues(sql: Tx, tenantId: string): Promise<Array<{ jobClass: JobClass; depth: number; running: number; oldestAgeSeconds: number | null; headApi: string | null }>> {
   const rows = await sql`
-    select q.class, q.depth,
-      (select count(*) from jobs j where j.tenant_id = q.tenant_id and j.priority = q.class and j.state = 'RUNNING')::int as running,
+    select q.class, q.depth, q.running,
       h.age, h.api
     from sched_queues q
     left join lateral (
@@ -160,9 +159,9 @@ export async function tenantQueues(sql: Tx, tenantId: string): Promise<Array<{ j
     .sort((a, b) => order.indexOf(a.jobClass) - order.indexOf(b.jobClass));
 }
 
-export async function tenantSchedState(sql: Tx, tenantId: string): Promise<{ inFlight: number; cap: number; weight: number; quotaBlocked: boolean } | null> {
-  const [r] = await sql`select in_flight, cap, weight, quota_blocked from sched_tenants where tenant_id = ${tenantId}`;
-  return r ? { inFlight: r.in_flight as number, cap: r.cap as number, weight: r.weight as number, quotaBlocked: r.quota_blocked as boolean } : null;
+export async function tenantSchedState(sql: Tx, tenantId: string): Promise<{ inFlight: number; cap: number; weight: number; quotaBlocked: boolean; suspended: boolean } | null> {
+  const [r] = await sql`select in_flight, cap, weight, quota_blocked, suspended from sched_tenants where tenant_id = ${tenantId}`;
+  return r ? { inFlight: r.in_flight as number, cap: r.cap as number, weight: r.weight as number, quotaBlocked: r.quota_blocked as boolean, suspended: r.suspended as boolean } : null;
 }
 
 /** Locks the tenant's scheduler row (serializing its submissions) and returns its waiting jobs. */
@@ -181,9 +180,7 @@ export async function globalDepthByClass(sql: Tx): Promise<Partial<Record<JobCla
 /** Per tenant and class: waiting and running (only for METRICS_TENANT_LABELS). */
 export async function tenantDepths(sql: Tx): Promise<Array<{ tenant: string; class: string; depth: number; running: number }>> {
   const rows = await sql`
-    select q.tenant_id, q.class, q.depth,
-      (select count(*) from jobs j where j.tenant_id = q.tenant_id and j.priority = q.class and j.state = 'RUNNING')::int as running
-    from sched_queues q where q.depth > 0 or exists (select 1 from jobs j where j.tenant_id = q.tenant_id and j.priority = q.class and j.state = 'RUNNING')`;
+    select q.tenant_id, q.class, q.depth, q.running from sched_queues q where q.depth > 0 or q.running > 0`;
   return rows.map((r) => ({ tenant: r.tenant_id as string, class: r.class as string, depth: r.depth as number, running: r.running as number }));
 }
 
@@ -224,7 +221,7 @@ export async function claimTenantSlots(tx: Tx, tenantId: string, want: number): 
   const [row] = await tx`
     with cur as (
       select tenant_id, least(${want}::int, cap - in_flight) as n from sched_tenants
-      where tenant_id = ${tenantId} and in_flight < cap and not quota_blocked
+      where tenant_id = ${tenantId} and in_flight < cap and not quota_blocked and not suspended
       for update
     )
     update sched_tenants t set in_flight = t.in_flight + cur.n

@@ -1,11 +1,13 @@
 /**
  * Why a queue's head job is waiting, and when work will be done: pure.
  */
-export const WAIT_REASONS = ['CREDITS_EXHAUSTED', 'KEY_UNUSABLE', 'WINDOW_PAUSED', 'BREAKER_OPEN', 'QUOTA', 'CAP', 'RATE'] as const;
+export const WAIT_REASONS = ['SUSPENDED', 'CREDITS_EXHAUSTED', 'KEY_UNUSABLE', 'WINDOW_PAUSED', 'BREAKER_OPEN', 'QUOTA', 'CAP', 'RATE'] as const;
 export type WaitReason = (typeof WAIT_REASONS)[number];
 
 export interface WaitFacts {
   depth: number;
+  /** The tenant is suspended: its jobs are held until it is resumed. */
+  suspended?: boolean;
   /** The account is stopped (credits exhausted) until later. */
   accountStopped: boolean;
   /** The class's window is stopped because its key is unusable. */
@@ -26,6 +28,7 @@ export interface WaitFacts {
  */
 export function waitReason(f: WaitFacts): WaitReason | null {
   if (f.depth <= 0) return null;
+  if (f.suspended) return 'SUSPENDED';
   if (f.accountStopped) return 'CREDITS_EXHAUSTED';
   if (f.keyUnusable) return 'KEY_UNUSABLE';
   if (f.windowPaused) return 'WINDOW_PAUSED';

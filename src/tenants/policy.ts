@@ -16,6 +16,8 @@ export interface TenantRecord {
   quotaPolicy: 'WAIT' | 'FAIL';
   periodAnchor: Date;
   createdAt: Date;
+  /** Set while suspended (submissions refused, dispatch skips it); absent or null: active. */
+  suspendedAt?: Date | null;
 }
 
 export interface EffectiveLimits {

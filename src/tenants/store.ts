@@ -25,6 +25,7 @@ function toRecord(row: Row): TenantRecord {
     quotaPolicy: row.quotaPolicy as 'WAIT' | 'FAIL',
     periodAnchor: row.periodAnchor,
     createdAt: row.createdAt,
+    suspendedAt: row.suspendedAt,
   };
 }
 

@@ -53,6 +53,7 @@ export async function tenantQueueStatus(services: Services, tenant: TenantRecord
     const paused = w !== undefined && w.pausedUntil !== null && w.pausedUntil > w.dbNow;
     const reason = waitReason({
       depth: q.depth,
+      suspended: state?.suspended ?? false,
       accountStopped: account.dispatchStoppedUntil !== null,
       keyUnusable: paused && w!.pauseReason === 'KEY_UNUSABLE',
       windowPaused: paused,
@@ -138,11 +139,32 @@ export async function systemStatus(services: Services): Promise<SystemStatus> {
 
 /**
  * Polls `read` and yields when the value changed, at most once per
- * `intervalMs`: the shape of tenantUsage and systemStatus.
+ * `intervalMs`: the shape of tenantUsage and systemStatus. `return()` (the
+ * client completes or disconnects) ends it at once: a plain async generator
+ * would only see the return at its next yield, which for a value that never
+ * changes is never, and would poll Postgres forever after the client left.
  */
-export async function* changes<T>(read: () => Promise<T>, intervalMs = 1_000, signal?: AbortSignal): AsyncGenerator<T> {
+export function changes<T>(read: () => Promise<T>, intervalMs = 1_000, signal?: AbortSignal): AsyncIterableIterator<T> {
+  const stop = new AbortController();
+  signal?.addEventListener('abort', () => stop.abort(), { once: true });
+  const stopped = new Promise<IteratorResult<T>>((resolve) => stop.signal.addEventListener('abort', () => resolve({ value: undefined, done: true }), { once: true }));
+  const polls = poll(read, intervalMs, stop.signal);
+  const iterator: AsyncIterableIterator<T> = {
+    next: () => (stop.signal.aborted ? Promise.resolve({ value: undefined, done: true }) : Promise.race([polls.next(), stopped])),
+    return: async () => {
+      stop.abort();
+      return { value: undefined, done: true };
+    },
+    [Symbol.asyncIterator]() {
+      return iterator;
+    },
+  };
+  return iterator;
+}
+
+async function* poll<T>(read: () => Promise<T>, intervalMs: number, signal: AbortSignal): AsyncGenerator<T> {
   let last = '';
-  while (!signal?.aborted) {
+  while (!signal.aborted) {
     let value: T;
     try {
       value = await read();
@@ -153,10 +175,20 @@ export async function* changes<T>(read: () => Promise<T>, intervalMs = 1_000, si
       continue;
     }
     const key = JSON.stringify(value, (k, v) => (k === 'dbNow' ? undefined : v));
-    if (key !== last) {
+    if (key !== last && !signal.aborted) {
       last = key;
       yield value;
     }
-    await new Promise((r) => setTimeout(r, intervalMs));
+    await new Promise<void>((resolve) => {
+      const onAbort = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+      const timer = setTimeout(() => {
+        signal.removeEventListener('abort', onAbort);
+        resolve();
+      }, intervalMs);
+      signal.addEventListener('abort', onAbort, { once: true });
+    });
   }
 }

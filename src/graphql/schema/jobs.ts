@@ -221,7 +221,7 @@ builder.subscriptionFields((t) => ({
       const tenantId = tenantOf(ctx).id;
       const jobId = asId(id, 'job');
       // Listen before reading, so a change between the read and the listen is not missed.
-      const events = ctx.services.bus.subscribe((e) => e.jobId === jobId && e.tenantId === tenantId, { resync: true });
+      const events = ctx.services.bus.subscribe((e) => e.jobId === jobId && e.tenantId === tenantId, { resync: true, socket: ctx.socket });
       try {
         const current = await getJob(ctx.services.sql, tenantId, jobId);
         if (!current) throw new GraphQLError(`no job with id ${jobId}`, { extensions: { code: 'NOT_FOUND' } });
@@ -261,7 +261,7 @@ builder.subscriptionFields((t) => ({
     description: 'Every job of yours that reaches SUCCEEDED, FAILED or CANCELLED.',
     subscribe: async function* (_r, _a, ctx) {
       const tenantId = tenantOf(ctx).id;
-      const events = ctx.services.bus.subscribe((e) => e.tenantId === tenantId && (FINAL_STATES as string[]).includes(e.state), { resync: true });
+      const events = ctx.services.bus.subscribe((e) => e.tenantId === tenantId && (FINAL_STATES as string[]).includes(e.state), { resync: true, socket: ctx.socket });
       // What was sent, by finish time, to send each job once across a resync; only the last
       // RESYNC_MARGIN_MS before the watermark are kept (the resync re-reads from there).
       const sent = new Map<string, number>();
@@ -286,7 +286,8 @@ builder.subscriptionFields((t) => ({
             continue;
           }
           if (sent.has(event.jobId)) continue;
-          const job = await readThroughOutage(() => getJob(ctx.services.sql, tenantId, event.jobId));
+          // A final state does not change: the tenant's subscribers woken by this event share one read.
+          const job = await ctx.services.bus.shared(`${event.jobId}:${event.state}`, () => readThroughOutage(() => getJob(ctx.services.sql, tenantId, event.jobId)));
           if (!job) continue;
           remember(job);
           yield job;

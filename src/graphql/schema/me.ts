@@ -20,6 +20,7 @@ export const UsageRef = builder.objectRef<Usage>('Usage').implement({
 export const WaitReasonEnum = builder.enumType('WaitReason', {
   description: "Why a queue's head job is waiting, the most fundamental reason first.",
   values: {
+    SUSPENDED: { description: 'Your tenant is suspended: its jobs are held until an operator resumes it.' },
     CREDITS_EXHAUSTED: { description: 'The upstream account is out of credits: all dispatch is stopped until renewal.' },
     KEY_UNUSABLE: { description: "The class's upstream key was refused (401/403): its window is stopped." },
     WINDOW_PAUSED: { description: "The class's window is paused after a rate-limit 429." },
@@ -52,7 +53,7 @@ export const QueueRef = builder.objectRef<QueueStatus>('QueueStatus').implement(
   }),
 });
 
-const MeRef = builder.objectRef<TenantRecord>('Me').implement({
+export const MeRef = builder.objectRef<TenantRecord>('Me').implement({
   fields: (t) => ({
     tenant: t.field({ type: TenantRef, resolve: (tenant) => tenant }),
     usage: t.field({ type: UsageRef, resolve: (tenant, _a, ctx) => tenantUsage(ctx.services, tenant) }),

@@ -3,6 +3,7 @@ import { SluiceError } from '../../errors.ts';
 import { effectiveLimits, type TenantRecord } from '../../tenants/policy.ts';
 import { builder, role } from '../builder.ts';
 import { asId } from '../ids.ts';
+import { deleteTenant, resumeTenant, suspendTenant } from '../../tenants/lifecycle.ts';
 
 export const TierEnum = builder.enumType('Tier', { values: TIER_NAMES });
 export const QuotaPolicyEnum = builder.enumType('QuotaPolicy', {
@@ -23,6 +24,7 @@ export const TenantRef = builder.objectRef<TenantRecord>('Tenant').implement({
     queueBound: t.int({ resolve: (x) => effectiveLimits(x).queueBound }),
     quotaPolicy: t.field({ type: QuotaPolicyEnum, resolve: (x) => x.quotaPolicy }),
     createdAt: t.field({ type: 'DateTime', resolve: (x) => x.createdAt }),
+    suspendedAt: t.field({ type: 'DateTime', nullable: true, description: 'When the tenant was suspended; null while active.', resolve: (x) => x.suspendedAt ?? null }),
   }),
 });
 
@@ -35,6 +37,13 @@ const TenantWithKey = builder
       apiKey: t.exposeString('apiKey'),
     }),
   });
+
+const DeletedTenant = builder.objectRef<{ id: string; cancelledJobs: number }>('DeletedTenant').implement({
+  fields: (t) => ({
+    id: t.exposeID('id'),
+    cancelledJobs: t.exposeInt('cancelledJobs', { description: 'Waiting jobs cancelled (never sent, never billed).' }),
+  }),
+});
 
 const CreateTenantInput = builder.inputType('CreateTenantInput', {
   fields: (t) => ({
@@ -98,6 +107,40 @@ builder.mutationFields((t) => ({
     description: "Revokes the tenant's current keys and returns a new one.",
     args: { id: t.arg.id({ required: true }) },
     resolve: (_r, { id }, ctx) => ctx.services.tenants.rotateKey(asId(id, 'tenant')),
+  }),
+  suspendTenant: t.field({
+    ...role('admin'),
+    type: TenantRef,
+    description: "Refuses the tenant's submissions (TENANT_SUSPENDED) and holds its queued jobs (wait reason SUSPENDED); calls in flight finish.",
+    args: { id: t.arg.id({ required: true }) },
+    resolve: async (_r, { id }, ctx) => {
+      const tenantId = asId(id, 'tenant');
+      await suspendTenant(ctx.services.lifecycle, tenantId);
+      return (await ctx.services.tenants.get(tenantId))!;
+    },
+  }),
+  resumeTenant: t.field({
+    ...role('admin'),
+    type: TenantRef,
+    description: 'Lifts a suspension: submissions are accepted again and the held jobs are dispatched.',
+    args: { id: t.arg.id({ required: true }) },
+    resolve: async (_r, { id }, ctx) => {
+      const tenantId = asId(id, 'tenant');
+      await resumeTenant(ctx.services.lifecycle, tenantId);
+      return (await ctx.services.tenants.get(tenantId))!;
+    },
+  }),
+  deleteTenant: t.field({
+    ...role('admin'),
+    type: DeletedTenant,
+    description:
+      'Revokes its keys, closes its subscriptions, cancels its waiting jobs (not billed), waits for calls in flight to settle, drops its queues and deletes its rows. Usage history is kept (tenantUsageHistory).',
+    args: { id: t.arg.id({ required: true }) },
+    resolve: async (_r, { id }, ctx) => {
+      const tenantId = asId(id, 'tenant');
+      const { cancelledJobs } = await deleteTenant(ctx.services.lifecycle, tenantId);
+      return { id: tenantId, cancelledJobs };
+    },
   }),
   updateTenant: t.field({
     ...role('admin'),

@@ -1,0 +1,195 @@
+/**
+ * `npm run bench -- cluster` (issue 13): how Sluice scales as nodes are added
+ * on ONE Postgres. Configurations, each on a fresh database:
+ *   1 API + 1 worker, 1 API + 2 workers, 1 API + 4 workers, 2 APIs + 4 workers.
+ * Every node is its own child process (SLUICE_ROLE api or worker).
+ *
+ * For each: a backlog (`--tenants` × `--jobs` dnslookup jobs, unique params,
+ * submitted before the workers start) is dispatched against the simulator
+ * (MEGA plan: no pacer, 500 concurrent calls, 20 ms latency, so Sluice and
+ * Postgres are what bound it) while `--submitters` clients submit single jobs
+ * to the API nodes (round robin) as fast as answers come back. Measured over
+ * the `--window` seconds after a `--warmup`:
+ *  - dispatch: jobs finished per second (SUCCEEDED or FAILED in `jobs`);
+ *  - ingest: submitJob answers per second (and their p50/p99);
+ *  - Postgres: CPU seconds per second of the backends serving the bench
+ *    database (pids from pg_stat_activity, /proc/<pid>/stat), and the peak
+ *    connection count per application_name.
+ */
+import { readFileSync } from 'node:fs';
+import postgres from 'postgres';
+import { startSimulator, type Simulator } from '../src/simulator/index.ts';
+import type { FlagReader } from './lib/args.ts';
+import { gql, gqlRaw, submitBody } from './lib/gql.ts';
+import { progress } from './lib/log.ts';
+import { cpuMeter } from './lib/machine.ts';
+import { freshDatabase, type BenchPostgres } from './lib/pg.ts';
+import { ADMIN_TOKEN, parseEnvFlag, startSluiceFor, type SluiceHandle } from './lib/sluice.ts';
+import { check, mapLimit, median, percentile, round, sleep, type Check } from './lib/stats.ts';
+
+export const description = 'scale-out on one Postgres: 1 API + 1/2/4 workers, then 2 APIs + 4 workers: dispatch jobs/s, ingest answers/s, Postgres CPU and connections';
+
+const TICKS = 100; // USER_HZ: /proc/<pid>/stat counts CPU time in 1/100 s on Linux
+
+function procCpuSeconds(pid: number): number | null {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return (Number(fields[11]) + Number(fields[12])) / TICKS; // utime + stime
+  } catch {
+    return null;
+  }
+}
+
+async function config(pg: BenchPostgres, apis: number, workers: number, o: { tenants: number; jobs: number; submitters: number; warmupS: number; windowS: number; extraEnv: Record<string, string> }) {
+  const label = `${apis}api+${workers}w`;
+  const db = await freshDatabase(pg.adminUrl, `cluster_${apis}_${workers}`);
+  const sql = postgres(db.url, { max: 2, onnotice: () => {} });
+  let sim: Simulator | null = null;
+  const nodes: SluiceHandle[] = [];
+  try {
+    sim = await startSimulator({ plan: 'MEGA', concurrentCalls: 500, latencyMs: 20, latencyP95Ms: 60, seed: 1, credits: 1_000_000_000, maxCredits: 1_000_000_000 });
+    const env = { DATABASE_URL: db.url, APIVERVE_API_KEY: sim.apiKey, APIVERVE_BASE_URL: sim.url, APIVERVE_PLAN: 'MEGA', APIVERVE_CONCURRENT_CALLS: '500', METRICS_PORT: '0', ...o.extraEnv };
+    for (let i = 0; i < apis; i++) nodes.push(await startSluiceFor({ ...env, SLUICE_ROLE: 'api' }, 'child'));
+    const urls = nodes.map((n) => n.url!);
+    const keys = await mapLimit(Array.from({ length: o.tenants }, (_, i) => i), 8, async (i) => {
+      const r = await gql<{ createTenant: { tenant: { id: string }; apiKey: string } }>(urls[0]!, ADMIN_TOKEN, 'mutation($i: CreateTenantInput!) { createTenant(input: $i) { tenant { id } apiKey } }', { i: { name: `c-${i}`, tier: 'ENTERPRISE' } });
+      await gql(urls[0]!, ADMIN_TOKEN, 'mutation($i: UpdateTenantInput!) { updateTenant(input: $i) { id } }', { i: { id: r.createTenant.tenant.id, concurrencyCap: 200, monthlyQuota: 1_000_000_000, queueBound: 1_000_000 } });
+      return r.createTenant.apiKey;
+    });
+    progress(`[cluster ${label}] submitting the backlog: ${o.tenants} x ${o.jobs}`);
+    await mapLimit(keys, 4, (key, t) => gqlRaw(urls[t % urls.length]!, key, submitBody(Array.from({ length: o.jobs }, (_, k) => ({ api: 'dnslookup', params: { domain: `b${t}-${k}.example.com` }, priority: 'STANDARD' as const })))));
+    for (let i = 0; i < workers; i++) nodes.push(await startSluiceFor({ ...env, SLUICE_ROLE: 'worker' }, 'child'));
+    progress(`[cluster ${label}] ${workers} workers up; warming up ${o.warmupS} s, measuring ${o.windowS} s`);
+
+    // Ingest load: single-job submissions as fast as answers come back.
+    let ingesting = true;
+    const answers: Array<{ at: number; ms: number; ok: boolean }> = [];
+    let seq = 0;
+    const submitters = Array.from({ length: o.submitters }, async (_, s) => {
+      while (ingesting) {
+        const t0 = performance.now();
+        const n = seq++;
+        let ok = true;
+        try {
+          await gql(urls[n % urls.length]!, keys[s % keys.length]!, 'mutation($i: JobInput!) { submitJob(input: $i) { job { id } } }', { i: { api: 'dnslookup', params: { domain: `i${n}.example.com` }, priority: 'BULK' } });
+        } catch {
+          ok = false;
+        }
+        answers.push({ at: Date.now(), ms: performance.now() - t0, ok });
+      }
+    });
+
+    await sleep(o.warmupS * 1000);
+    const finished = async () => Number((await sql`select count(*) from jobs where state in ('SUCCEEDED', 'FAILED')`)[0]!.count);
+    const backends = async () => (await sql`select pid, coalesce(nullif(application_name, ''), 'unnamed') as app from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()`).map((r) => ({ pid: r.pid as number, app: r.app as string }));
+    const cpu0 = new Map<number, number>();
+    const peakConnections = new Map<string, number>();
+    const sampleBackends = async () => {
+      const rows = await backends();
+      const byApp = new Map<string, number>();
+      for (const r of rows) {
+        byApp.set(r.app, (byApp.get(r.app) ?? 0) + 1);
+        if (!cpu0.has(r.pid)) {
+          const c = procCpuSeconds(r.pid);
+          if (c !== null) cpu0.set(r.pid, c);
+        }
+      }
+      for (const [app, n] of byApp) peakConnections.set(app, Math.max(peakConnections.get(app) ?? 0, n));
+      return rows.length;
+    };
+    await sampleBackends();
+    const machine = cpuMeter();
+    const t1 = Date.now();
+    const f1 = await finished();
+    let f2 = f1;
+    let t2 = t1;
+    let peakTotal = 0;
+    const backlog = o.tenants * o.jobs;
+    while (Date.now() - t1 < o.windowS * 1000) {
+      await sleep(1_000);
+      peakTotal = Math.max(peakTotal, await sampleBackends());
+      f2 = await finished();
+      t2 = Date.now();
+      if (f2 >= backlog) break; // drained: the rate is measured up to here
+    }
+    const busy = machine.end();
+    let pgCpu = 0;
+    for (const [pid, c0] of cpu0) {
+      const c = procCpuSeconds(pid);
+      if (c !== null) pgCpu += c - c0;
+    }
+    ingesting = false;
+    await Promise.all(submitters);
+    const inWindow = answers.filter((a) => a.at >= t1 && a.at <= t2);
+    const okMs = inWindow.filter((a) => a.ok).map((a) => a.ms);
+    const seconds = (t2 - t1) / 1000;
+    const result = {
+      apis,
+      workers,
+      dispatchJobsPerS: round((f2 - f1) / seconds, 1),
+      ingestAnswersPerS: round(okMs.length / seconds, 1),
+      ingestLatencyMs: okMs.length ? { p50: round(median(okMs), 1), p99: round(percentile(okMs, 99), 1) } : null,
+      ingestErrors: inWindow.filter((a) => !a.ok).length,
+      postgresCpuCores: round(pgCpu / seconds, 2),
+      postgresConnectionsPeak: peakTotal,
+      connectionsByApplication: Object.fromEntries(peakConnections),
+      windowS: round(seconds, 1),
+      drainedInWindow: f2 >= backlog,
+      machineCpuBusy: busy,
+    };
+    progress(`[cluster ${label}] dispatch ${result.dispatchJobsPerS} jobs/s, ingest ${result.ingestAnswersPerS}/s, Postgres ${result.postgresCpuCores} cores, ${peakTotal} connections`);
+    return result;
+  } finally {
+    for (const n of nodes.reverse()) await n.stop().catch(() => null);
+    await sql.end({ timeout: 2 }).catch(() => {});
+    if (sim) await sim.stop();
+    await db.drop();
+  }
+}
+
+export async function run(pg: BenchPostgres, flags: FlagReader) {
+  const o = {
+    tenants: flags.number('tenants', 40),
+    jobs: flags.number('jobs', 500),
+    submitters: flags.number('submitters', 16),
+    warmupS: flags.number('warmup', 3),
+    windowS: flags.number('window', 15),
+    extraEnv: parseEnvFlag(flags.optionalString('env')),
+  };
+  // `--shapes 1x1,1x2,1x4,2x4`: APIs x workers per configuration.
+  const shapes = (flags.optionalString('shapes') ?? '1x1,1x2,1x4,2x4').split(',').map((x) => x.split('x').map(Number) as [number, number]);
+  flags.done();
+  const configs = [];
+  for (const [a, w] of shapes) configs.push(await config(pg, a, w, o));
+  const base = configs[0]!;
+  const targets: Record<string, Check> = {};
+  for (const c of configs) {
+    const k = `${c.apis}api_${c.workers}w`;
+    targets[`${k}_dispatchJobsPerS`] = check(c.dispatchJobsPerS, 'reported', null);
+    targets[`${k}_ingestAnswersPerS`] = check(c.ingestAnswersPerS, 'reported', null);
+  }
+  return {
+    summary: {
+      configs: configs.map((c) => ({
+        nodes: `${c.apis} API + ${c.workers} workers`,
+        dispatchJobsPerS: c.dispatchJobsPerS,
+        dispatchVs1Worker: round(c.dispatchJobsPerS / Math.max(0.001, base.dispatchJobsPerS), 2),
+        ingestAnswersPerS: c.ingestAnswersPerS,
+        postgresCpuCores: c.postgresCpuCores,
+        postgresConnectionsPeak: c.postgresConnectionsPeak,
+      })),
+    },
+    targets,
+    setup: {
+      backlog: `${o.tenants} ENTERPRISE tenants (cap 200) x ${o.jobs} STANDARD dnslookup jobs, submitted before the workers start`,
+      ingest: `${o.submitters} clients submitting one BULK job each (a lower class, so dispatch measures the backlog, not the ingest rate), back to back, round robin over the API nodes`,
+      upstream: 'simulator MEGA plan (no pacer), 500 concurrent calls, latency median 20 ms, in the bench process',
+      nodes: 'each node a child process (bench/lib/sluice-child.ts) with Sluice defaults (batching on, DISPATCH_LOOPS 4)',
+      window: `${o.warmupS} s warm-up after the workers start, then up to ${o.windowS} s (shorter if the backlog drains)`,
+      postgresCpu: 'CPU seconds per second of the backends connected to the bench database (excludes the checkpointer, WAL writer and other databases)',
+      extraEnv: o.extraEnv,
+    },
+    configs,
+  };
+}

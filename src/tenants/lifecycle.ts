@@ -1,0 +1,102 @@
+/**
+ * Tenant lifecycle: suspend, resume, delete.
+ *
+ * - Suspend: submissions are refused (TENANT_SUSPENDED, HTTP 403) and dispatch
+ *   skips the tenant (sched_tenants.suspended, read by the candidate query and
+ *   the slot claim). Queued jobs stay queued, shown with wait reason
+ *   SUSPENDED; calls already in flight finish and settle normally.
+ * - Resume: clears both flags and marks the queues ready (joining at the class
+ *   clock: no credit for the time suspended).
+ * - Delete: first, in one transaction, suspend, revoke every key, cancel the
+ *   waiting jobs (they hold no reservation, so nothing is billed or refunded)
+ *   and `pg_notify('sluice_auth', {"tenantId"})` so every process closes the
+ *   tenant's open subscriptions (4401). Then wait for calls in flight to
+ *   settle (they really went upstream: they are billed like any other), drop
+ *   the tenant's pg-boss queues and delete its rows. Usage history has no
+ *   foreign key to tenants and is kept for the operator.
+ */
+import type { PgBoss } from 'pg-boss';
+import type postgres from 'postgres';
+import type { Sql } from '../db/client.ts';
+import { SluiceError } from '../errors.ts';
+import { publishJobEvents } from '../events/bus.ts';
+import { CLASSES, queueName, type JobClass } from '../queue/boss.ts';
+import { markQueuesReady } from '../scheduler/store.ts';
+
+/** Channel of key changes: H10's contract, a JSON payload `{"tenantId": "<id>"}`. */
+export const AUTH_CHANNEL = 'sluice_auth';
+
+export interface LifecycleDeps {
+  sql: Sql;
+  boss: PgBoss;
+  /** How long deleteTenant waits for calls in flight to settle before answering TENANT_BUSY. */
+  deleteWaitMs?: number;
+}
+
+async function exists(sql: Sql, id: string): Promise<void> {
+  const [row] = await sql`select 1 from tenants where id = ${id}`;
+  if (!row) throw new SluiceError('NOT_FOUND', `no tenant with id ${id}`);
+}
+
+export async function suspendTenant(deps: LifecycleDeps, id: string): Promise<void> {
+  await exists(deps.sql, id);
+  await deps.sql.begin(async (tx) => {
+    await tx`update tenants set suspended_at = coalesce(suspended_at, now()), updated_at = now() where id = ${id}`;
+    await tx`update sched_tenants set suspended = true where tenant_id = ${id}`;
+  });
+}
+
+export async function resumeTenant(deps: LifecycleDeps, id: string): Promise<void> {
+  await exists(deps.sql, id);
+  await deps.sql.begin(async (tx) => {
+    await tx`update tenants set suspended_at = null, updated_at = now() where id = ${id}`;
+    await tx`update sched_tenants set suspended = false where tenant_id = ${id}`;
+    const queued = await tx`select distinct priority from jobs where tenant_id = ${id} and state = 'QUEUED'`;
+    await markQueuesReady(tx, id, queued.map((r) => r.priority as JobClass));
+    await tx`select pg_notify('sluice_work', ${id})`;
+  });
+}
+
+/** Cancels the tenant's waiting jobs (no reservation is held for them: nothing to bill or refund). */
+async function cancelWaiting(tx: Sql | postgres.TransactionSql, id: string): Promise<number> {
+  const rows = await tx`
+    update jobs set state = 'CANCELLED', finished_at = now(), updated_at = now()
+    where tenant_id = ${id} and state in ('QUEUED', 'WAITING_QUOTA') returning id`;
+  await publishJobEvents(tx, rows.map((r) => ({ jobId: r.id as string, tenantId: id, state: 'CANCELLED' })));
+  return rows.length;
+}
+
+export async function deleteTenant(deps: LifecycleDeps, id: string): Promise<{ cancelledJobs: number }> {
+  const { sql, boss } = deps;
+  await exists(sql, id);
+  let cancelledJobs = await sql.begin(async (tx) => {
+    await tx`update tenants set suspended_at = coalesce(suspended_at, now()), updated_at = now() where id = ${id}`;
+    await tx`update sched_tenants set suspended = true where tenant_id = ${id}`;
+    await tx`update tenant_api_keys set revoked_at = now() where tenant_id = ${id} and revoked_at is null`;
+    const n = await cancelWaiting(tx, id);
+    await tx`select pg_notify(${AUTH_CHANNEL}, ${JSON.stringify({ tenantId: id })})`;
+    return n;
+  });
+  // Calls in flight went upstream: let them settle (billed as usual) before their rows go.
+  const deadline = Date.now() + (deps.deleteWaitMs ?? 60_000);
+  for (;;) {
+    const [r] = await sql`
+      select coalesce((select in_flight from sched_tenants where tenant_id = ${id}), 0) as in_flight,
+        exists (select 1 from jobs where tenant_id = ${id} and state = 'RUNNING') as running`;
+    if (Number(r!.in_flight) === 0 && !r!.running) break;
+    if (Date.now() > deadline) {
+      throw new SluiceError('TENANT_BUSY', `tenant ${id} still has calls in flight; it is suspended and its keys are revoked: try deleteTenant again shortly`);
+    }
+    await new Promise((res) => setTimeout(res, 200));
+  }
+  // pg-boss drops each queue and its jobs (in batches, its own transactions).
+  for (const c of CLASSES) await boss.deleteQueue(queueName(id, c));
+  await sql.begin(async (tx) => {
+    // A retry requeued while we waited: cancelled too, never sent.
+    cancelledJobs += await cancelWaiting(tx, id);
+    await tx`delete from reservations where tenant_id = ${id} and settled_at is not null`;
+    // jobs, job_results, keys, sched_* rows and the ledger go with the tenant (on delete cascade).
+    await tx`delete from tenants where id = ${id}`;
+  });
+  return { cancelledJobs };
+}

@@ -1,0 +1,100 @@
+/**
+ * Jobs never expire while they wait. A job held by a quota WAIT may wait a
+ * month; pg-boss's maintenance deletes waiting rows past their queue's
+ * retention. Tenant queues now keep waiting jobs 400 days, existing queues are
+ * migrated, and the reconciler puts back (or fails with a code) any waiting
+ * job whose pg-boss job is gone anyway.
+ */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import postgres from 'postgres';
+import type { PgBoss } from 'pg-boss';
+import { TENANT_QUEUE_RETENTION_SECONDS, extendTenantQueueRetention, queueName, startBoss } from '../src/queue/boss.ts';
+import { LOST_JOB_CODE } from '../src/scheduler/reconcile.ts';
+import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
+
+const SUBMIT = `mutation($i: JobInput!) { submitJob(input: $i) { job { id state } } }`;
+const UPDATE = `mutation($i: UpdateTenantInput!) { updateTenant(input: $i) { id } }`;
+const JOB = `query($id: ID!) { job(id: $id) { state error { code } } }`;
+
+describe('a job waiting past the queue retention', () => {
+  let t: TestApp;
+  let sql: postgres.Sql;
+  let boss: PgBoss;
+
+  before(async () => {
+    t = await startTestApp({ SWEEP_INTERVAL_MS: '200', RECONCILE_INTERVAL_SECONDS: '1' });
+    sql = postgres(t.databaseUrl, { max: 2, onnotice: () => {} });
+    // A second pg-boss on the same database, to run its maintenance on demand (no background supervision).
+    boss = await startBoss(t.databaseUrl, { max: 2, supervise: false });
+  });
+  after(async () => {
+    await boss.stop({ graceful: false, close: true });
+    await sql.end();
+    await t.stop();
+  });
+
+  test('tenant queues keep waiting jobs longer than any wait', async () => {
+    const tenant = await t.createTenant('retained', 'PRO');
+    const [q] = await sql`select retention_seconds from pgboss.queue where name = ${queueName(tenant.id, 'STANDARD')}`;
+    assert.equal(q!.retention_seconds, TENANT_QUEUE_RETENTION_SECONDS);
+    assert.ok(TENANT_QUEUE_RETENTION_SECONDS > 62 * 86_400, 'longer than a monthly quota wait plus a credits stop');
+  });
+
+  test('existing queues and their waiting jobs are migrated to the long retention', async () => {
+    const tenant = await t.createTenant('old-queue', 'PRO');
+    await t.gql(UPDATE, { i: { id: tenant.id, monthlyQuota: 0, quotaPolicy: 'WAIT' } });
+    const r = await t.gql(SUBMIT, { i: { api: 'dnslookup', params: { domain: 'old.example' } } }, tenant.apiKey);
+    const id = r.body.data.submitJob.job.id;
+    const queue = queueName(tenant.id, 'STANDARD');
+    // As a queue created before this change: pg-boss's 14-day default, the job's deadline fixed at insert.
+    await sql`update pgboss.queue set retention_seconds = 14 * 86400 where name = ${queue}`;
+    await sql`update pgboss.job set keep_until = start_after + interval '14 days' where name = ${queue} and id = ${id}`;
+    assert.ok((await extendTenantQueueRetention(sql as never)) >= 1);
+    const [job] = await sql`select keep_until > now() + interval '300 days' as long from pgboss.job where name = ${queue} and id = ${id}`;
+    assert.equal(job!.long, true, "the waiting job's deadline moved out too");
+    assert.equal(await extendTenantQueueRetention(sql as never), 0, 'idempotent');
+  });
+
+  test('a quota-WAIT job whose pg-boss job was deleted by maintenance is put back, and runs once quota returns', async () => {
+    const tenant = await t.createTenant('waits-a-month', 'PRO');
+    await t.gql(UPDATE, { i: { id: tenant.id, monthlyQuota: 0, quotaPolicy: 'WAIT' } });
+    const r = await t.gql(SUBMIT, { i: { api: 'dnslookup', params: { domain: 'patient.example' } } }, tenant.apiKey);
+    const id = r.body.data.submitJob.job.id;
+    await eventually(async () => (await t.gql(JOB, { id }, tenant.apiKey)).body.data.job.state === 'WAITING_QUOTA');
+
+    // Forty days later (as the old default retention would have it): the job is past its pg-boss deadline
+    // and pg-boss's own maintenance deletes it.
+    const queue = queueName(tenant.id, 'STANDARD');
+    await sql`update jobs set created_at = now() - interval '40 days' where id = ${id}`;
+    await sql`update pgboss.job set keep_until = now() - interval '1 day' where name = ${queue} and id = ${id}`;
+    await boss.supervise(queue);
+    const [gone] = await sql`select count(*)::int as n from pgboss.job where name = ${queue} and id = ${id}`;
+    assert.equal(gone!.n, 0, 'pg-boss maintenance deleted the waiting job (the loss the reconciler repairs)');
+
+    // The reconciler notices and puts it back under the same id; the job never left WAITING_QUOTA.
+    await eventually(async () => {
+      const [row] = await sql`select state from pgboss.job where name = ${queue} and id = ${id}`;
+      return row && (row.state === 'created' || row.state === 'retry');
+    }, 20_000);
+    assert.equal((await t.gql(JOB, { id }, tenant.apiKey)).body.data.job.state, 'WAITING_QUOTA');
+
+    // Quota comes back (a new period, or an admin): the job runs.
+    await t.gql(UPDATE, { i: { id: tenant.id, monthlyQuota: 1000 } });
+    await eventually(async () => (await t.gql(JOB, { id }, tenant.apiKey)).body.data.job.state === 'SUCCEEDED', 30_000);
+  });
+
+  test('a waiting job whose queue is gone altogether fails with QUEUE_ENTRY_LOST instead of waiting forever', async () => {
+    const tenant = await t.createTenant('queue-gone', 'PRO');
+    await t.gql(UPDATE, { i: { id: tenant.id, monthlyQuota: 0, quotaPolicy: 'WAIT' } });
+    const r = await t.gql(SUBMIT, { i: { api: 'dnslookup', params: { domain: 'orphan.example' }, priority: 'BULK' } }, tenant.apiKey);
+    const id = r.body.data.submitJob.job.id;
+    await sql`update jobs set created_at = now() - interval '40 days' where id = ${id}`;
+    await boss.deleteQueue(queueName(tenant.id, 'BULK'));
+    const job = await eventually(async () => {
+      const j = (await t.gql(JOB, { id }, tenant.apiKey)).body.data.job;
+      return j.state === 'FAILED' ? j : null;
+    }, 20_000);
+    assert.equal(job.error.code, LOST_JOB_CODE);
+  });
+});
