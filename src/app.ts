@@ -150,6 +150,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       windows: windowSpecs,
       adminTokenHash: admin.hash,
       queuePolicy,
+      agePromiseSeconds: parseClassNumbers(env.CLASS_AGE_PROMISE_SECONDS),
       tenantChanged: async (tenant) => {
         await ensureTenantQueues(boss, tenant.id, queuePolicy);
         await sched.syncTenant(sql, tenant);

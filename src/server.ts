@@ -11,12 +11,14 @@ import type { Logger } from 'pino';
 import { SluiceError } from './errors.ts';
 import { useOperationAuth } from './graphql/auth-plugin.ts';
 import { useInputErrorCodes } from './graphql/input-errors-plugin.ts';
-import { authenticate, type Context, type Services } from './graphql/context.ts';
+import { authenticate, connectionAuthorization, type Context, type Services } from './graphql/context.ts';
 import { schema } from './graphql/schema.ts';
 // --- front door and metrics ---
 import { DEFAULT_QUERY_LIMITS, hardeningPlugins, type QueryLimits } from './http/hardening.ts';
 import type { Metrics } from './metrics.ts';
 // --- end front door and metrics ---
+import { renderSluiceGraphiQL } from './http/graphiql.ts';
+import { serveConsole } from './http/console.ts';
 
 export const GRAPHQL_PATH = '/graphql';
 
@@ -57,15 +59,14 @@ export function createGraphQL(opts: ServerOptions): YogaServerInstance<Record<st
     schema,
     graphqlEndpoint: GRAPHQL_PATH,
     graphiql: { title: 'Sluice', subscriptionsProtocol: 'WS' },
+    renderGraphiQL: renderSluiceGraphiQL, // offline (assets inlined), subscriptions authenticated
+
     landingPage: false,
     logging: false,
     maskedErrors: { maskError: (e, m, d) => maskError(opts.log, e, m, d), isDev: opts.development },
-    context: async ({ request, connectionParams }: { request?: Request; connectionParams?: Record<string, unknown> }) => {
-      const authorization =
-        (connectionParams?.authorization as string | undefined) ??
-        (connectionParams?.Authorization as string | undefined) ??
-        request?.headers.get('authorization') ??
-        null;
+    context: async ({ request, connectionParams, req }: { request?: Request; connectionParams?: Record<string, unknown>; req?: IncomingMessage }) => {
+      // Over graphql-ws there is no Request: the connection's params, else its upgrade request's header.
+      const authorization = request ? request.headers.get('authorization') : connectionAuthorization(connectionParams, req?.headers.authorization);
       return { auth: await authenticate(opts.services, authorization), services: opts.services };
     },
     plugins: [
@@ -117,6 +118,7 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
         return;
       }
       // --- end metrics ---
+      if (await serveConsole(req, res, url.pathname)) return;
       if (url.pathname === '/' && req.method === 'GET') {
         res.writeHead(302, { location: GRAPHQL_PATH }).end();
         return;
@@ -163,8 +165,7 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
       subscribe: (args) => (args.rootValue as { subscribe: (a: unknown) => unknown }).subscribe(args) as never,
       onConnect: async (ctx) => {
         // Refuse a connection whose key is missing or wrong before any operation: closes with 4403.
-        const params = (ctx.connectionParams ?? {}) as Record<string, unknown>;
-        const authorization = (params.authorization ?? params.Authorization) as string | undefined;
+        const authorization = connectionAuthorization(ctx.connectionParams, ctx.extra.request.headers.authorization);
         const auth = await authenticate(opts.services, authorization);
         return auth.kind === 'admin' || auth.kind === 'tenant';
       },

@@ -208,6 +208,8 @@ export const reservations = pgTable(
   (t) => [
     index('reservations_open_idx').on(t.nodeId).where(sql`${t.settledAt} is null`),
     index('reservations_job_idx').on(t.jobId),
+    // The console's calls/s per window reads the last seconds of reservations (migration 0010).
+    index('reservations_created_idx').on(t.createdAt),
   ],
 );
 

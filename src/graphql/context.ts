@@ -11,6 +11,7 @@ import { bearerToken, hashSecret, sameHash } from '../tenants/keys.ts';
 import type { TenantRecord } from '../tenants/policy.ts';
 import type { TenantStore } from '../tenants/store.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
+import type { JobClass } from '../queue/boss.ts';
 
 export type Auth =
   | { kind: 'anonymous' }
@@ -31,6 +32,8 @@ export interface Services {
   windows: readonly WindowSpec[];
   adminTokenHash: string;
   queuePolicy: { retryLimit: number; retryDelaySeconds: number; heartbeatSeconds: number; expireInSeconds: number };
+  /** CLASS_AGE_PROMISE_SECONDS: how old a class's oldest job may grow (shown beside its age). */
+  agePromiseSeconds?: Partial<Record<JobClass, number>>;
   /** After a tenant is created or changed: its pg-boss queues exist and the scheduler has its limits. */
   tenantChanged(tenant: TenantRecord): Promise<void>;
 }
@@ -38,6 +41,23 @@ export interface Services {
 export interface Context {
   auth: Auth;
   services: Services;
+}
+
+/**
+ * The credential a graphql-ws connection presents: `connectionParams.authorization`
+ * (any case, also under `headers`, the shape GraphiQL's Headers tab sends), else the
+ * WebSocket upgrade request's Authorization header (clients outside a browser can set it).
+ */
+export function connectionAuthorization(params: unknown, upgradeHeader: string | string[] | null | undefined): string | null {
+  const fromObject = (o: unknown): string | null => {
+    if (!o || typeof o !== 'object') return null;
+    for (const [k, v] of Object.entries(o)) if (k.toLowerCase() === 'authorization' && typeof v === 'string' && v !== '') return v;
+    return null;
+  };
+  const fromParams = fromObject(params) ?? fromObject((params as { headers?: unknown } | null | undefined)?.headers);
+  if (fromParams) return fromParams;
+  const header = Array.isArray(upgradeHeader) ? upgradeHeader[0] : upgradeHeader;
+  return header ? header : null;
 }
 
 export async function authenticate(services: Services, authorization: string | null | undefined): Promise<Auth> {

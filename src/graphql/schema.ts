@@ -8,6 +8,7 @@ import './schema/jobs.ts';
 import './schema/me.ts';
 import './schema/apis.ts';
 import './schema/system.ts';
+import './schema/console.ts';
 
 builder.queryType({});
 builder.mutationType({});

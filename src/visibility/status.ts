@@ -8,6 +8,7 @@ import { activeAlerts, type AlertRow } from '../alerts/store.ts';
 import type { Services } from '../graphql/context.ts';
 import { CLASSES, type JobClass } from '../queue/boss.ts';
 import * as sched from '../scheduler/store.ts';
+import { windowCallRates } from './console.ts';
 import { drainSeconds, waitReason, type WaitReason } from '../scheduler/waits.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../tenants/policy.ts';
 
@@ -81,7 +82,7 @@ export async function estimatedStartAt(services: Services, tenant: TenantRecord,
 }
 
 export interface SystemStatus {
-  windows: sched.WindowRow[];
+  windows: Array<sched.WindowRow & { callsPerSecond: number }>;
   account: sched.AccountRow;
   breakers: Awaited<ReturnType<typeof sched.readBreakers>>;
   alerts: AlertRow[];
@@ -91,13 +92,15 @@ export interface SystemStatus {
 
 export async function systemStatus(services: Services): Promise<SystemStatus> {
   const { sql } = services;
-  const [windows, account, breakers, alerts, totals] = await Promise.all([
+  const [rawWindows, rates, account, breakers, alerts, totals] = await Promise.all([
     sched.readWindows(sql),
+    windowCallRates(sql),
     sched.readAccount(sql),
     sched.readBreakers(sql),
     activeAlerts(sql),
     sched.classTotals(sql),
   ]);
+  const windows = rawWindows.map((w) => ({ ...w, callsPerSecond: rates.get(w.name) ?? 0 }));
   const depth = totals.reduce((s, c) => s + c.depth, 0);
   const rate = windows.reduce((s, w) => s + (w.ratePerMinute !== null ? w.ratePerMinute / 60 : w.poolSize / Math.max(0.001, (w.latencyP50Ms ?? 1000) / 1000)), 0);
   return {
