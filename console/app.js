@@ -48,8 +48,14 @@ function SignIn({ onSignIn, message }) {
   </main>`;
 }
 
+// graphql-ws gives up after these close codes (a bug on one side, not the network): say so rather than spin.
+const FATAL = new Set([4400, 4004, 4005, 4406, 4409, 4429, 4500]);
+
 function Banner({ state }) {
   if (state === 'connected' || state === 'idle') return null;
+  if (state === 'stopped') {
+    return html`<div class="banner" role="alert" data-testid="stopped">Live updates stopped: reload the page to reconnect.</div>`;
+  }
   return html`<div class="banner" role="status" aria-live="polite" data-testid="reconnecting">
     ${state === 'first' ? 'Connecting to live updates…' : 'Live updates interrupted: reconnecting…'}
   </div>`;
@@ -85,6 +91,10 @@ function App() {
       if (state === 'connected') everConnected = true;
       if (state === 'closed' && event && (event.code === 4401 || event.code === 4403)) {
         signOut('The server no longer accepts this token (revoked or rotated). Sign in again.');
+        return;
+      }
+      if (state === 'closed' && event && FATAL.has(event.code)) {
+        setConn('stopped');
         return;
       }
       setConn(state === 'connected' ? 'connected' : everConnected ? 'reconnecting' : 'first');

@@ -143,6 +143,29 @@ describe('console', { skip: available ? false : SKIP_MESSAGE }, () => {
     assert.deepEqual(b.outside, []);
   });
 
+  test('a banner shows while the live connection is reconnecting', async () => {
+    const page = await b.page();
+    // Every socket passes through the test, which can cut it as a network failure would.
+    const sockets: Array<{ close(o?: { code?: number; reason?: string }): Promise<void> }> = [];
+    let refuse = false;
+    await page.routeWebSocket(/\/graphql$/, (ws) => {
+      if (refuse) return void ws.close({ code: 1012, reason: 'test: server unreachable' });
+      ws.connectToServer();
+      sockets.push(ws);
+    });
+    await signIn(page, ADMIN_TOKEN);
+    await page.getByText('● live').waitFor();
+    assert.equal(await page.getByTestId('reconnecting').count(), 0);
+    refuse = true;
+    for (const ws of sockets) await ws.close({ code: 1012, reason: 'test: connection lost' });
+    await page.getByTestId('reconnecting').getByText(/reconnecting/).waitFor({ timeout: 30_000 });
+    await screenshot(page, 'operator-reconnecting');
+    refuse = false;
+    await page.getByText('● live').waitFor({ timeout: 30_000 });
+    await page.getByTestId('reconnecting').waitFor({ state: 'detached' });
+    assert.deepEqual(b.outside, []);
+  });
+
   test('sign-out forgets the token; a wrong token is refused on the page', async () => {
     const page = await b.page();
     await signIn(page, 'slc_not_a_key');
