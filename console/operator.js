@@ -169,7 +169,7 @@ function Alerts({ alerts, breakers }) {
     ${alerts.length === 0 ? html`<p class="good">No active alerts.</p>` : html`<ul class="alerts">
       ${alerts.map((a) => html`<li class=${a.severity === 'page' ? 'bad' : 'warn'}><strong>${a.key}</strong> (${a.severity}) ${a.message} <span class="muted">since ${time(a.raisedAt)}</span></li>`)}
     </ul>`}
-    ${notClosed.length === 0 ? html`<p class="good">All ${breakers.length} breakers closed.</p>` : html`<ul class="alerts">
+    ${notClosed.length === 0 ? html`<p class="good">${breakers.length === 0 ? "No breaker has opened." : `All ${breakers.length} breakers closed.`}</p>` : html`<ul class="alerts">
       ${notClosed.map((b) => html`<li class="bad"><strong>${b.api}</strong> ${b.state}${b.retryAt ? `, probe at ${time(b.retryAt)}` : ''}</li>`)}
     </ul>`}
   </section>`;
