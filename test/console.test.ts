@@ -73,8 +73,24 @@ describe('console', { skip: available ? false : SKIP_MESSAGE }, () => {
     const me = await t.gql('{ me { tenant { name } } }', {}, key);
     assert.equal(me.body.data.me.tenant.name, 'console-made');
     await page.getByTestId('tenants').getByRole('rowheader', { name: 'console-made' }).waitFor();
-
     await screenshot(page, 'operator');
+
+    // Change its limits, then rotate its key (confirming the dialog): the old key stops working.
+    await page.getByRole('button', { name: 'Done' }).click();
+    await page.getByRole('button', { name: 'Change limits of console-made' }).click();
+    await page.getByLabel('Concurrency cap').fill('3');
+    await page.getByRole('button', { name: 'Save limits' }).click();
+    await eventually(async () => {
+      const r = await t.gql('{ tenants { name concurrencyCap } }');
+      return r.body.data.tenants.find((x: { name: string }) => x.name === 'console-made')?.concurrencyCap === 3;
+    });
+    page.once('dialog', (d) => void d.accept());
+    await page.getByRole('button', { name: 'Rotate the key of console-made' }).click();
+    const rotated = (await page.getByTestId('new-key').innerText()).trim();
+    assert.notEqual(rotated, key);
+    assert.equal((await t.gql('{ me { tenant { name } } }', {}, key)).status, 401);
+    assert.equal((await t.gql('{ me { tenant { name } } }', {}, rotated)).body.data.me.tenant.name, 'console-made');
+
     assert.deepEqual(b.outside, []);
   });
 
@@ -168,6 +184,15 @@ describe('console', { skip: available ? false : SKIP_MESSAGE }, () => {
 
   test('sign-out forgets the token; a wrong token is refused on the page', async () => {
     const page = await b.page();
+    // By keyboard alone: the token field takes focus by Tab, Enter submits.
+    await page.goto(`${origin}/console`);
+    await page.getByLabel('Token').waitFor();
+    await page.keyboard.press('Tab');
+    assert.equal(await page.evaluate(() => document.activeElement?.id), 'token');
+    await page.keyboard.type(ADMIN_TOKEN);
+    await page.keyboard.press('Enter');
+    await page.getByRole('button', { name: 'Sign out' }).waitFor();
+    await page.getByRole('button', { name: 'Sign out' }).click();
     await signIn(page, 'slc_not_a_key');
     await page.getByRole('alert').getByText(/not valid/).waitFor();
     await signIn(page, ADMIN_TOKEN);
