@@ -17,7 +17,7 @@ export const SCREENSHOTS = path.join(path.dirname(path.dirname(path.dirname(new 
 /** Whether browser tests can run here; throws under CI when they cannot (a skipped browser test must not pass CI). */
 export function browserAvailable(): boolean {
   if (existsSync(CHROMIUM)) return true;
-  if (process.env.CI) throw new Error(`CI=true but no Chromium at ${CHROMIUM}: .ci/run installs it with apt-get install chromium`);
+  if (process.env.CI === 'true' || process.env.CI === '1') throw new Error(`CI=true but no Chromium at ${CHROMIUM}: .ci/run installs it with apt-get install chromium`);
   return false;
 }
 export const SKIP_MESSAGE = `no Chromium at ${CHROMIUM} (apt-get install -y chromium, or set CHROMIUM_PATH): browser tests skipped`;
