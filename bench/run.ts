@@ -20,6 +20,7 @@ import * as badDay from './bad-day.ts';
 import * as dispatch from './dispatch.ts';
 import * as overload from './overload.ts';
 import * as batching from './batching.ts';
+import * as consoleReads from './console.ts';
 
 interface Benchmark {
   description: string;
@@ -32,6 +33,7 @@ const BENCHMARKS: Record<string, Benchmark> = {
   dispatch,
   overload,
   batching,
+  console: consoleReads,
 };
 
 function usage(): string {

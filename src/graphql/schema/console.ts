@@ -3,24 +3,29 @@
  * table (one sorted, filtered page with each tenant's live counters).
  */
 import type { TenantRecord } from '../../tenants/policy.ts';
-import { normalizePage, tenantPage, TENANT_ORDERS } from '../../visibility/console.ts';
-import { tenantQueueStatus, tenantUsage } from '../../visibility/status.ts';
+import { normalizePage, tenantPage, tenantRowsStatus, TENANT_ORDERS, type TenantRowStatus } from '../../visibility/console.ts';
 import { builder, role } from '../builder.ts';
 import { QueueRef, UsageRef } from './me.ts';
 import { TenantRef, TierEnum } from './tenants.ts';
 
 const TenantOrderEnum = builder.enumType('TenantOrder', { values: TENANT_ORDERS });
 
-const TenantRowRef = builder.objectRef<TenantRecord>('TenantRow').implement({
+type Row = { tenant: TenantRecord; status: TenantRowStatus };
+
+const TenantRowRef = builder.objectRef<Row>('TenantRow').implement({
   description: 'One tenant with its live counters, as the operator sees it.',
   fields: (t) => ({
-    tenant: t.field({ type: TenantRef, resolve: (x) => x }),
-    queues: t.field({ type: [QueueRef], description: 'Each class: depth, running, wait reason, estimated drain.', resolve: (x, _a, ctx) => tenantQueueStatus(ctx.services, x) }),
-    usage: t.field({ type: UsageRef, description: 'Credits against quota in its current period.', resolve: (x, _a, ctx) => tenantUsage(ctx.services, x) }),
+    tenant: t.field({ type: TenantRef, resolve: (x) => x.tenant }),
+    queues: t.field({
+      type: [QueueRef],
+      description: 'Each class: depth, running, oldest age, wait reason. estimatedDrainSeconds is null here (me.queues has it).',
+      resolve: (x) => x.status.queues,
+    }),
+    usage: t.field({ type: UsageRef, description: 'Credits against quota in its current period.', resolve: (x) => x.status.usage }),
   }),
 });
 
-const TenantTableRef = builder.objectRef<{ totalCount: number; rows: TenantRecord[] }>('TenantTable').implement({
+const TenantTableRef = builder.objectRef<{ totalCount: number; rows: Row[] }>('TenantTable').implement({
   fields: (t) => ({
     totalCount: t.exposeInt('totalCount', { description: 'Tenants matching the filter.' }),
     rows: t.field({ type: [TenantRowRef], resolve: (x) => x.rows }),
@@ -50,8 +55,10 @@ builder.queryFields((t) => ({
         nameContains: args.nameContains?.trim() || null,
         tier: args.tier ?? null,
       });
-      const rows = await Promise.all(page.ids.map((id) => ctx.services.tenants.get(id)));
-      return { totalCount: page.totalCount, rows: rows.filter((r): r is TenantRecord => r !== null) };
+      const tenants = (await Promise.all(page.ids.map((id) => ctx.services.tenants.get(id)))).filter((r): r is TenantRecord => r !== null);
+      // The live columns for the whole page at once, not per row.
+      const status = await tenantRowsStatus(ctx.services, tenants);
+      return { totalCount: page.totalCount, rows: tenants.map((tenant) => ({ tenant, status: status.get(tenant.id)! })) };
     },
   }),
 }));
