@@ -96,9 +96,10 @@ describe('console', { skip: available ? false : SKIP_MESSAGE }, () => {
 
   test('a tenant submits a job from the form and sees it go QUEUED → SUCCEEDED without a reload', async () => {
     const tenant = await t.createTenant('form-co');
-    // Cap 1 and a job already running: the form's job waits its turn, visibly QUEUED.
+    // Cap 1 and four 0.8 s jobs ahead of it: the form's job waits its turn, visibly QUEUED.
     await t.gql('mutation($i: UpdateTenantInput!) { updateTenant(input: $i) { id } }', { i: { id: tenant.id, concurrencyCap: 1 } });
-    await t.gql('mutation { submitJobs(input: {jobs: [{api: "dnslookup", params: {domain: "a.example"}}, {api: "dnslookup", params: {domain: "b.example"}}]}) { jobs { id } } }', {}, tenant.apiKey);
+    const ahead = [1, 2, 3, 4].map((i) => ({ api: 'dnslookup', params: { domain: `ahead${i}.example` } }));
+    await t.gql('mutation($i: SubmitJobsInput!) { submitJobs(input: $i) { jobs { id } } }', { i: { jobs: ahead } }, tenant.apiKey);
 
     const page = await b.page();
     await signIn(page, tenant.apiKey);

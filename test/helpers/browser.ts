@@ -12,7 +12,12 @@ import type { TestContext } from 'node:test';
 import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
 
 export const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
-export const SCREENSHOTS = path.join(path.dirname(path.dirname(path.dirname(new URL(import.meta.url).pathname))), 'docs', 'screenshots');
+const ROOT = path.dirname(path.dirname(path.dirname(new URL(import.meta.url).pathname)));
+/**
+ * Where the tests save their screenshots: .data/screenshots (gitignored), so a test run leaves
+ * the tree clean; `npm run screenshots` writes the README's, in docs/screenshots.
+ */
+export const SCREENSHOTS = process.env.SCREENSHOTS_DIR ? path.resolve(process.env.SCREENSHOTS_DIR) : path.join(ROOT, '.data', 'screenshots');
 
 /** Whether browser tests can run here; throws under CI when they cannot (a skipped browser test must not pass CI). */
 export function browserAvailable(): boolean {
