@@ -23,6 +23,7 @@ import * as batching from './batching.ts';
 import * as ingest from './ingest.ts';
 import * as fanout from './fanout.ts';
 import * as cluster from './cluster.ts';
+import * as consoleReads from './console.ts';
 
 interface Benchmark {
   description: string;
@@ -38,6 +39,7 @@ const BENCHMARKS: Record<string, Benchmark> = {
   ingest,
   fanout,
   cluster,
+  console: consoleReads,
 };
 
 function usage(): string {

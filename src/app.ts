@@ -189,6 +189,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       adminTokenHash: admin.hash,
       queuePolicy,
       lifecycle: { sql, boss },
+      agePromiseSeconds: parseClassNumbers(env.CLASS_AGE_PROMISE_SECONDS),
       tenantChanged: async (tenant) => {
         await ensureTenantQueues(boss, tenant.id, queuePolicy);
         await sched.syncTenant(sql, tenant);
@@ -253,7 +254,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       port = (server.address() as AddressInfo).port;
       const shownHost = env.HOST === '0.0.0.0' || env.HOST === '::' ? 'localhost' : env.HOST;
       url = `http://${shownHost}:${port}${GRAPHQL_PATH}`;
-      log.info({ url }, 'GraphQL API and GraphiQL are up (graphql-ws on the same path)');
+      log.info({ url, console: url.replace(/\/graphql$/, '/console') }, 'GraphQL API and GraphiQL are up (graphql-ws on the same path); the console is at /console');
     }
     if (env.SLUICE_ROLE !== 'api') {
       const nodeId = randomUUID();

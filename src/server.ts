@@ -15,7 +15,7 @@ import { checkGetRequest, codedEmptyError, useInputHardening } from './http/inpu
 import { operationRefusal, useOperationAuth } from './graphql/auth-plugin.ts';
 import { WS_CLOSE, WsConnections } from './http/ws-auth.ts';
 import { useInputErrorCodes } from './graphql/input-errors-plugin.ts';
-import { authenticate, type Context, type Services } from './graphql/context.ts';
+import { authenticate, connectionAuthorization, type Context, type Services } from './graphql/context.ts';
 import { schema } from './graphql/schema.ts';
 // --- front door and metrics ---
 import { DEFAULT_QUERY_LIMITS, hardeningPlugins, type QueryLimits } from './http/hardening.ts';
@@ -24,6 +24,8 @@ import type { Metrics } from './metrics.ts';
 import { serveOps, type OpsOptions } from './http/ops.ts';
 import { USAGE_CSV_PATH, serveUsageCsv } from './http/usage-csv.ts';
 import type { SubscriptionRegistry } from './events/subscriptions.ts';
+import { renderSluiceGraphiQL } from './http/graphiql.ts';
+import { serveConsole } from './http/console.ts';
 
 export const GRAPHQL_PATH = '/graphql';
 
@@ -72,15 +74,14 @@ export function createGraphQL(opts: ServerOptions): YogaServerInstance<Record<st
     schema,
     graphqlEndpoint: GRAPHQL_PATH,
     graphiql: { title: 'Sluice', subscriptionsProtocol: 'WS' },
+    renderGraphiQL: renderSluiceGraphiQL, // offline (assets inlined), subscriptions authenticated
+
     landingPage: false,
     logging: false,
     maskedErrors: { maskError: (e, m, d) => maskError(opts.log, e, m, d), isDev: opts.development },
-    context: async ({ request, connectionParams, gate, socket }: { request?: Request; connectionParams?: Record<string, unknown>; gate?: CommitGate; socket?: { close(code: number, reason: string): void } }) => {
-      const authorization =
-        (connectionParams?.authorization as string | undefined) ??
-        (connectionParams?.Authorization as string | undefined) ??
-        request?.headers.get('authorization') ??
-        null;
+    context: async ({ request, connectionParams, req, gate, socket }: { request?: Request; connectionParams?: Record<string, unknown>; req?: IncomingMessage; gate?: CommitGate; socket?: { close(code: number, reason: string): void } }) => {
+      // Over graphql-ws there is no Request: the connection's params, else its upgrade request's header.
+      const authorization = request ? request.headers.get('authorization') : connectionAuthorization(connectionParams, req?.headers.authorization);
       return { auth: await authenticate(opts.services, authorization), services: opts.services, ...(gate ? { gate } : {}), ...(socket ? { socket } : {}) };
     },
     plugins: [
@@ -155,6 +156,7 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
         return;
       }
       // --- end metrics ---
+      if (await serveConsole(req, res, url.pathname)) return;
       if (url.pathname === '/' && req.method === 'GET') {
         res.writeHead(302, { location: GRAPHQL_PATH }).end();
         return;
@@ -226,9 +228,7 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
       onConnect: async (ctx) => {
         // Refuse a connection whose key is missing, unknown or revoked before any operation: 4401, with the reason.
         const socket = ctx.extra.socket;
-        const params = (ctx.connectionParams ?? {}) as Record<string, unknown>;
-        const raw = params.authorization ?? params.Authorization;
-        const authorization = typeof raw === 'string' ? raw : undefined;
+        const authorization = connectionAuthorization(ctx.connectionParams, ctx.extra.request.headers.authorization);
         let auth: Awaited<ReturnType<typeof authenticate>>;
         try {
           auth = await authenticate(opts.services, authorization);

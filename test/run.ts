@@ -31,11 +31,20 @@ if (!adminUrl) {
 const only = process.argv.slice(2);
 const files = only.length > 0 ? only : readdirSync(path.join(root, 'test')).filter((f) => f.endsWith('.test.ts')).sort().map((f) => path.join('test', f));
 
-const child = spawn(process.execPath, ['--test', '--test-concurrency=2', '--test-timeout=120000', ...files], {
-  cwd: root,
-  stdio: 'inherit',
-  env: { ...process.env, TEST_DATABASE_URL: adminUrl, NODE_ENV: 'test' },
-});
-const code: number = await new Promise((resolve) => child.on('exit', (c, signal) => resolve(c ?? (signal ? 1 : 0))));
+// The browser tests (Chromium) run after the others, on their own: Chromium's CPU would
+// otherwise disturb the timing-sensitive tests (fair shares, pacing) running beside them.
+const BROWSER = new Set(['console.test.ts', 'graphiql.test.ts']);
+const isBrowser = (f: string) => BROWSER.has(path.basename(f));
+const runFiles = (list: string[], concurrency: number): Promise<number> => {
+  if (list.length === 0) return Promise.resolve(0);
+  const child = spawn(process.execPath, ['--test', `--test-concurrency=${concurrency}`, '--test-timeout=120000', ...list], {
+    cwd: root,
+    stdio: 'inherit',
+    env: { ...process.env, TEST_DATABASE_URL: adminUrl, NODE_ENV: 'test' },
+  });
+  return new Promise((resolve) => child.on('exit', (c, signal) => resolve(c ?? (signal ? 1 : 0))));
+};
+const first = await runFiles(files.filter((f) => !isBrowser(f)), 2);
+const second = await runFiles(files.filter(isBrowser), 1);
 await cleanup();
-process.exit(code);
+process.exit(first || second);

@@ -229,6 +229,8 @@ export const reservations = pgTable(
     index('reservations_open_idx').on(t.nodeId).where(sql`${t.settledAt} is null`),
     index('reservations_lease_idx').on(t.leaseExpiresAt).where(sql`${t.settledAt} is null`),
     index('reservations_job_idx').on(t.jobId),
+    // The console's calls/s per window reads the last seconds of reservations (migration 0010).
+    index('reservations_created_idx').on(t.createdAt),
   ],
 );
 

@@ -13,6 +13,7 @@ import type { TenantStore } from '../tenants/store.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
 import type { CommitGate } from '../http/deadline.ts';
 import type { LifecycleDeps } from '../tenants/lifecycle.ts';
+import type { JobClass } from '../queue/boss.ts';
 
 export type Auth =
   | { kind: 'anonymous' }
@@ -35,6 +36,8 @@ export interface Services {
   queuePolicy: { retryLimit: number; retryDelaySeconds: number; heartbeatSeconds: number; expireInSeconds: number };
   /** What suspendTenant, resumeTenant and deleteTenant need (pg-boss to drop queues). */
   lifecycle: LifecycleDeps;
+  /** CLASS_AGE_PROMISE_SECONDS: how old a class's oldest job may grow (shown beside its age). */
+  agePromiseSeconds?: Partial<Record<JobClass, number>>;
   /** After a tenant is created or changed: its pg-boss queues exist and the scheduler has its limits. */
   tenantChanged(tenant: TenantRecord): Promise<void>;
 }
@@ -46,6 +49,23 @@ export interface Context {
   gate?: CommitGate;
   /** The graphql-ws socket of a subscription (absent over HTTP): closed if the subscriber falls behind. */
   socket?: SubscriberSocket;
+}
+
+/**
+ * The credential a graphql-ws connection presents: `connectionParams.authorization`
+ * (any case, also under `headers`, the shape GraphiQL's Headers tab sends), else the
+ * WebSocket upgrade request's Authorization header (clients outside a browser can set it).
+ */
+export function connectionAuthorization(params: unknown, upgradeHeader: string | string[] | null | undefined): string | null {
+  const fromObject = (o: unknown): string | null => {
+    if (!o || typeof o !== 'object') return null;
+    for (const [k, v] of Object.entries(o)) if (k.toLowerCase() === 'authorization' && typeof v === 'string' && v !== '') return v;
+    return null;
+  };
+  const fromParams = fromObject(params) ?? fromObject((params as { headers?: unknown } | null | undefined)?.headers);
+  if (fromParams) return fromParams;
+  const header = Array.isArray(upgradeHeader) ? upgradeHeader[0] : upgradeHeader;
+  return header ? header : null;
 }
 
 export async function authenticate(services: Services, authorization: string | null | undefined): Promise<Auth> {

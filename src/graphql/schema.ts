@@ -9,6 +9,7 @@ import './schema/me.ts';
 import './schema/apis.ts';
 import './schema/system.ts';
 import './schema/usage.ts';
+import './schema/console.ts';
 
 builder.queryType({});
 builder.mutationType({});

@@ -143,8 +143,13 @@ export async function classTotals(sql: Tx): Promise<Array<{ jobClass: JobClass; 
 
 /** Per class of one tenant: waiting, running, oldest waiting job's age, quota block, and the tenant's cap state. */
 export async function tenantQueues(sql: Tx, tenantId: string): Promise<Array<{ jobClass: JobClass; depth: number; running: number; oldestAgeSeconds: number | null; headApi: string | null }>> {
+  return (await tenantsQueues(sql, [tenantId])).get(tenantId) ?? [];
+}
+
+/** tenantQueues for many tenants in one statement (the console's tenants table). */
+export async function tenantsQueues(sql: Tx, tenantIds: readonly string[]): Promise<Map<string, Awaited<ReturnType<typeof tenantQueues>>>> {
   const rows = await sql`
-    select q.class, q.depth, q.running,
+    select q.tenant_id, q.class, q.depth, q.running,
       h.age, h.api
     from sched_queues q
     left join lateral (
@@ -152,11 +157,16 @@ export async function tenantQueues(sql: Tx, tenantId: string): Promise<Array<{ j
       where j.tenant_id = q.tenant_id and j.priority = q.class and j.state in ('QUEUED', 'WAITING_QUOTA')
       order by created_at limit 1
     ) h on true
-    where q.tenant_id = ${tenantId}`;
+    where q.tenant_id = any(${tenantIds as string[]}::uuid[])`;
   const order = CLASSES as readonly string[];
-  return rows
-    .map((r) => ({ jobClass: r.class as JobClass, depth: r.depth as number, running: r.running as number, oldestAgeSeconds: r.age === null ? null : Number(r.age), headApi: (r.api as string | null) ?? null }))
-    .sort((a, b) => order.indexOf(a.jobClass) - order.indexOf(b.jobClass));
+  const out = new Map<string, Awaited<ReturnType<typeof tenantQueues>>>();
+  for (const r of rows) {
+    const list = out.get(r.tenant_id as string) ?? [];
+    list.push({ jobClass: r.class as JobClass, depth: r.depth as number, running: r.running as number, oldestAgeSeconds: r.age === null ? null : Number(r.age), headApi: (r.api as string | null) ?? null });
+    out.set(r.tenant_id as string, list);
+  }
+  for (const list of out.values()) list.sort((a, b) => order.indexOf(a.jobClass) - order.indexOf(b.jobClass));
+  return out;
 }
 
 export async function tenantSchedState(sql: Tx, tenantId: string): Promise<{ inFlight: number; cap: number; weight: number; quotaBlocked: boolean; suspended: boolean } | null> {

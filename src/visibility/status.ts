@@ -9,6 +9,7 @@ import { isDatabaseUnavailable } from '../db/availability.ts';
 import type { Services } from '../graphql/context.ts';
 import { CLASSES, type JobClass } from '../queue/boss.ts';
 import * as sched from '../scheduler/store.ts';
+import { windowCallRates } from './console.ts';
 import { drainSeconds, waitReason, type WaitReason } from '../scheduler/waits.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../tenants/policy.ts';
 
@@ -35,20 +36,22 @@ export async function tenantUsage(services: Services, tenant: TenantRecord): Pro
   return { creditsUsed: ledger.billed, creditsReserved: ledger.reserved, quota: effectiveLimits(tenant).monthlyQuota, periodStart: period.start, periodEnd: period.end };
 }
 
-export async function tenantQueueStatus(services: Services, tenant: TenantRecord): Promise<QueueStatus[]> {
-  const { sql } = services;
-  const [queues, state, windows, account, breakers] = await Promise.all([
-    sched.tenantQueues(sql, tenant.id),
-    sched.tenantSchedState(sql, tenant.id),
-    sched.readWindows(sql),
-    sched.readAccount(sql),
-    sched.readBreakers(sql),
-  ]);
+/** What classStatuses reads: the tenant's queues and scheduler row, and the shared machinery. */
+export interface ClassStatusReads {
+  queues: Awaited<ReturnType<typeof sched.tenantQueues>>;
+  state: Awaited<ReturnType<typeof sched.tenantSchedState>>;
+  windows: sched.WindowRow[];
+  account: sched.AccountRow;
+  breakers: Awaited<ReturnType<typeof sched.readBreakers>>;
+}
+
+/** Each class of one tenant: depth, running, oldest age and why its head job waits (no drain estimate); pure. */
+export function classStatuses(windowSpecs: Services['windows'], tenant: TenantRecord, r: ClassStatusReads): Array<Omit<QueueStatus, 'estimatedDrainSeconds'>> {
+  const { queues, state, windows, account, breakers } = r;
   const open = new Set(breakers.filter((b) => b.state === 'OPEN').map((b) => b.api));
-  const out: QueueStatus[] = [];
-  for (const jobClass of CLASSES) {
+  return CLASSES.map((jobClass) => {
     const q = queues.find((x) => x.jobClass === jobClass) ?? { depth: 0, running: 0, oldestAgeSeconds: null, headApi: null };
-    const spec = services.windows.find((w) => w.classes.includes(jobClass));
+    const spec = windowSpecs.find((w) => w.classes.includes(jobClass));
     const w = windows.find((x) => x.name === spec?.name);
     const paused = w !== undefined && w.pausedUntil !== null && w.pausedUntil > w.dbNow;
     const reason = waitReason({
@@ -62,8 +65,23 @@ export async function tenantQueueStatus(services: Services, tenant: TenantRecord
       inFlight: state?.inFlight ?? 0,
       cap: state?.cap ?? effectiveLimits(tenant).concurrencyCap,
     });
-    const rate = q.depth > 0 ? (await services.jobs.drainRates(sql, tenant, [jobClass])).tenant : 0;
-    out.push({ priority: jobClass, depth: q.depth, running: q.running, oldestAgeSeconds: q.oldestAgeSeconds, waitReason: reason, estimatedDrainSeconds: drainSeconds(q.depth, rate) });
+    return { priority: jobClass, depth: q.depth, running: q.running, oldestAgeSeconds: q.oldestAgeSeconds, waitReason: reason };
+  });
+}
+
+export async function tenantQueueStatus(services: Services, tenant: TenantRecord): Promise<QueueStatus[]> {
+  const { sql } = services;
+  const [queues, state, windows, account, breakers] = await Promise.all([
+    sched.tenantQueues(sql, tenant.id),
+    sched.tenantSchedState(sql, tenant.id),
+    sched.readWindows(sql),
+    sched.readAccount(sql),
+    sched.readBreakers(sql),
+  ]);
+  const out: QueueStatus[] = [];
+  for (const q of classStatuses(services.windows, tenant, { queues, state, windows, account, breakers })) {
+    const rate = q.depth > 0 ? (await services.jobs.drainRates(sql, tenant, [q.priority])).tenant : 0;
+    out.push({ ...q, estimatedDrainSeconds: drainSeconds(q.depth, rate) });
   }
   return out;
 }
@@ -108,7 +126,7 @@ export async function jobWaitReason(services: Services, tenant: TenantRecord, jo
 }
 
 export interface SystemStatus {
-  windows: sched.WindowRow[];
+  windows: Array<sched.WindowRow & { callsPerSecond: number }>;
   account: sched.AccountRow;
   breakers: Awaited<ReturnType<typeof sched.readBreakers>>;
   alerts: AlertRow[];
@@ -118,13 +136,15 @@ export interface SystemStatus {
 
 export async function systemStatus(services: Services): Promise<SystemStatus> {
   const { sql } = services;
-  const [windows, account, breakers, alerts, totals] = await Promise.all([
+  const [rawWindows, rates, account, breakers, alerts, totals] = await Promise.all([
     sched.readWindows(sql),
+    windowCallRates(sql),
     sched.readAccount(sql),
     sched.readBreakers(sql),
     activeAlerts(sql),
     sched.classTotals(sql),
   ]);
+  const windows = rawWindows.map((w) => ({ ...w, callsPerSecond: rates.get(w.name) ?? 0 }));
   const depth = totals.reduce((s, c) => s + c.depth, 0);
   const rate = windows.reduce((s, w) => s + (w.ratePerMinute !== null ? w.ratePerMinute / 60 : w.poolSize / Math.max(0.001, (w.latencyP50Ms ?? 1000) / 1000)), 0);
   return {

@@ -5,7 +5,7 @@ import { PriorityEnum } from './jobs.ts';
 import { tokensAt } from '../../scheduler/pacer.ts';
 import { builder, role } from '../builder.ts';
 
-const WindowRef = builder.objectRef<WindowRow>('Window').implement({
+const WindowRef = builder.objectRef<WindowRow & { callsPerSecond?: number }>('Window').implement({
   description: 'One upstream rate window (key) and its pacer, shared by every node.',
   fields: (t) => ({
     name: t.exposeString('name'),
@@ -18,6 +18,7 @@ const WindowRef = builder.objectRef<WindowRow>('Window').implement({
     busy: t.int({ description: 'Calls in flight on this window across all nodes.', resolve: (w) => w.inFlight }),
     latencyP50Ms: t.float({ nullable: true, resolve: (w) => w.latencyP50Ms }),
     latencyP95Ms: t.float({ nullable: true, resolve: (w) => w.latencyP95Ms }),
+    callsPerSecond: t.float({ description: 'Calls sent on this window over the last 10 seconds, per second (one per batch item, as the pacer counts).', resolve: (w) => w.callsPerSecond ?? 0 }),
   }),
 });
 
@@ -58,6 +59,7 @@ const ClassTotalRef = builder.objectRef<SystemStatus['classes'][number]>('ClassS
     depth: t.exposeInt('depth'),
     running: t.exposeInt('running'),
     oldestAgeSeconds: t.float({ nullable: true, resolve: (c) => c.oldestAgeSeconds }),
+    agePromiseSeconds: t.float({ nullable: true, description: 'How old the oldest job may grow before AGE_PROMISE alerts (CLASS_AGE_PROMISE_SECONDS).', resolve: (c, _a, ctx) => ctx.services.agePromiseSeconds?.[c.priority] ?? null }),
   }),
 });
 

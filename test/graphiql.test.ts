@@ -1,0 +1,107 @@
+/**
+ * GraphiQL at /graphql in real Chromium with every request outside 127.0.0.1
+ * blocked: it renders from the process alone, shows Sluice's welcome text, and
+ * a subscription run in it authenticates with the Headers tab's Authorization
+ * and receives an event. Also: graphql-ws takes the credential from
+ * connectionParams (GraphiQL's `headers` shape too) or the upgrade's header.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { createClient } from 'graphql-ws';
+import WebSocket from 'ws';
+import { connectionAuthorization } from '../src/graphql/context.ts';
+import { collect, startTestApp, type TestApp } from './helpers/app.ts';
+import { browserAvailable, launch, screenshot, SKIP_MESSAGE, type Browsing } from './helpers/browser.ts';
+
+test('connectionAuthorization: params in any case, GraphiQL headers, then the upgrade header', () => {
+  assert.equal(connectionAuthorization({ authorization: 'Bearer a' }, 'Bearer z'), 'Bearer a');
+  assert.equal(connectionAuthorization({ Authorization: 'Bearer b' }, undefined), 'Bearer b');
+  assert.equal(connectionAuthorization({ headers: { AUTHORIZATION: 'Bearer c' } }, undefined), 'Bearer c');
+  assert.equal(connectionAuthorization({}, 'Bearer z'), 'Bearer z');
+  assert.equal(connectionAuthorization(undefined, ['Bearer y']), 'Bearer y');
+  assert.equal(connectionAuthorization({ authorization: '' }, undefined), null);
+  assert.equal(connectionAuthorization(null, undefined), null);
+});
+
+describe('graphql-ws credentials', () => {
+  let t: TestApp;
+  before(async () => {
+    t = await startTestApp();
+  });
+  after(async () => {
+    await t?.stop();
+  });
+
+  for (const [name, make] of [
+    ['connectionParams.headers.Authorization', (key: string) => ({ connectionParams: { headers: { Authorization: `Bearer ${key}` } } })],
+    ['the upgrade request\'s Authorization header', (key: string) => ({ webSocketImpl: class extends WebSocket {
+      constructor(url: string, protocols: string[]) {
+        super(url, protocols, { headers: { authorization: `Bearer ${key}` } });
+      }
+    } })],
+  ] as const) {
+    test(`a tenant authenticates with ${name}`, async () => {
+      const tenant = await t.createTenant(`ws-${name.length}`);
+      const client = createClient({ url: t.url.replace(/^http/, 'ws'), webSocketImpl: WebSocket, retryAttempts: 0, lazy: true, ...make(tenant.apiKey) });
+      try {
+        const events = await collect<{ tenantUsage: { usage: { quota: number } } }>(client, 'subscription { tenantUsage { usage { quota } } }', {}, (e) => e.length >= 1);
+        assert.ok(events[0]!.tenantUsage.usage.quota > 0);
+      } finally {
+        await client.dispose();
+      }
+    });
+  }
+});
+
+describe('GraphiQL in Chromium', { skip: browserAvailable() ? false : SKIP_MESSAGE }, () => {
+  let t: TestApp;
+  let b: Browsing;
+  before(async () => {
+    t = await startTestApp();
+    b = await launch();
+  });
+  after(async () => {
+    await b?.close();
+    await t?.stop();
+  });
+
+  test('renders offline, welcomes, and a subscription run in it receives an event', async () => {
+    const tenant = await t.createTenant('graphiql-co');
+    const submitted = await t.gql('mutation { submitJob(input: {api: "dnslookup", params: {domain: "x.example"}}) { job { id } } }', {}, tenant.apiKey);
+    const id = submitted.body.data.submitJob.job.id as string;
+
+    // A first visit shows the welcome text in the editor, rendered from the process alone.
+    const welcome = await b.page();
+    await welcome.goto(`${new URL(t.url).origin}/graphql`);
+    await welcome.getByText('Sluice: one upstream API account').first().waitFor({ timeout: 30_000 });
+    await screenshot(welcome, 'graphiql-welcome');
+
+    const page = await b.page();
+    const query = `subscription { jobUpdated(id: "${id}") { id api state } }`;
+    await page.goto(`${new URL(t.url).origin}/graphql?query=${encodeURIComponent(query)}`);
+    // The Headers tab, as a person would fill it.
+    await page.getByRole('button', { name: /^headers$/i }).click();
+    const headers = page.locator('.graphiql-editor-tool .graphiql-editor').last();
+    await headers.click();
+    await page.keyboard.press('ControlOrMeta+A');
+    await page.keyboard.insertText(JSON.stringify({ Authorization: `Bearer ${tenant.apiKey}` }));
+    // GraphiQL persists the tab (headers included) after 500 ms; the socket reads it when it opens.
+    await page.waitForFunction(() => (localStorage.getItem('graphiql:tabState') ?? '').includes('Bearer slc_'), null, { timeout: 10_000 });
+    await page.getByRole('button', { name: /execute query/i }).click();
+    await page.locator('.graphiql-response').getByText('dnslookup').waitFor({ timeout: 30_000 });
+    const response = await page.locator('.graphiql-response').innerText();
+    assert.match(response, new RegExp(id));
+    assert.doesNotMatch(response, /UNAUTHENTICATED|4403|Forbidden/);
+    await screenshot(page, 'graphiql');
+    assert.deepEqual(b.outside, []);
+  });
+
+  test('the welcome text says what Sluice is and how to authenticate', async () => {
+    const res = await fetch(`${t.url}`, { headers: { accept: 'text/html' } });
+    assert.equal(res.status, 200);
+    const html = await res.text();
+    assert.match(html, /Sluice: one upstream API account/);
+    assert.match(html, /Authorization/);
+    assert.match(html, /sluiceConnectionParams/);
+  });
+});
