@@ -22,9 +22,8 @@ import { SluiceError } from '../errors.ts';
 import { publishJobEvents } from '../events/bus.ts';
 import { CLASSES, queueName, type JobClass } from '../queue/boss.ts';
 import { markQueuesReady } from '../scheduler/store.ts';
-
-/** Channel of key changes: H10's contract, a JSON payload `{"tenantId": "<id>"}`. */
-export const AUTH_CHANNEL = 'sluice_auth';
+import { notifyAuthChanged } from '../http/ws-auth.ts';
+import { WORK_CHANNEL } from '../jobs/service.ts';
 
 export interface LifecycleDeps {
   sql: Sql;
@@ -53,7 +52,7 @@ export async function resumeTenant(deps: LifecycleDeps, id: string): Promise<voi
     await tx`update sched_tenants set suspended = false where tenant_id = ${id}`;
     const queued = await tx`select distinct priority from jobs where tenant_id = ${id} and state = 'QUEUED'`;
     await markQueuesReady(tx, id, queued.map((r) => r.priority as JobClass));
-    await tx`select pg_notify('sluice_work', ${id})`;
+    await tx`select pg_notify(${WORK_CHANNEL}, ${id})`;
   });
 }
 
@@ -74,7 +73,7 @@ export async function deleteTenant(deps: LifecycleDeps, id: string): Promise<{ c
     await tx`update sched_tenants set suspended = true where tenant_id = ${id}`;
     await tx`update tenant_api_keys set revoked_at = now() where tenant_id = ${id} and revoked_at is null`;
     const n = await cancelWaiting(tx, id);
-    await tx`select pg_notify(${AUTH_CHANNEL}, ${JSON.stringify({ tenantId: id })})`;
+    await notifyAuthChanged(tx, id);
     return n;
   });
   // Calls in flight went upstream: let them settle (billed as usual) before their rows go.
