@@ -39,6 +39,13 @@ describe('admit', () => {
     assert.deepEqual([g.scope, g.retryable, g.jobClass], ['GLOBAL', false, 'BULK']);
   });
 
+  test('a class with a share may always hold one job, however small the bound', () => {
+    assert.equal(admit({ ...base, tenantBound: 1, incoming: { BULK: 1 } }).ok, true);
+    const second = admit({ ...base, tenantBound: 1, tenantDepth: 1, incoming: { STANDARD: 1 } });
+    assert.ok(!second.ok);
+    assert.deepEqual([second.scope, second.retryable], ['TENANT', true]);
+  });
+
   test('global: the lowest class of a mixed submission sheds first, and a global refusal always names its class', () => {
     const mixed = admit({ ...base, tenantBound: 1_000, globalDepth: 49, incoming: { INTERACTIVE: 1, BULK: 1 } });
     assert.ok(!mixed.ok);

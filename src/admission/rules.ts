@@ -58,7 +58,9 @@ function passedLimit(a: AdmissionInput, depth: number, bound: number, total: num
   for (const jobClass of ORDER) {
     if ((a.incoming[jobClass] ?? 0) === 0) continue;
     const share = Math.min(1, a.classShare[jobClass] ?? 1);
-    const limit = Math.floor(bound * share);
+    // A class with any share may always hold one job: with a tiny bound (1), floor(1 × 0.8) = 0
+    // would make every STANDARD submission one that "can never fit".
+    const limit = share > 0 ? Math.max(1, Math.floor(bound * share)) : 0;
     if (depth + total > limit) return { jobClass, limit, share };
   }
   return null;
