@@ -345,7 +345,10 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       // attempt leases expire and a live node's sweeper settles them (never called twice).
       cleanups.push(() => {
         dispatcherUp = false;
-        return dispatcher.stop({ graceMs: env.SHUTDOWN_GRACE_SECONDS * 1000 });
+        return dispatcher.stop({ graceMs: env.SHUTDOWN_GRACE_SECONDS * 1000 }).then(({ unsettled }) => {
+          if (unsettled > 0) log.warn({ unsettled, graceSeconds: env.SHUTDOWN_GRACE_SECONDS }, 'calls still in flight after the shutdown grace: their leases expire and a live node settles them');
+          else log.info('dispatcher drained: every in-flight call is settled');
+        });
       });
       if (env.SLUICE_ROLE === 'worker') {
         // A worker serves no GraphQL: /healthz, /readyz and /metrics get their own small server.

@@ -175,8 +175,8 @@ export class Dispatcher {
    * reservations are settled by the sweeper by the timeout rule when their
    * attempt leases expire (never called twice, never reserved forever).
    */
-  async stop(opts: { graceMs?: number } = {}): Promise<void> {
-    if (!this.running) return;
+  async stop(opts: { graceMs?: number } = {}): Promise<{ unsettled: number }> {
+    if (!this.running) return { unsettled: 0 };
     this.running = false;
     this.poke();
     const graceMs = opts.graceMs ?? 30_000;
@@ -189,6 +189,7 @@ export class Dispatcher {
     })();
     const clean = await Promise.race([drained, graceOver]);
     clearTimeout(timer);
+    const unsettled = clean ? 0 : this.open.size;
     if (!clean) {
       this.abandoned = true;
       this.o.log.warn({ open: this.open.size }, 'stop grace over: open attempts are left to their leases');
@@ -198,6 +199,7 @@ export class Dispatcher {
     if (this.leaseTimer) clearInterval(this.leaseTimer);
     this.leaseTimer = null;
     await this.unlisten?.().catch(() => {});
+    return { unsettled };
   }
 
   private leaseMs(): number {
