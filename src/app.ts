@@ -83,8 +83,8 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       log.info({ dataDir: path.resolve(env.SLUICE_DATA_DIR) }, 'embedded Postgres is running (set DATABASE_URL to use your own)');
     }
     await runMigrations(databaseUrl);
-    // A connection attempt gives up within the request deadline: a request never hangs on a Postgres that is away.
-    const connection = connect(databaseUrl, 20, Math.max(1, Math.ceil(env.REQUEST_TIMEOUT_MS / 1000)));
+    // A connection attempt gives up within 5 s (and within the request deadline): a request never hangs on a Postgres that is away.
+    const connection = connect(databaseUrl, 20, Math.max(1, Math.min(5, Math.ceil(env.REQUEST_TIMEOUT_MS / 1000))));
     const { sql, db } = connection;
     cleanups.push(() => connection.end());
     const boss = await startBoss(databaseUrl);
