@@ -95,8 +95,8 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         idleInTransactionTimeoutMs: env.DB_IDLE_IN_TRANSACTION_TIMEOUT_MS,
       },
       countStatements: env.SLUICE_COUNT_SQL,
-      // A connection attempt gives up within the request deadline: a request never hangs on a Postgres that is away.
-      connectTimeoutSeconds: Math.max(1, Math.ceil(env.REQUEST_TIMEOUT_MS / 1000)),
+      // A connection attempt gives up within 5 s (and within the request deadline): a request never hangs on a Postgres that is away.
+      connectTimeoutSeconds: Math.max(1, Math.min(5, Math.ceil(env.REQUEST_TIMEOUT_MS / 1000))),
     });
     const { sql, db } = connection;
     cleanups.push(() => connection.end());

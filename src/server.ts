@@ -33,7 +33,7 @@ export interface ServerOptions {
   services: Services;
   maxBodyBytes: number;
   log: Logger;
-  /** Longest a request may wait (on the database) before it is answered 503 DATABASE_UNAVAILABLE; default 5000. */
+  /** Longest a request may wait (on the database) before it is answered 503 DATABASE_UNAVAILABLE; default 30000. */
   requestTimeoutMs?: number;
   development: boolean;
   // --- front door and metrics ---
@@ -187,11 +187,11 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
         }),
         { gate },
       ));
-      const response = await withDeadline(pending, opts.requestTimeoutMs ?? 5_000, gate);
+      const response = await withDeadline(pending, opts.requestTimeoutMs ?? 30_000, gate);
       if (response === null) {
         // Still waiting (on the database) at the deadline, and no commit under way: answer now; the late result is dropped.
         void pending.then((late) => late.body?.cancel().catch(() => {}), () => {});
-        const e = databaseUnavailable(`the request waited ${opts.requestTimeoutMs ?? 5_000} ms for the database`);
+        const e = databaseUnavailable(`the request waited ${opts.requestTimeoutMs ?? 30_000} ms for the database`);
         return sendErrors(res, 503, { message: e.message, extensions: { code: e.code, ...e.extensions } }, e.httpHeaders);
       }
       // Yoga answers some refusals (406, 415) with an empty body: give them a body with a code, like every other error.
@@ -223,6 +223,8 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
   const wss = new WebSocketServer({ server, path: GRAPHQL_PATH, maxPayload: opts.maxBodyBytes });
   const wsServer = useServer(
     {
+      // Close reasons of internal errors carry no message unless in development (graphql-ws reads NODE_ENV otherwise).
+      isProd: !opts.development,
       execute: (args) => (args.rootValue as { execute: (a: unknown) => unknown }).execute(args) as never,
       subscribe: (args) => (args.rootValue as { subscribe: (a: unknown) => unknown }).subscribe(args) as never,
       onConnect: async (ctx) => {
@@ -266,12 +268,21 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
           if (err instanceof GraphQLError) return [err];
           throw err;
         }
+        let contextValue: Awaited<ReturnType<typeof contextFactory>>;
+        try {
+          contextValue = await contextFactory();
+        } catch (err) {
+          // The key check needs the database: while it is away, a coded error for this operation (the socket stays).
+          if (!isDatabaseUnavailable(err)) throw err;
+          const e = databaseUnavailable();
+          return [new GraphQLError(e.message, { extensions: { code: e.code, ...e.extensions } })];
+        }
         const args = {
           schema: s,
           operationName: payload.operationName,
           document,
           variableValues: payload.variables,
-          contextValue: await contextFactory(),
+          contextValue,
           rootValue: { execute, subscribe },
         };
         const errors = validate(args.schema, args.document);

@@ -34,7 +34,7 @@ import { assertJobsAccountedFor, assertLedgerBalances, assertQuiescent } from '.
  * as TODO rather than failures. Set to true when issue 9 is merged: then
  * every check must hold.
  */
-const SETTLEMENT_RETRY_MERGED = false;
+const SETTLEMENT_RETRY_MERGED = true;
 const NEEDS_SETTLEMENT_RETRY = new Set(['every accepted job ran exactly once (provider calls == jobs)', 'nothing stays reserved']);
 
 const CREATE = `mutation($i: CreateTenantInput!) { createTenant(input: $i) { tenant { id } apiKey } }`;

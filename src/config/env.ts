@@ -70,8 +70,12 @@ export const envSchema = z.object({
 
   /** On SIGTERM/SIGINT: how long in-flight upstream calls may take to finish and settle before the process stops anyway. */
   SHUTDOWN_GRACE_SECONDS: int(30, 0),
-  /** Longest a request waits on the database; past it (or at once when Postgres is unreachable) it gets 503 DATABASE_UNAVAILABLE. */
-  REQUEST_TIMEOUT_MS: int(5_000, 100),
+  /**
+   * Backstop: a request still unanswered after this long gets 503 DATABASE_UNAVAILABLE (a submission
+   * then is not stored). With Postgres down requests fail at once (refused) or after the connect
+   * timeout, min(5 s, this); legitimate work (10,000 jobs on a busy machine) must fit well within it.
+   */
+  REQUEST_TIMEOUT_MS: int(30_000, 100),
 
   /** Retries of retryable failures (server errors, timeouts), with exponential backoff. */
   JOB_RETRY_LIMIT: int(3),

@@ -42,6 +42,16 @@ export function isDatabaseUnavailable(err: unknown): boolean {
   return false;
 }
 
+/** The pool was ended by this process (it is stopping): not an outage to wait out. Pure. */
+export function isPoolEnded(err: unknown): boolean {
+  return (err as { code?: unknown } | null)?.code === 'CONNECTION_ENDED';
+}
+
+/** An outage worth waiting out in a loop (a subscription's poll, a resync read): unavailable, and not our own stop. */
+export function isTransientOutage(err: unknown): boolean {
+  return isDatabaseUnavailable(err) && !isPoolEnded(err);
+}
+
 export function databaseUnavailable(detail = 'the database is unreachable'): SluiceError {
   return new SluiceError(
     'DATABASE_UNAVAILABLE',

@@ -19,7 +19,7 @@
  */
 import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
-import { isDatabaseUnavailable } from '../db/availability.ts';
+import { isTransientOutage } from '../db/availability.ts';
 import type { Auth } from '../graphql/context.ts';
 
 export const AUTH_CHANNEL = 'sluice_auth';
@@ -93,7 +93,7 @@ export class WsConnections {
       try {
         auth = await this.authenticate(conn.authorization);
       } catch (err) {
-        if (isDatabaseUnavailable(err)) return closed; // the next notice, or the re-LISTEN after recovery, tries again
+        if (isTransientOutage(err)) return closed; // the next notice, or the re-LISTEN after recovery, tries again
         throw err;
       }
       const still = conn.tenantId === null ? auth.kind === 'admin' : auth.kind === 'tenant' && auth.tenant.id === conn.tenantId;

@@ -5,7 +5,7 @@
  * trigger-kept counters), never a cached minute-old figure.
  */
 import { activeAlerts, type AlertRow } from '../alerts/store.ts';
-import { isDatabaseUnavailable } from '../db/availability.ts';
+import { isTransientOutage } from '../db/availability.ts';
 import type { Services } from '../graphql/context.ts';
 import { CLASSES, type JobClass } from '../queue/boss.ts';
 import * as sched from '../scheduler/store.ts';
@@ -190,7 +190,7 @@ async function* poll<T>(read: () => Promise<T>, intervalMs: number, signal: Abor
       value = await read();
     } catch (err) {
       // The database is away: keep the subscription and read again; the first read after recovery sends what changed.
-      if (!isDatabaseUnavailable(err)) throw err;
+      if (!isTransientOutage(err)) throw err;
       await new Promise((r) => setTimeout(r, intervalMs));
       continue;
     }

@@ -1,7 +1,7 @@
 import { GraphQLError } from 'graphql';
 import { FINAL_STATES, JOB_STATES, countJobs, finishedSince, getJob, listJobs, type JobRow } from '../../jobs/store.ts';
 import { RESYNC } from '../../events/bus.ts';
-import { isDatabaseUnavailable } from '../../db/availability.ts';
+import { isTransientOutage } from '../../db/availability.ts';
 import { CLASSES } from '../../queue/boss.ts';
 import { SluiceError } from '../../errors.ts';
 import { builder, role } from '../builder.ts';
@@ -119,7 +119,7 @@ async function readThroughOutage<T>(read: () => Promise<T>): Promise<T> {
     try {
       return await read();
     } catch (err) {
-      if (!isDatabaseUnavailable(err) || attempt >= 30) throw err;
+      if (!isTransientOutage(err) || attempt >= 30) throw err;
       await new Promise((r) => setTimeout(r, 500));
     }
   }
