@@ -44,3 +44,13 @@ export function machine() {
     platform: `${process.platform} ${os.release()}`,
   };
 }
+
+/** A process's resident memory (VmRSS) in MB, or null when it cannot be read. */
+export function rssMb(pid: number): number | null {
+  try {
+    const m = /VmRSS:\s+(\d+)\s+kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+    return m ? Number(m[1]) / 1024 : null;
+  } catch {
+    return null;
+  }
+}
