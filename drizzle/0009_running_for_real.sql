@@ -7,15 +7,38 @@ ALTER TABLE "tenants" ADD COLUMN "suspended_at" timestamp with time zone;
 ALTER TABLE "sched_tenants" ADD COLUMN "suspended" boolean DEFAULT false NOT NULL;
 --> statement-breakpoint
 -- RUNNING per (tenant, class), kept like depth: statement-level triggers on jobs (their own functions,
--- so migration 0004's depth functions stay as they are), same transaction as every state change.
+-- so migration 0004's depth functions stay as they are), in the same transaction as every state change.
 -- A scrape or a systemStatus push reads the counter instead of counting RUNNING rows.
+-- The triggers only INSERT deltas: updating sched_queues there would lock it in the settlement after
+-- `windows` (a job leaving RUNNING), while a lease locks sched_queues (claim) before `windows`, and
+-- the two would deadlock. The sweeper folds the deltas into sched_queues.running every round
+-- (sluice_fold_running); readers add the counter and the unfolded deltas.
 ALTER TABLE "sched_queues" ADD COLUMN "running" integer DEFAULT 0 NOT NULL;
 --> statement-breakpoint
+CREATE TABLE "sched_running_deltas" (
+	"tenant_id" uuid NOT NULL,
+	"class" text NOT NULL,
+	"n" integer NOT NULL
+);
+--> statement-breakpoint
+CREATE INDEX "sched_running_deltas_idx" ON "sched_running_deltas" USING btree ("tenant_id","class");
+--> statement-breakpoint
 CREATE FUNCTION sluice_apply_running_delta(delta jsonb) RETURNS void LANGUAGE sql AS $$
-  UPDATE sched_queues q SET running = greatest(0, q.running + (d->>'n')::int)
-  FROM jsonb_array_elements(delta) d
-  WHERE q.tenant_id = (d->>'tenant_id')::uuid AND q.class = d->>'priority';
+  INSERT INTO sched_running_deltas (tenant_id, class, n)
+  SELECT (d->>'tenant_id')::uuid, d->>'priority', (d->>'n')::int FROM jsonb_array_elements(delta) d;
 $$;
+--> statement-breakpoint
+-- One folder at a time (an advisory lock): two folds updating the same rows in different orders could deadlock.
+CREATE FUNCTION sluice_fold_running() RETURNS int LANGUAGE plpgsql AS $$
+DECLARE folded int := 0;
+BEGIN
+  IF NOT pg_try_advisory_xact_lock(7564291) THEN RETURN 0; END IF;
+  WITH d AS (DELETE FROM sched_running_deltas RETURNING tenant_id, class, n),
+    g AS (SELECT tenant_id, class, sum(n)::int AS n, count(*)::int AS c FROM d GROUP BY tenant_id, class),
+    u AS (UPDATE sched_queues q SET running = greatest(0, q.running + g.n) FROM g WHERE q.tenant_id = g.tenant_id AND q.class = g.class RETURNING 1)
+  SELECT coalesce(sum(c), 0) INTO folded FROM g;
+  RETURN folded;
+END $$;
 --> statement-breakpoint
 CREATE FUNCTION sluice_jobs_running_upd() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
