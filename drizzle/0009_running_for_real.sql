@@ -23,11 +23,6 @@ CREATE TABLE "sched_running_deltas" (
 --> statement-breakpoint
 CREATE INDEX "sched_running_deltas_idx" ON "sched_running_deltas" USING btree ("tenant_id","class");
 --> statement-breakpoint
-CREATE FUNCTION sluice_apply_running_delta(delta jsonb) RETURNS void LANGUAGE sql AS $$
-  INSERT INTO sched_running_deltas (tenant_id, class, n)
-  SELECT (d->>'tenant_id')::uuid, d->>'priority', (d->>'n')::int FROM jsonb_array_elements(delta) d;
-$$;
---> statement-breakpoint
 -- One folder at a time (an advisory lock): two folds updating the same rows in different orders could deadlock.
 CREATE FUNCTION sluice_fold_running() RETURNS int LANGUAGE plpgsql AS $$
 DECLARE folded int := 0;
@@ -40,21 +35,22 @@ BEGIN
   RETURN folded;
 END $$;
 --> statement-breakpoint
+-- Direct inserts from the transition tables (no jsonb, no function call): this runs in every lease and settlement.
 CREATE FUNCTION sluice_jobs_running_upd() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  PERFORM sluice_apply_running_delta(coalesce(jsonb_agg(x), '[]'::jsonb)) FROM (
-    SELECT tenant_id, priority, sum(n) AS n FROM (
-      SELECT tenant_id, priority, 1 AS n FROM new_rows WHERE state = 'RUNNING'
-      UNION ALL
-      SELECT tenant_id, priority, -1 FROM old_rows WHERE state = 'RUNNING'
-    ) c GROUP BY tenant_id, priority HAVING sum(n) <> 0) x;
+  INSERT INTO sched_running_deltas (tenant_id, class, n)
+  SELECT tenant_id, priority, sum(n) FROM (
+    SELECT tenant_id, priority, 1 AS n FROM new_rows WHERE state = 'RUNNING'
+    UNION ALL
+    SELECT tenant_id, priority, -1 FROM old_rows WHERE state = 'RUNNING'
+  ) c GROUP BY tenant_id, priority HAVING sum(n) <> 0;
   RETURN NULL;
 END $$;
 --> statement-breakpoint
 CREATE FUNCTION sluice_jobs_running_del() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  PERFORM sluice_apply_running_delta(coalesce(jsonb_agg(x), '[]'::jsonb)) FROM (
-    SELECT tenant_id, priority, -count(*) AS n FROM old_rows WHERE state = 'RUNNING' GROUP BY tenant_id, priority) x;
+  INSERT INTO sched_running_deltas (tenant_id, class, n)
+  SELECT tenant_id, priority, -count(*) FROM old_rows WHERE state = 'RUNNING' GROUP BY tenant_id, priority;
   RETURN NULL;
 END $$;
 --> statement-breakpoint
