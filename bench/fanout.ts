@@ -13,7 +13,6 @@
  * the settling transaction, before its commit: the figure slightly
  * overstates commit-to-receipt).
  */
-import { readFileSync } from 'node:fs';
 import postgres from 'postgres';
 import { createClient, type Client } from 'graphql-ws';
 import WebSocket from 'ws';
@@ -21,21 +20,12 @@ import { startSimulator, type Simulator } from '../src/simulator/index.ts';
 import type { FlagReader } from './lib/args.ts';
 import { gql } from './lib/gql.ts';
 import { progress } from './lib/log.ts';
-import { cpuMeter } from './lib/machine.ts';
+import { cpuMeter, rssMb } from './lib/machine.ts';
 import { freshDatabase, type BenchPostgres } from './lib/pg.ts';
 import { ADMIN_TOKEN, parseEnvFlag, startSluiceFor } from './lib/sluice.ts';
 import { check, mapLimit, median, percentile, round, sleep, type Check } from './lib/stats.ts';
 
 export const description = 'graphql-ws fan-out: 200 tenants x 5 and 1,000 x 5 subscribers on jobsCompleted, one job per tenant: delivery, commit-to-receipt p50/p99, memory per idle subscriber';
-
-function rssMb(pid: number): number | null {
-  try {
-    const m = /VmRSS:\s+(\d+)\s+kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
-    return m ? Number(m[1]) / 1024 : null;
-  } catch {
-    return null;
-  }
-}
 
 async function phase(pg: BenchPostgres, tenants: number, perTenant: number, mode: 'child' | 'inproc', extraEnv: Record<string, string>, o: { waitS: number }) {
   const label = `${tenants}x${perTenant}`;

@@ -7,31 +7,50 @@ ALTER TABLE "tenants" ADD COLUMN "suspended_at" timestamp with time zone;
 ALTER TABLE "sched_tenants" ADD COLUMN "suspended" boolean DEFAULT false NOT NULL;
 --> statement-breakpoint
 -- RUNNING per (tenant, class), kept like depth: statement-level triggers on jobs (their own functions,
--- so migration 0004's depth functions stay as they are), same transaction as every state change.
+-- so migration 0004's depth functions stay as they are), in the same transaction as every state change.
 -- A scrape or a systemStatus push reads the counter instead of counting RUNNING rows.
+-- The triggers only INSERT deltas: updating sched_queues there would lock it in the settlement after
+-- `windows` (a job leaving RUNNING), while a lease locks sched_queues (claim) before `windows`, and
+-- the two would deadlock. The sweeper folds the deltas into sched_queues.running every round
+-- (sluice_fold_running); readers add the counter and the unfolded deltas.
 ALTER TABLE "sched_queues" ADD COLUMN "running" integer DEFAULT 0 NOT NULL;
 --> statement-breakpoint
-CREATE FUNCTION sluice_apply_running_delta(delta jsonb) RETURNS void LANGUAGE sql AS $$
-  UPDATE sched_queues q SET running = greatest(0, q.running + (d->>'n')::int)
-  FROM jsonb_array_elements(delta) d
-  WHERE q.tenant_id = (d->>'tenant_id')::uuid AND q.class = d->>'priority';
-$$;
+CREATE TABLE "sched_running_deltas" (
+	"tenant_id" uuid NOT NULL,
+	"class" text NOT NULL,
+	"n" integer NOT NULL
+);
 --> statement-breakpoint
+CREATE INDEX "sched_running_deltas_idx" ON "sched_running_deltas" USING btree ("tenant_id","class");
+--> statement-breakpoint
+-- One folder at a time (an advisory lock): two folds updating the same rows in different orders could deadlock.
+CREATE FUNCTION sluice_fold_running() RETURNS int LANGUAGE plpgsql AS $$
+DECLARE folded int := 0;
+BEGIN
+  IF NOT pg_try_advisory_xact_lock(7564291) THEN RETURN 0; END IF;
+  WITH d AS (DELETE FROM sched_running_deltas RETURNING tenant_id, class, n),
+    g AS (SELECT tenant_id, class, sum(n)::int AS n, count(*)::int AS c FROM d GROUP BY tenant_id, class),
+    u AS (UPDATE sched_queues q SET running = greatest(0, q.running + g.n) FROM g WHERE q.tenant_id = g.tenant_id AND q.class = g.class RETURNING 1)
+  SELECT coalesce(sum(c), 0) INTO folded FROM g;
+  RETURN folded;
+END $$;
+--> statement-breakpoint
+-- Direct inserts from the transition tables (no jsonb, no function call): this runs in every lease and settlement.
 CREATE FUNCTION sluice_jobs_running_upd() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  PERFORM sluice_apply_running_delta(coalesce(jsonb_agg(x), '[]'::jsonb)) FROM (
-    SELECT tenant_id, priority, sum(n) AS n FROM (
-      SELECT tenant_id, priority, 1 AS n FROM new_rows WHERE state = 'RUNNING'
-      UNION ALL
-      SELECT tenant_id, priority, -1 FROM old_rows WHERE state = 'RUNNING'
-    ) c GROUP BY tenant_id, priority HAVING sum(n) <> 0) x;
+  INSERT INTO sched_running_deltas (tenant_id, class, n)
+  SELECT tenant_id, priority, sum(n) FROM (
+    SELECT tenant_id, priority, 1 AS n FROM new_rows WHERE state = 'RUNNING'
+    UNION ALL
+    SELECT tenant_id, priority, -1 FROM old_rows WHERE state = 'RUNNING'
+  ) c GROUP BY tenant_id, priority HAVING sum(n) <> 0;
   RETURN NULL;
 END $$;
 --> statement-breakpoint
 CREATE FUNCTION sluice_jobs_running_del() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  PERFORM sluice_apply_running_delta(coalesce(jsonb_agg(x), '[]'::jsonb)) FROM (
-    SELECT tenant_id, priority, -count(*) AS n FROM old_rows WHERE state = 'RUNNING' GROUP BY tenant_id, priority) x;
+  INSERT INTO sched_running_deltas (tenant_id, class, n)
+  SELECT tenant_id, priority, -count(*) FROM old_rows WHERE state = 'RUNNING' GROUP BY tenant_id, priority;
   RETURN NULL;
 END $$;
 --> statement-breakpoint

@@ -317,6 +317,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
           await sched.publishBreakers(sql, breakers.states().map((b) => ({ ...b, retryAt: b.state === 'OPEN' ? new Date(breakers.retryAt(b.api) ?? Date.now()) : null })));
           const status = client.lastStatus();
           if (status) await sched.publishProviderStatus(sql, status);
+          await sched.foldRunning(sql);
           await retention.maybeRun();
         },
         desiredAlerts: async (tx) => {

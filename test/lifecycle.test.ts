@@ -33,7 +33,8 @@ describe('tenant lifecycle', () => {
       select count(*) filter (where state = 'RUNNING')::int as running,
         count(*) filter (where state in ('SUCCEEDED', 'FAILED'))::int as finished,
         count(*) filter (where state = 'QUEUED')::int as queued,
-        (select coalesce(sum(running), 0) from sched_queues where tenant_id = ${tenantId})::int as running_counter
+        ((select coalesce(sum(running), 0) from sched_queues where tenant_id = ${tenantId})
+          + (select coalesce(sum(n), 0) from sched_running_deltas where tenant_id = ${tenantId}))::int as running_counter
       from jobs where tenant_id = ${tenantId}`;
     return r as unknown as { running: number; finished: number; queued: number; running_counter: number };
   };

@@ -67,3 +67,13 @@ export function cpuDelta(before: Map<number, number>, after: Map<number, number>
   for (const [pid, v] of after) s += v - (before.get(pid) ?? 0);
   return Math.round(s * 1000) / 1000;
 }
+
+/** A process's resident memory (VmRSS) in MB, or null when it cannot be read. */
+export function rssMb(pid: number): number | null {
+  try {
+    const m = /VmRSS:\s+(\d+)\s+kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+    return m ? Number(m[1]) / 1024 : null;
+  } catch {
+    return null;
+  }
+}

@@ -142,7 +142,7 @@ export const schedQueues = pgTable(
     readyAt: timestamp('ready_at', { withTimezone: true }),
     /** Jobs waiting (QUEUED or WAITING_QUOTA), kept exact by triggers on jobs (migration 0003). */
     depth: integer('depth').notNull().default(0),
-    /** Jobs RUNNING, kept exact by triggers on jobs (migration 0009): a scrape reads it, never counts rows. */
+    /** Jobs RUNNING, folded from sched_running_deltas (appended by triggers on jobs, migration 0009); readers add the unfolded deltas. */
     running: integer('running').notNull().default(0),
   },
   (t) => [
@@ -281,6 +281,13 @@ export const breakers = pgTable('breakers', {
   failures: integer('failures').notNull().default(0),
   updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
 });
+
+/** RUNNING changes appended by the job triggers (insert only: no lock in the settlement), folded by the sweeper. */
+export const schedRunningDeltas = pgTable(
+  'sched_running_deltas',
+  { tenantId: uuid('tenant_id').notNull(), jobClass: text('class').notNull(), n: integer('n').notNull() },
+  (t) => [index('sched_running_deltas_idx').on(t.tenantId, t.jobClass)],
+);
 
 /* ---- Usage history (owned by src/usage/store.ts; written by a trigger on reservations, migration 0009) ---- */
 

@@ -134,7 +134,8 @@ export async function classTotals(sql: Tx): Promise<Array<{ jobClass: JobClass; 
   const rows = await sql`
     select c.class,
       (select coalesce(sum(depth), 0) from sched_queues q where q.class = c.class)::int as depth,
-      (select coalesce(sum(running), 0) from sched_queues q where q.class = c.class)::int as running,
+      ((select coalesce(sum(running), 0) from sched_queues q where q.class = c.class)
+        + (select coalesce(sum(n), 0) from sched_running_deltas d where d.class = c.class))::int as running,
       (select extract(epoch from now() - min(created_at)) from (
         select created_at from jobs where priority = c.class and state = 'QUEUED' order by created_at limit 1) o) as oldest
     from unnest(${CLASSES as unknown as string[]}::text[]) as c(class)`;
@@ -149,7 +150,8 @@ export async function tenantQueues(sql: Tx, tenantId: string): Promise<Array<{ j
 /** tenantQueues for many tenants in one statement (the console's tenants table). */
 export async function tenantsQueues(sql: Tx, tenantIds: readonly string[]): Promise<Map<string, Awaited<ReturnType<typeof tenantQueues>>>> {
   const rows = await sql`
-    select q.tenant_id, q.class, q.depth, q.running,
+    select q.tenant_id, q.class, q.depth,
+      q.running + coalesce((select sum(n) from sched_running_deltas d where d.tenant_id = q.tenant_id and d.class = q.class), 0)::int as running,
       h.age, h.api
     from sched_queues q
     left join lateral (
@@ -187,10 +189,21 @@ export async function globalDepthByClass(sql: Tx): Promise<Partial<Record<JobCla
   return Object.fromEntries(rows.map((r) => [r.class, r.n as number]));
 }
 
+/**
+ * Folds the RUNNING deltas the job triggers appended into sched_queues.running
+ * (migration 0009; the sweeper calls it every round). Returns the deltas folded.
+ */
+export async function foldRunning(sql: Tx): Promise<number> {
+  const [r] = await sql`select sluice_fold_running() as n`;
+  return (r?.n as number) ?? 0;
+}
+
 /** Per tenant and class: waiting and running (only for METRICS_TENANT_LABELS). */
 export async function tenantDepths(sql: Tx): Promise<Array<{ tenant: string; class: string; depth: number; running: number }>> {
   const rows = await sql`
-    select q.tenant_id, q.class, q.depth, q.running from sched_queues q where q.depth > 0 or q.running > 0`;
+    select q.tenant_id, q.class, q.depth, r.running from sched_queues q
+    cross join lateral (select q.running + coalesce((select sum(n) from sched_running_deltas d where d.tenant_id = q.tenant_id and d.class = q.class), 0)::int as running) r
+    where q.depth > 0 or r.running > 0`;
   return rows.map((r) => ({ tenant: r.tenant_id as string, class: r.class as string, depth: r.depth as number, running: r.running as number }));
 }
 
