@@ -121,8 +121,8 @@ export const envSchema = z.object({
   /** Settlements are grouped: one transaction per this interval per worker process. */
   SETTLE_INTERVAL_MS: int(2, 0),
   /** Postgres session timeouts for Sluice's pools (0 = off): a frozen node cannot hold a hot row for long. */
-  DB_LOCK_TIMEOUT_MS: int(5_000, 0),
-  DB_STATEMENT_TIMEOUT_MS: int(30_000, 0),
+  DB_LOCK_TIMEOUT_MS: int(30_000, 0),
+  DB_STATEMENT_TIMEOUT_MS: int(120_000, 0),
   DB_IDLE_IN_TRANSACTION_TIMEOUT_MS: int(15_000, 0),
   /** pg-boss's maintenance (expiry, retention, queue stats) runs on one process at a time, this often. */
   BOSS_SUPERVISE_INTERVAL_SECONDS: int(15, 1),

@@ -107,10 +107,14 @@ interface PendingSettle {
   done: () => void;
 }
 
-/** Most attempts settled in one transaction. */
-const SETTLE_GROUP_MAX = 256;
-/** Settlement transactions of one process at once (each a group): a slow one does not hold the others' slots. */
-const SETTLE_FLUSHERS = 4;
+/** Most attempts settled in one transaction: small enough that a group holds its tenants' rows briefly. */
+const SETTLE_GROUP_MAX = 32;
+/**
+ * Settlement transactions of one process at once (each a group): a slow one does not hold the
+ * others' slots. With hundreds of calls in flight (long latencies) fewer left settled calls
+ * queueing behind each other and the pool full of finished calls (bad-day bench).
+ */
+const SETTLE_FLUSHERS = 12;
 
 /** One batch call: its distinct items, each with the attempts that share its input (the first is the one sent). */
 interface BatchAttempt {
