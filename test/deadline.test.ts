@@ -26,25 +26,28 @@ describe('the request deadline', () => {
 
   test('a submission stuck behind the database gets 503 DATABASE_UNAVAILABLE and is not stored when the database frees up', async () => {
     const tenant = await t.createTenant('stuck', 'PRO');
-    // Another session holds the tenant's scheduler row: the submission's admission waits on it.
+    // Another session holds the admission gate (admission_totals, which every submission locks first): the submission waits on it.
     let release!: () => void;
     const held = new Promise<void>((r) => (release = r));
     let locked = false;
     const holder = sql.begin(async (tx) => {
-      await tx`select 1 from sched_tenants where tenant_id = ${tenant.id} for update`;
+      await tx`select 1 from admission_totals for update`;
       locked = true;
       await held;
     });
     await eventually(async () => locked, 10_000, 10);
 
-    const r = await t.gql(SUBMIT, { i: { api: 'dnslookup', params: { domain: 'late.example' }, idempotencyKey: 'late-1' } }, tenant.apiKey);
-    assert.equal(r.status, 503, JSON.stringify(r.body));
-    assert.equal(r.body.errors[0].extensions.code, 'DATABASE_UNAVAILABLE');
-    assert.ok(Number(r.headers.get('retry-after')) >= 1);
-
-    // The database frees up: the abandoned submission reaches its commit and must roll back.
-    release();
-    await holder;
+    // Whatever fails below, the gate is given back, so the app can stop.
+    try {
+      const r = await t.gql(SUBMIT, { i: { api: 'dnslookup', params: { domain: 'late.example' }, idempotencyKey: 'late-1' } }, tenant.apiKey);
+      assert.equal(r.status, 503, JSON.stringify(r.body));
+      assert.equal(r.body.errors[0].extensions.code, 'DATABASE_UNAVAILABLE');
+      assert.ok(Number(r.headers.get('retry-after')) >= 1);
+    } finally {
+      // The database frees up: the abandoned submission reaches its commit and must roll back.
+      release();
+      await holder;
+    }
     await new Promise((res) => setTimeout(res, 500)); // let the abandoned transaction finish (no wall-clock assertion)
     await eventually(async () => {
       const [busy] = await sql`select count(*)::int as n from pg_stat_activity where datname = current_database() and state = 'idle in transaction'`;
