@@ -13,6 +13,7 @@
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import type { Logger } from '../log.ts';
+import { isDatabaseUnavailable } from './availability.ts';
 
 const PATCH_MARKER = 'sluice: guard porsager/postgres#1208';
 
@@ -47,4 +48,21 @@ export function installConnectionCrashGuard(log: Logger): void {
     log.fatal({ err, origin }, 'uncaught exception');
     process.exit(1);
   });
+  // A query of a connection that Postgres terminated (57P01 on a restart, a reset) can be rejected
+  // where nobody awaits it any more (postgres.js rejects everything queued on that connection; the
+  // awaited paths get their own error). Node would end the process for it: a lost connection is an
+  // outage to ride out, so it is logged. Any other unhandled rejection still ends the process.
+  process.on('unhandledRejection', (reason) => {
+    if (isUnhandledConnectionLoss(reason)) {
+      log.warn({ err: { message: (reason as Error).message, code: (reason as { code?: unknown }).code } }, 'a query of a lost connection was rejected with nobody waiting: ignored');
+      return;
+    }
+    log.fatal({ err: reason }, 'unhandled rejection');
+    process.exit(1);
+  });
+}
+
+/** An unhandled rejection the process lives through: a database connection lost, nothing else. Pure. */
+export function isUnhandledConnectionLoss(reason: unknown): boolean {
+  return isDatabaseUnavailable(reason);
 }
