@@ -89,6 +89,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     }
     await runMigrations(databaseUrl);
     const connection = connect(databaseUrl, {
+      max: env.DB_POOL_MAX,
       timeouts: {
         lockTimeoutMs: env.DB_LOCK_TIMEOUT_MS,
         statementTimeoutMs: env.DB_STATEMENT_TIMEOUT_MS,
@@ -100,7 +101,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     });
     const { sql, db } = connection;
     cleanups.push(() => connection.end());
-    const boss = await startBoss(databaseUrl, { supervise: false });
+    const boss = await startBoss(databaseUrl, { supervise: false, max: Math.max(2, Math.ceil(env.DB_POOL_MAX / 2)) });
     cleanups.push(() => boss.stop({ graceful: false, close: true }));
     await disableBossHeartbeats(sql);
     // Queues created before retention was set keep waiting jobs only 14 days (pg-boss's default): extend them.

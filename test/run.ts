@@ -40,7 +40,9 @@ const runFiles = (list: string[], concurrency: number): Promise<number> => {
   const child = spawn(process.execPath, ['--test', `--test-concurrency=${concurrency}`, '--test-timeout=120000', ...list], {
     cwd: root,
     stdio: 'inherit',
-    env: { ...process.env, TEST_DATABASE_URL: adminUrl, NODE_ENV: 'test' },
+    // DB_POOL_MAX 8: every Sluice process of the suite opens at most 15 connections, so two files at
+    // once (one with three API processes) fit under a stock max_connections of 100.
+    env: { DB_POOL_MAX: '8', ...process.env, TEST_DATABASE_URL: adminUrl, NODE_ENV: 'test' },
   });
   return new Promise((resolve) => child.on('exit', (c, signal) => resolve(c ?? (signal ? 1 : 0))));
 };

@@ -120,6 +120,12 @@ export const envSchema = z.object({
   ATTEMPT_LEASE_SECONDS: z.coerce.number().int().min(1).optional(),
   /** Settlements are grouped: one transaction per this interval per worker process. */
   SETTLE_INTERVAL_MS: int(2, 0),
+  /**
+   * Connections this process may open: its SQL pool; drizzle's pool gets a quarter and pg-boss's a
+   * half on top, so one process holds at most 1.75x this (35 by default). Size it so that every
+   * process of the deployment fits under Postgres's max_connections (docs/SCALING.md).
+   */
+  DB_POOL_MAX: int(20, 2),
   /** Postgres session timeouts for Sluice's pools (0 = off): a frozen node cannot hold a hot row for long. */
   DB_LOCK_TIMEOUT_MS: int(30_000, 0),
   DB_STATEMENT_TIMEOUT_MS: int(120_000, 0),

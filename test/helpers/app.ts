@@ -42,6 +42,7 @@ export async function startTestApp(env: Record<string, string> = {}, overrides: 
     DATABASE_URL: db.url,
     SLUICE_ADMIN_TOKEN: ADMIN_TOKEN,
     DISPATCH_IDLE_POLL_MS: '200',
+    DB_POOL_MAX: process.env.DB_POOL_MAX ?? '8',
     JOB_RETRY_DELAY_SECONDS: '1',
     ...env,
   });
