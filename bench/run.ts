@@ -24,6 +24,7 @@ import * as ingest from './ingest.ts';
 import * as fanout from './fanout.ts';
 import * as cluster from './cluster.ts';
 import * as consoleReads from './console.ts';
+import * as maintenance from './maintenance.ts';
 
 interface Benchmark {
   description: string;
@@ -40,6 +41,7 @@ const BENCHMARKS: Record<string, Benchmark> = {
   fanout,
   cluster,
   console: consoleReads,
+  maintenance,
 };
 
 function usage(): string {

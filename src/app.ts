@@ -107,8 +107,8 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     // Queues created before retention was set keep waiting jobs only 14 days (pg-boss's default): extend them.
     const extended = await extendTenantQueueRetention(sql);
     if (extended > 0) log.info({ queues: extended, retentionDays: TENANT_QUEUE_RETENTION_SECONDS / 86_400 }, 'extended the retention of existing tenant queues');
-    // pg-boss's maintenance runs on one process at a time (it walks every queue).
-    const maintenance = new BossMaintenance(boss, sql, env.BOSS_SUPERVISE_INTERVAL_SECONDS * 1000, (err) => log.warn({ err }, 'pg-boss maintenance failed'));
+    // pg-boss's maintenance runs on one process at a time, a bounded page of queues per pass.
+    const maintenance = new BossMaintenance(boss, sql, env.BOSS_SUPERVISE_INTERVAL_SECONDS * 1000, (err) => log.warn({ err }, 'pg-boss maintenance failed'), env.BOSS_MAINTENANCE_PAGE);
     maintenance.start();
     cleanups.push(() => maintenance.stop());
 

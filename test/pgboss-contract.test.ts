@@ -72,3 +72,30 @@ test("pg-boss's maintenance runs on one process at a time, and another takes ove
     await db.drop();
   }
 });
+
+test("a maintenance pass supervises one page of queues, in name order, skips queues without rows, and wraps around", async () => {
+  const db = await createTestDatabase();
+  const boss = await startBoss(db.url, { supervise: false });
+  const pool = postgres(db.url, { max: 2, onnotice: () => {} });
+  const m = new BossMaintenance(boss, pool, 60_000, (err) => assert.fail(String(err)), 2);
+  try {
+    for (const name of ['t.c', 't.a', 't.b', 't.empty']) await boss.createQueue(name);
+    // A queue is supervised only while it holds a pg-boss row: 't.empty' never does.
+    for (const name of ['t.c', 't.a', 't.b']) await boss.send(name, {});
+    // pg-boss stamps a queue's monitor claim when supervise covers it: the contract that
+    // `supervise` takes a list of queue rows and touches only those.
+    const claimed = async () =>
+      (await pool`select name from pgboss.queue where monitor_claim_on is not null order by name`).map((r) => r.name as string);
+    assert.deepEqual(await m.superviseNextPage(), ['t.a', 't.b']);
+    assert.deepEqual(await claimed(), ['t.a', 't.b'], 'only the page was supervised');
+    assert.deepEqual(await m.superviseNextPage(), ['t.c'], "the page (t.c, t.empty) minus the queue without rows");
+    assert.deepEqual(await claimed(), ['t.a', 't.b', 't.c']);
+    assert.deepEqual(await m.superviseNextPage(), [], 'the page after the last full one is empty: it ends the cycle');
+    assert.deepEqual(await m.superviseNextPage(), ['t.a', 't.b'], 'and the next starts again from the first queue');
+  } finally {
+    await m.stop();
+    await pool.end();
+    await boss.stop({ graceful: false, close: true });
+    await db.drop();
+  }
+});

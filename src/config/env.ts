@@ -132,6 +132,8 @@ export const envSchema = z.object({
   DB_IDLE_IN_TRANSACTION_TIMEOUT_MS: int(15_000, 0),
   /** pg-boss's maintenance (expiry, retention, queue stats) runs on one process at a time, this often. */
   BOSS_SUPERVISE_INTERVAL_SECONDS: int(15, 1),
+  /** Queues each maintenance pass supervises (name order, wrapping): bounds a pass whatever the tenant count. */
+  BOSS_MAINTENANCE_PAGE: int(1000, 1),
   /** Diagnostics (benchmarks): count the SQL statements this process's pools send. Costs a stack capture per statement. */
   SLUICE_COUNT_SQL: bool(false),
   /** How often the sweeper looks for waiting jobs whose pg-boss job is gone (and puts them back). */
