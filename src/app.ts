@@ -9,7 +9,7 @@ import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { buildCatalog } from './config/apis.ts';
 import { ConfigError, type Env } from './config/env.ts';
-import { connect, ensureDatabase } from './db/client.ts';
+import { connect, ensureDatabase, poolSizes } from './db/client.ts';
 import { startEmbeddedPostgres, type EmbeddedDatabase } from './db/embedded.ts';
 import { runMigrations, shippedMigrations } from './db/migrate.ts';
 import { resolveAdminToken } from './db/settings.ts';
@@ -101,7 +101,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     });
     const { sql, db } = connection;
     cleanups.push(() => connection.end());
-    const boss = await startBoss(databaseUrl, { supervise: false, max: Math.max(2, Math.ceil(env.DB_POOL_MAX / 2)) });
+    const boss = await startBoss(databaseUrl, { supervise: false, max: poolSizes(env.DB_POOL_MAX).boss });
     cleanups.push(() => boss.stop({ graceful: false, close: true }));
     await disableBossHeartbeats(sql);
     // Queues created before retention was set keep waiting jobs only 14 days (pg-boss's default): extend them.

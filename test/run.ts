@@ -9,6 +9,7 @@ import { chmodSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { startEmbeddedPostgres } from '../src/db/embedded.ts';
+import { TEST_DB_POOL_MAX } from './helpers/db.ts';
 
 const root = path.dirname(path.dirname(new URL(import.meta.url).pathname));
 let adminUrl = process.env.TEST_DATABASE_URL;
@@ -40,9 +41,7 @@ const runFiles = (list: string[], concurrency: number): Promise<number> => {
   const child = spawn(process.execPath, ['--test', `--test-concurrency=${concurrency}`, '--test-timeout=120000', ...list], {
     cwd: root,
     stdio: 'inherit',
-    // DB_POOL_MAX 8: every Sluice process of the suite opens at most 15 connections, so two files at
-    // once (one with three API processes) fit under a stock max_connections of 100.
-    env: { DB_POOL_MAX: '8', ...process.env, TEST_DATABASE_URL: adminUrl, NODE_ENV: 'test' },
+    env: { DB_POOL_MAX: TEST_DB_POOL_MAX, ...process.env, TEST_DATABASE_URL: adminUrl, NODE_ENV: 'test' },
   });
   return new Promise((resolve) => child.on('exit', (c, signal) => resolve(c ?? (signal ? 1 : 0))));
 };

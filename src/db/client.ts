@@ -63,18 +63,27 @@ export interface ConnectOptions {
 }
 
 /**
+ * How one process splits its DB_POOL_MAX: the raw pool (hot paths) gets it
+ * all, drizzle's CRUD pool a quarter, pg-boss's pool half; one more for the
+ * bus's LISTEN. docs/SCALING.md budgets connections from this.
+ */
+export function poolSizes(max: number): { sql: number; drizzle: number; boss: number } {
+  return { sql: max, drizzle: Math.max(2, Math.ceil(max / 4)), boss: Math.max(2, Math.ceil(max / 2)) };
+}
+
+/**
  * Two pools: drizzle's postgres-js driver rewrites its client's type
  * serializers (dates and arrays become pass-through strings), which breaks
  * plain tagged-template SQL on the same client. Raw SQL (the hot paths) gets
  * its own untouched pool; drizzle gets a small one for its CRUD.
  */
 export function connect(url: string, o: ConnectOptions = {}): Connection {
-  const max = o.max ?? 20;
+  const sizes = poolSizes(o.max ?? 20);
   const t = o.timeouts ?? DEFAULT_TIMEOUTS;
   const count = o.countStatements ?? false;
   const connectTimeout = o.connectTimeoutSeconds ?? 30;
-  const sql = postgres(url, options(max, t, count, connectTimeout));
-  const drizzleClient = postgres(url, options(Math.max(2, Math.ceil(max / 4)), t, count, connectTimeout));
+  const sql = postgres(url, options(sizes.sql, t, count, connectTimeout));
+  const drizzleClient = postgres(url, options(sizes.drizzle, t, count, connectTimeout));
   return {
     sql,
     db: drizzle(drizzleClient, { schema }),

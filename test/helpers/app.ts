@@ -8,7 +8,7 @@ import WebSocket from 'ws';
 import { startSluice, type SluiceApp, type StartOverrides } from '../../src/app.ts';
 import { loadEnv } from '../../src/config/env.ts';
 import { createLogger } from '../../src/log.ts';
-import { createTestDatabase } from './db.ts';
+import { TEST_DB_POOL_MAX, createTestDatabase } from './db.ts';
 
 export const ADMIN_TOKEN = 'slcadm_test_admin_token';
 
@@ -42,7 +42,7 @@ export async function startTestApp(env: Record<string, string> = {}, overrides: 
     DATABASE_URL: db.url,
     SLUICE_ADMIN_TOKEN: ADMIN_TOKEN,
     DISPATCH_IDLE_POLL_MS: '200',
-    DB_POOL_MAX: process.env.DB_POOL_MAX ?? '8',
+    DB_POOL_MAX: process.env.DB_POOL_MAX ?? TEST_DB_POOL_MAX,
     JOB_RETRY_DELAY_SECONDS: '1',
     ...env,
   });

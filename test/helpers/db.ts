@@ -1,6 +1,13 @@
 import { randomBytes } from 'node:crypto';
 import postgres from 'postgres';
 
+/**
+ * DB_POOL_MAX for every Sluice process of the suite: at most 15 connections each
+ * (poolSizes), so two files at once (one with three API processes) fit under a
+ * stock max_connections of 100.
+ */
+export const TEST_DB_POOL_MAX = '8';
+
 export function adminUrl(): string {
   const url = process.env.TEST_DATABASE_URL;
   if (!url) throw new Error('TEST_DATABASE_URL is not set: run tests with `npm test`');
