@@ -19,7 +19,7 @@ export interface NodeProcess {
 }
 
 export async function startNode(role: 'api' | 'worker' | 'all', env: Record<string, string>, opts: { readyTimeoutMs?: number } = {}): Promise<NodeProcess> {
-  const readyTimeoutMs = opts.readyTimeoutMs ?? 30_000;
+  const readyTimeoutMs = opts.readyTimeoutMs ?? 60_000;
   const port = role === 'worker' ? 0 : await freePort();
   const child = spawn(process.execPath, [path.join(root, 'src/main.ts')], {
     cwd: root,
