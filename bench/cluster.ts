@@ -1,8 +1,11 @@
 /**
  * `npm run bench -- cluster` (issue 13): how Sluice scales as nodes are added
- * on ONE Postgres. Configurations, each on a fresh database:
- *   1 API + 1 worker, 1 API + 2 workers, 1 API + 4 workers, 2 APIs + 4 workers.
- * Every node is its own child process (SLUICE_ROLE api or worker).
+ * on ONE Postgres. Configurations (`--shapes`), each on a fresh database:
+ *   1 API + 1 worker, 1 API + 2 workers, 1 API + 4 workers, then 2 APIs + 2
+ *   workers and 2 APIs + 4 workers.
+ * Every node is its own child process (SLUICE_ROLE api or worker) with
+ * DB_POOL_MAX `--pool-max` (default 8: ~15 connections a node, so the six
+ * nodes of the largest shape fit under max_connections 100).
  *
  * For each: a backlog (`--tenants` × `--jobs` dnslookup jobs, unique params,
  * submitted before the workers start) is dispatched against the simulator
@@ -27,7 +30,7 @@ import { freshDatabase, type BenchPostgres } from './lib/pg.ts';
 import { ADMIN_TOKEN, parseEnvFlag, startSluiceFor, type SluiceHandle } from './lib/sluice.ts';
 import { check, mapLimit, median, percentile, round, sleep, type Check } from './lib/stats.ts';
 
-export const description = 'scale-out on one Postgres: 1 API + 1/2/4 workers, then 2 APIs + 4 workers: dispatch jobs/s, ingest answers/s, Postgres CPU and connections';
+export const description = 'scale-out on one Postgres: 1 API + 1/2/4 workers, then 2 APIs + 2/4 workers: dispatch jobs/s, ingest answers/s, Postgres CPU and connections';
 
 const TICKS = 100; // USER_HZ: /proc/<pid>/stat counts CPU time in 1/100 s on Linux
 
@@ -41,7 +44,7 @@ function procCpuSeconds(pid: number): number | null {
   }
 }
 
-async function config(pg: BenchPostgres, apis: number, workers: number, o: { tenants: number; jobs: number; submitters: number; warmupS: number; windowS: number; extraEnv: Record<string, string> }) {
+async function config(pg: BenchPostgres, apis: number, workers: number, o: { tenants: number; jobs: number; submitters: number; warmupS: number; windowS: number; poolMax: number; extraEnv: Record<string, string> }) {
   const label = `${apis}api+${workers}w`;
   const db = await freshDatabase(pg.adminUrl, `cluster_${apis}_${workers}`);
   const sql = postgres(db.url, { max: 2, onnotice: () => {} });
@@ -49,7 +52,7 @@ async function config(pg: BenchPostgres, apis: number, workers: number, o: { ten
   const nodes: SluiceHandle[] = [];
   try {
     sim = await startSimulator({ plan: 'MEGA', concurrentCalls: 500, latencyMs: 20, latencyP95Ms: 60, seed: 1, credits: 1_000_000_000, maxCredits: 1_000_000_000 });
-    const env = { DATABASE_URL: db.url, APIVERVE_API_KEY: sim.apiKey, APIVERVE_BASE_URL: sim.url, APIVERVE_PLAN: 'MEGA', APIVERVE_CONCURRENT_CALLS: '500', METRICS_PORT: '0', ...o.extraEnv };
+    const env = { DATABASE_URL: db.url, APIVERVE_API_KEY: sim.apiKey, APIVERVE_BASE_URL: sim.url, APIVERVE_PLAN: 'MEGA', APIVERVE_CONCURRENT_CALLS: '500', METRICS_PORT: '0', DB_POOL_MAX: String(o.poolMax), ...o.extraEnv };
     for (let i = 0; i < apis; i++) nodes.push(await startSluiceFor({ ...env, SLUICE_ROLE: 'api' }, 'child'));
     const urls = nodes.map((n) => n.url!);
     const keys = await mapLimit(Array.from({ length: o.tenants }, (_, i) => i), 8, async (i) => {
@@ -155,10 +158,11 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
     submitters: flags.number('submitters', 16),
     warmupS: flags.number('warmup', 3),
     windowS: flags.number('window', 15),
+    poolMax: flags.number('pool-max', 8),
     extraEnv: parseEnvFlag(flags.optionalString('env')),
   };
-  // `--shapes 1x1,1x2,1x4,2x4`: APIs x workers per configuration.
-  const shapes = (flags.optionalString('shapes') ?? '1x1,1x2,1x4,2x4').split(',').map((x) => x.split('x').map(Number) as [number, number]);
+  // `--shapes 1x1,1x2,1x4,2x2,2x4`: APIs x workers per configuration.
+  const shapes = (flags.optionalString('shapes') ?? '1x1,1x2,1x4,2x2,2x4').split(',').map((x) => x.split('x').map(Number) as [number, number]);
   flags.done();
   const configs = [];
   for (const [a, w] of shapes) configs.push(await config(pg, a, w, o));
@@ -185,7 +189,7 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
       backlog: `${o.tenants} ENTERPRISE tenants (cap 200) x ${o.jobs} STANDARD dnslookup jobs, submitted before the workers start`,
       ingest: `${o.submitters} clients submitting one BULK job each (a lower class, so dispatch measures the backlog, not the ingest rate), back to back, round robin over the API nodes`,
       upstream: 'simulator MEGA plan (no pacer), 500 concurrent calls, latency median 20 ms, in the bench process',
-      nodes: 'each node a child process (bench/lib/sluice-child.ts) with Sluice defaults (batching on, DISPATCH_LOOPS 4)',
+      nodes: `each node a child process (bench/lib/sluice-child.ts) with Sluice defaults (batching on, DISPATCH_LOOPS 4) and DB_POOL_MAX ${o.poolMax}`,
       window: `${o.warmupS} s warm-up after the workers start, then up to ${o.windowS} s (shorter if the backlog drains)`,
       postgresCpu: 'CPU seconds per second of the backends connected to the bench database (excludes the checkpointer, WAL writer and other databases)',
       extraEnv: o.extraEnv,

@@ -27,5 +27,11 @@ async function stop(): Promise<void> {
 }
 process.on('message', (m: { type?: string }) => {
   if (m?.type === 'stop') void stop();
+  // Memory after a full collection (the parent forks with --expose-gc), so a before/after difference is not GC timing.
+  if (m?.type === 'memory') {
+    (globalThis as { gc?: () => void }).gc?.();
+    const u = process.memoryUsage();
+    process.send!({ type: 'memory', rssMb: u.rss / 2 ** 20, heapUsedMb: u.heapUsed / 2 ** 20, externalMb: (u.external + u.arrayBuffers) / 2 ** 20 });
+  }
 });
 process.on('disconnect', () => void stop());

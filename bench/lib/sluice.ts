@@ -19,6 +19,14 @@ export interface SluiceHandle {
   pid: number;
   /** Stops it; a child reports the CPU time it used since it was ready (and the SQL statements it sent, when counted). */
   stop(): Promise<StopReport | null>;
+  /** A child's memory right after a full GC (null in process). */
+  memory(): Promise<MemoryReport | null>;
+}
+
+export interface MemoryReport {
+  rssMb: number;
+  heapUsedMb: number;
+  externalMb: number;
 }
 
 export interface StopReport {
@@ -54,13 +62,14 @@ export async function startSluiceFor(env: Record<string, string>, mode: 'child' 
     // pino would write to stdout; the bench's stdout is for the JSON result only.
     const log = pino({ name: 'sluice-bench', level: config.LOG_LEVEL }, pino.destination(2));
     const app = await startSluice(config, log);
-    return { url: app.url, mode, pid: process.pid, stop: async () => (await app.stop(), null) };
+    return { url: app.url, mode, pid: process.pid, stop: async () => (await app.stop(), null), memory: async () => null };
   }
   const childEnv: Record<string, string> = {};
   for (const k of INHERITED) if (process.env[k] !== undefined) childEnv[k] = process.env[k]!;
   Object.assign(childEnv, full);
   const child = fork(fileURLToPath(new URL('./sluice-child.ts', import.meta.url)), [], {
     env: childEnv,
+    execArgv: [...process.execArgv, '--expose-gc'],
     stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
   });
   child.stdout!.on('data', (d: Buffer) => process.stderr.write(d));
@@ -80,6 +89,17 @@ export async function startSluiceFor(env: Record<string, string>, mode: 'child' 
     url: ready.url,
     mode,
     pid: child.pid!,
+    memory() {
+      return new Promise((resolve) => {
+        const on = (m: { type?: string } & MemoryReport) => {
+          if (m?.type !== 'memory') return;
+          child.off('message', on);
+          resolve({ rssMb: m.rssMb, heapUsedMb: m.heapUsedMb, externalMb: m.externalMb });
+        };
+        child.on('message', on);
+        child.send({ type: 'memory' });
+      });
+    },
     stop() {
       stopped ??= new Promise((resolve) => {
         let report: StopReport | null = null;

@@ -5,16 +5,29 @@
  *
  * Events are published inside the transaction that changes the job, so they
  * are delivered only if (and when) the change commits.
+ *
+ * An event of a final state carries the job's row as it commits (read by the
+ * statement that sends the NOTIFY, inside the same transaction), so a process
+ * delivers it to all its subscribers without reading anything: a read per
+ * event per process was what made fan-out slow (issue 13). A row too big for
+ * a NOTIFY payload travels as ids only, and each process then reads it ONCE
+ * for all the subscribers the event wakes (`jobOf`).
  */
 import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
+import { FINAL_STATES, jobRowJsonSql, type JobRow } from '../jobs/store.ts';
 
 export const JOB_EVENTS_CHANNEL = 'sluice_job_events';
+
+/** Postgres refuses a NOTIFY payload of 8000 bytes or more (NOTIFY_PAYLOAD_MAX_LENGTH). */
+export const NOTIFY_PAYLOAD_MAX_BYTES = 7_999;
 
 export interface JobEvent {
   jobId: string;
   tenantId: string;
   state: string;
+  /** The committed row, for a final state whose row fits in the payload. */
+  job?: JobRow;
 }
 
 /**
@@ -27,10 +40,69 @@ export type BusItem = JobEvent | typeof RESYNC;
 
 type Listener = (event: JobEvent | typeof RESYNC) => void;
 
+/**
+ * One NOTIFY per event (in the order given). A final state's payload is
+ * `{jobId, tenantId, state, job}` with the row as it stands in this
+ * transaction, i.e. as it commits; when that text would pass the payload
+ * limit (a large result or params), just `{jobId, tenantId, state}`.
+ */
 export async function publishJobEvents(tx: Sql | postgres.TransactionSql, events: readonly JobEvent[]): Promise<void> {
   if (events.length === 0) return;
-  // One NOTIFY per event keeps each payload small (the limit is 8000 bytes).
-  await tx`select pg_notify(${JOB_EVENTS_CHANNEL}, e::text) from jsonb_array_elements(${tx.json(events as never)}::jsonb) as e`;
+  const ids = events.map((e) => ({ jobId: e.jobId, tenantId: e.tenantId, state: e.state }));
+  await tx.unsafe(
+    `select pg_notify($1, case when p.full is not null and octet_length(p.full) <= ${NOTIFY_PAYLOAD_MAX_BYTES} then p.full else p.base::text end)
+     from (
+       select e as base, (e || jsonb_build_object('job', r.row))::text as full
+       from jsonb_array_elements($2::text::jsonb) as e
+       left join lateral (select ${jobRowJsonSql("(e->>'jobId')::uuid")} as row where e->>'state' in (${FINAL_STATES.map((f) => `'${f}'`).join(', ')})) r on r.row is not null
+     ) p`,
+    [JOB_EVENTS_CHANNEL, JSON.stringify(ids)],
+  );
+}
+
+/**
+ * A job row from its NOTIFY JSON (see jobRowJsonSql): the same JobRow a read
+ * gives, dates back to Date. Null when the JSON is not a job row.
+ */
+export function jobFromJson(json: unknown): JobRow | null {
+  if (typeof json !== 'object' || json === null) return null;
+  const j = json as Record<string, unknown>;
+  if (typeof j.id !== 'string' || typeof j.tenantId !== 'string' || typeof j.createdAt !== 'string') return null;
+  const date = (v: unknown) => (typeof v === 'string' ? new Date(v) : null);
+  return {
+    id: j.id,
+    tenantId: j.tenantId,
+    api: j.api as string,
+    params: (j.params ?? {}) as Record<string, unknown>,
+    priority: j.priority as JobRow['priority'],
+    state: j.state as JobRow['state'],
+    idempotencyKey: (j.idempotencyKey ?? null) as string | null,
+    attempts: j.attempts as number,
+    createdAt: new Date(j.createdAt),
+    createdAtMicros: String(j.createdAtMicros),
+    startedAt: date(j.startedAt),
+    finishedAt: date(j.finishedAt),
+    result: j.result ?? null,
+    errorCode: (j.errorCode ?? null) as string | null,
+    errorMessage: (j.errorMessage ?? null) as string | null,
+    httpStatus: (j.httpStatus ?? null) as number | null,
+    creditsBilled: (j.creditsBilled ?? 0) as number,
+  };
+}
+
+/** A NOTIFY payload as an event (its row parsed once, for every subscriber); null when it is not one. */
+export function eventFromPayload(payload: string): JobEvent | null {
+  let raw: { jobId?: unknown; tenantId?: unknown; state?: unknown; job?: unknown };
+  try {
+    raw = JSON.parse(payload) as typeof raw;
+  } catch {
+    return null;
+  }
+  if (typeof raw?.jobId !== 'string' || typeof raw.tenantId !== 'string' || typeof raw.state !== 'string') return null;
+  const event: JobEvent = { jobId: raw.jobId, tenantId: raw.tenantId, state: raw.state };
+  const job = raw.job === undefined ? null : jobFromJson(raw.job);
+  if (job) event.job = job;
+  return event;
 }
 
 /** The socket of a graphql-ws subscriber, closed when it falls behind. */
@@ -53,18 +125,25 @@ export class EventBus {
     this.maxBuffer = opts.maxBuffer ?? 1_000;
   }
 
-  private readonly loads = new Map<string, Promise<unknown>>();
+  /** The row reads of events that came without their row (too big for a NOTIFY), by event. */
+  private readonly reads = new WeakMap<JobEvent, Promise<JobRow | null>>();
+  /** Rows this process read because they did not fit in the NOTIFY (for tests and metrics). */
+  rowReads = 0;
 
   /**
-   * One load per key while it is in flight: the subscribers an event wakes
-   * (a tenant's 5 jobsCompleted subscribers) wake in the same tick and read
-   * the job once instead of once each. Nothing is cached past the load.
+   * The job row of an event: the one it carries, or else ONE read per event
+   * in this process, shared by every subscriber the event woke (they hold the
+   * same event object), however late each gets to it. A failed read is
+   * forgotten, so the next subscriber tries again.
    */
-  shared<T>(key: string, load: () => Promise<T>): Promise<T> {
-    const pending = this.loads.get(key);
-    if (pending) return pending as Promise<T>;
-    const p = load().finally(() => this.loads.delete(key));
-    this.loads.set(key, p);
+  jobOf(event: JobEvent, load: () => Promise<JobRow | null>): Promise<JobRow | null> {
+    if (event.job) return Promise.resolve(event.job);
+    const pending = this.reads.get(event);
+    if (pending) return pending;
+    this.rowReads++;
+    const p = load();
+    this.reads.set(event, p);
+    p.catch(() => this.reads.delete(event));
     return p;
   }
 
@@ -76,12 +155,8 @@ export class EventBus {
     const { unlisten } = await sql.listen(
       JOB_EVENTS_CHANNEL,
       (payload) => {
-        let event: JobEvent;
-        try {
-          event = JSON.parse(payload) as JobEvent;
-        } catch {
-          return;
-        }
+        const event = eventFromPayload(payload);
+        if (!event) return;
         for (const listener of this.listeners) listener(event);
       },
       // postgres.js re-LISTENs by itself when its connection comes back; this runs each time.

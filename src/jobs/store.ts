@@ -46,6 +46,16 @@ const JOB_COLUMNS = `
   r.data as result, r.error_code as "errorCode", r.error_message as "errorMessage",
   r.http_status as "httpStatus", coalesce(r.credits_billed, 0) as "creditsBilled"`;
 
+/**
+ * SQL for one job's row as JSON in the JobRow shape (JOB_COLUMNS' names; dates
+ * as ISO text, `jobFromJson` in src/events/bus.ts turns them back), or null
+ * when the job is gone. `idExpr` is an SQL expression for the job's id. The
+ * job event of a final state carries it in its NOTIFY, so delivery needs no read.
+ */
+export function jobRowJsonSql(idExpr: string): string {
+  return `(select to_jsonb(x) from (select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id where j.id = ${idExpr}) x)`;
+}
+
 export interface NewJob extends ValidJob {
   id: string;
 }

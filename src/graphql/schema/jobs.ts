@@ -243,7 +243,9 @@ builder.subscriptionFields((t) => ({
           const state = event.state as JobRow['state'];
           if (state === last) continue;
           last = state;
-          const job = await readThroughOutage(() => getJob(ctx.services.sql, tenantId, jobId));
+          // A final state's row rides in the event (or is read once per event in this process); a passing state is read.
+          const load = () => readThroughOutage(() => getJob(ctx.services.sql, tenantId, jobId));
+          const job = FINAL_STATES.includes(state) ? await ctx.services.bus.jobOf(event, load) : await load();
           if (!job) return;
           // The row may already be further along than this event: report the state the event announced.
           yield { ...job, state };
@@ -286,8 +288,8 @@ builder.subscriptionFields((t) => ({
             continue;
           }
           if (sent.has(event.jobId)) continue;
-          // A final state does not change: the tenant's subscribers woken by this event share one read.
-          const job = await ctx.services.bus.shared(`${event.jobId}:${event.state}`, () => readThroughOutage(() => getJob(ctx.services.sql, tenantId, event.jobId)));
+          // The row rides in the event; only a row too big for NOTIFY is read, once per event in this process.
+          const job = await ctx.services.bus.jobOf(event, () => readThroughOutage(() => getJob(ctx.services.sql, tenantId, event.jobId)));
           if (!job) continue;
           remember(job);
           yield job;
