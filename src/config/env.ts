@@ -137,6 +137,12 @@ export const envSchema = z.object({
   /** How often the sweeper looks for waiting jobs whose pg-boss job is gone (and puts them back). */
   RECONCILE_INTERVAL_SECONDS: int(60, 1),
 
+  /**
+   * Tenant API keys are cached per process this long (0 = no cache). A rotation, suspension,
+   * resumption, limit change or deletion reaches every process at once through NOTIFY sluice_auth;
+   * the TTL only bounds what a lost notice could leave behind. Unknown keys are never cached.
+   */
+  AUTH_CACHE_TTL_MS: int(5_000, 0),
   /** Admission: the bound on waiting jobs across all tenants, and the share of it each class may fill. */
   GLOBAL_QUEUE_BOUND: int(1_000_000, 1),
   CLASS_SHARES: classNumbers('BULK=0.7,STANDARD=0.9,INTERACTIVE=1'),
