@@ -190,6 +190,8 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         paramLimits: { maxKeys: env.MAX_PARAM_KEYS, maxBytes: env.MAX_PARAMS_BYTES },
         admission: { globalBound: env.GLOBAL_QUEUE_BOUND, classShare: parseClassNumbers(env.CLASS_SHARES), windows: windowSpecs },
         groupCommit: { windowMs: env.GROUP_COMMIT_MS, maxItems: env.GROUP_COMMIT_MAX },
+        bulkReserveMin: env.BULK_RESERVE_MIN,
+        reservationSeconds: env.ADMISSION_RESERVATION_SECONDS,
         onRefused: (code, jobClass) => metrics.refused(code, jobClass ?? 'ALL'),
       }),
       bus,

@@ -27,5 +27,7 @@ async function stop(): Promise<void> {
 }
 process.on('message', (m: { type?: string }) => {
   if (m?.type === 'stop') void stop();
+  // A reading between two points of a run (statements per submission): the count so far.
+  if (m?.type === 'stats') process.send!({ type: 'stats', sqlStatements: statementCount() });
 });
 process.on('disconnect', () => void stop());

@@ -146,6 +146,12 @@ export const envSchema = z.object({
   /** Admission: the bound on waiting jobs across all tenants, and the share of it each class may fill. */
   GLOBAL_QUEUE_BOUND: int(1_000_000, 1),
   CLASS_SHARES: classNumbers('BULK=0.7,STANDARD=0.9,INTERACTIVE=1'),
+  /**
+   * A keyless submitJobs of at least BULK_RESERVE_MIN jobs is admitted under the gate into a reservation,
+   * then written outside it; a reservation whose jobs never came (a crash) is reclaimed after this long.
+   */
+  BULK_RESERVE_MIN: int(500, 1),
+  ADMISSION_RESERVATION_SECONDS: int(30, 1),
   /** Group commit: concurrent single submissions share one transaction, gathered for at most this long... */
   GROUP_COMMIT_MS: int(2, 0),
   /** ...or until this many are waiting (1 = no group commit). */
