@@ -223,10 +223,7 @@ export class JobService {
    */
   private async decideAndWrite(tx: postgres.TransactionSql, subs: readonly Submission[]): Promise<Outcome[]> {
     const { out, accepted } = await this.decide(tx, subs);
-    if (accepted.length > 0) {
-      await this.write(tx, accepted);
-      await addAdmitted(tx, perClass(accepted));
-    }
+    if (accepted.length > 0) await this.write(tx, accepted, [addAdmitted(tx, perClass(accepted))]);
     this.enterCommit(subs, out);
     return out;
   }
@@ -241,15 +238,19 @@ export class JobService {
     const { admission } = this.deps;
     const now = new Date();
     // Lock order: the gate, then the inserts (admission/store.ts).
-    const gate = await lockGate(tx);
-    const tenants = await readTenants(tx, subs.map((s) => ({ id: s.tenant.id, periodStart: quotaPeriod(s.tenant.periodAnchor, now).start })));
+    // The three reads are pipelined: one round trip under the gate, not three. Postgres still runs
+    // them in order, each with its own snapshot taken when it starts, so the reads see everything
+    // the previous gate holder committed (a read folded into the locking statement would not).
+    const keyed = subs.flatMap((s) => s.jobs.filter((j) => j.idempotencyKey !== null).map((j) => ({ tenantId: s.tenant.id, key: j.idempotencyKey! })));
+    const [gate, tenants, originals] = await Promise.all([
+      lockGate(tx),
+      readTenants(tx, subs.map((s) => ({ id: s.tenant.id, periodStart: quotaPeriod(s.tenant.periodAnchor, now).start }))),
+      originalsByIdempotencyKey(tx, keyed),
+    ]);
 
     // Refusals that do not depend on the queues: one place for the tenant's own state.
     const early = subs.map((s) => this.tenantRefusal(s, tenants.get(s.tenant.id), now));
     const open = subs.map((s, i) => ({ s, i })).filter(({ i }) => early[i] === null);
-
-    const keyed = open.flatMap(({ s }) => s.jobs.filter((j) => j.idempotencyKey !== null).map((j) => ({ tenantId: s.tenant.id, key: j.idempotencyKey! })));
-    const originals = await originalsByIdempotencyKey(tx, keyed);
     const plan = (globalDepth: number) =>
       planGroup({
         subs: open.map(({ s }) => ({ tenantId: s.tenant.id, tenantBound: effectiveLimits(s.tenant).queueBound, jobs: s.jobs })),
@@ -275,18 +276,28 @@ export class JobService {
     return { out, accepted };
   }
 
-  /** Set-based writes of accepted jobs: jobs rows, pg-boss rows, ready marks, one work notice. */
-  private async write(tx: postgres.TransactionSql, accepted: readonly NewJobRow[]): Promise<void> {
-    const inserted = await insertJobRows(tx, accepted);
+  /**
+   * Set-based writes of accepted jobs: jobs rows, pg-boss rows, ready marks,
+   * one work notice, awaited with `also`: statements the caller has already
+   * sent (the gate's counts, a reservation's claim), so they run first.
+   * Pipelined: one round trip for all of them. Postgres runs them in the order
+   * sent (postgres.js sends a query when it is first awaited: array order
+   * here); if one fails, the rest fail with it and the transaction rolls back.
+   */
+  private async write(tx: postgres.TransactionSql, accepted: readonly NewJobRow[], also: ReadonlyArray<Promise<unknown>> = []): Promise<void> {
+    const queues = new Map(accepted.map((j) => [`${j.tenantId}:${j.priority}`, { tenantId: j.tenantId, jobClass: j.priority }]));
+    const [inserted] = await Promise.all([
+      insertJobRows(tx, accepted),
+      insertQueueJobs(
+        tx,
+        accepted.map((j) => ({ id: j.id, name: queueName(j.tenantId, j.priority), data: { tenantId: j.tenantId, api: j.api, params: j.params } })),
+      ),
+      markManyQueuesReady(tx, [...queues.values()]),
+      tx`select pg_notify(${WORK_CHANNEL}, ${workPayload(accepted.map((j) => j.tenantId))})`,
+      ...also,
+    ]);
     // The gate serializes every writer of idempotency keys, so a skipped row means something is badly wrong.
     if (inserted.size !== accepted.length) throw new Error(`stored ${inserted.size} of ${accepted.length} jobs`);
-    await insertQueueJobs(
-      tx,
-      accepted.map((j) => ({ id: j.id, name: queueName(j.tenantId, j.priority), data: { tenantId: j.tenantId, api: j.api, params: j.params } })),
-    );
-    const queues = new Map(accepted.map((j) => [`${j.tenantId}:${j.priority}`, { tenantId: j.tenantId, jobClass: j.priority }]));
-    await markManyQueuesReady(tx, [...queues.values()]);
-    await tx`select pg_notify(${WORK_CHANNEL}, ${workPayload(accepted.map((j) => j.tenantId))})`;
   }
 
   /**
@@ -320,19 +331,20 @@ export class JobService {
     const decided = await this.inTransaction(async (tx) => {
       const { out, accepted } = await this.decide(tx, [sub]);
       if (accepted.length > 0) {
-        await addAdmitted(tx, perClass(accepted));
-        await reserveRoom(tx, reservation, roomOf(accepted), this.deps.reservationSeconds ?? 30);
+        await Promise.all([addAdmitted(tx, perClass(accepted)), reserveRoom(tx, reservation, roomOf(accepted), this.deps.reservationSeconds ?? 30)]);
       }
       return { outcome: out[0]!, accepted };
     });
     if (decided.accepted.length === 0) return decided.outcome;
     try {
       await this.inTransaction(async (tx) => {
-        const held = await claimRoom(tx, reservation);
+        // The claim goes first in the pipeline: its rows are locked before anything is written.
+        let held = 0;
+        await this.write(tx, decided.accepted, [claimRoom(tx, reservation).then((n) => void (held = n))]);
         if (held !== decided.accepted.length) {
+          // Reclaimed after expiry: its room was given back, so these jobs must not be stored (rolled back).
           throw databaseUnavailable('the submission took too long between admission and storage and was not stored: submit it again');
         }
-        await this.write(tx, decided.accepted);
         this.enterCommit([sub], [decided.outcome]);
       });
     } catch (err) {
