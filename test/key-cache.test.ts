@@ -128,14 +128,14 @@ describe('KeyCache (in process, a database read stubbed by a map of keys)', () =
     let now = 0;
     const keys = new Map([[hashSecret('k1'), record('t1')]]);
     const cache = new KeyCache({ ttlMs: 100, load: async (h) => keys.get(h) ?? null, now: () => now });
-    assert.equal((await cache.lookup('k1'))?.id, 't1');
-    assert.equal((await cache.lookup('k1'))?.id, 't1');
+    assert.equal((await cache.lookup(hashSecret('k1')))?.id, 't1');
+    assert.equal((await cache.lookup(hashSecret('k1')))?.id, 't1');
     assert.equal(cache.loads, 1);
     now = 100;
-    await cache.lookup('k1');
+    await cache.lookup(hashSecret('k1'));
     assert.equal(cache.loads, 2);
-    assert.equal(await cache.lookup('nope'), null);
-    assert.equal(await cache.lookup('nope'), null);
+    assert.equal(await cache.lookup(hashSecret('nope')), null);
+    assert.equal(await cache.lookup(hashSecret('nope')), null);
     assert.equal(cache.loads, 4);
     assert.equal(isFresh(undefined, 0), false);
   });
@@ -149,26 +149,26 @@ describe('KeyCache (in process, a database read stubbed by a map of keys)', () =
       await gate; // ...answered after it
       return found;
     } });
-    const slow = cache.lookup('k1');
+    const slow = cache.lookup(hashSecret('k1'));
     cache.invalidate('t1'); // e.g. the key was revoked while the read was in flight
     keys.clear();
     release();
     assert.equal((await slow)?.id, 't1'); // answered with what it read...
-    assert.equal(await cache.lookup('k1'), null); // ...but not kept
+    assert.equal(await cache.lookup(hashSecret('k1')), null); // ...but not kept
   });
 
   test('invalidate drops only that tenant; null drops everything; TTL 0 never caches', async () => {
     const keys = new Map([[hashSecret('k1'), record('t1')], [hashSecret('k2'), record('t2')]]);
     const cache = new KeyCache({ ttlMs: 60_000, load: async (h) => keys.get(h) ?? null });
-    await cache.lookup('k1');
-    await cache.lookup('k2');
+    await cache.lookup(hashSecret('k1'));
+    await cache.lookup(hashSecret('k2'));
     cache.invalidate('t1');
     assert.equal(cache.size, 1);
     cache.invalidate(null);
     assert.equal(cache.size, 0);
     const off = new KeyCache({ ttlMs: 0, load: async (h) => keys.get(h) ?? null });
-    await off.lookup('k1');
-    await off.lookup('k1');
+    await off.lookup(hashSecret('k1'));
+    await off.lookup(hashSecret('k1'));
     assert.equal(off.loads, 2);
     assert.equal(off.size, 0);
   });

@@ -76,8 +76,9 @@ export async function authenticate(services: Services, authorization: string | n
   if (authorization === null || authorization === undefined || authorization === '') return { kind: 'anonymous' };
   const token = bearerToken(authorization);
   if (!token) return { kind: 'invalid' };
-  if (sameHash(hashSecret(token), services.adminTokenHash)) return { kind: 'admin' };
-  const tenant = await services.apiKeys.lookup(token, opts);
+  const hash = hashSecret(token); // once per request: the admin check and the key lookup share it
+  if (sameHash(hash, services.adminTokenHash)) return { kind: 'admin' };
+  const tenant = await services.apiKeys.lookup(hash, opts);
   return tenant ? { kind: 'tenant', tenant } : { kind: 'invalid' };
 }
 

@@ -24,7 +24,6 @@
  */
 import type { Sql } from '../db/client.ts';
 import { AUTH_CHANNEL, parseAuthNotice } from '../http/ws-auth.ts';
-import { hashSecret } from './keys.ts';
 import type { TenantRecord } from './policy.ts';
 
 interface Entry {
@@ -66,12 +65,12 @@ export class KeyCache {
   }
 
   /**
-   * The tenant whose live key this is, or null. `fresh` reads the database
+   * The tenant whose live key has this hash (tenants/keys.ts hashSecret: the
+   * caller hashes once per request), or null. `fresh` reads the database
    * whatever the cache holds (ws-auth's re-validation after a notice is
    * authoritative) and refreshes the entry.
    */
-  async lookup(token: string, opts: { fresh?: boolean } = {}): Promise<TenantRecord | null> {
-    const hash = hashSecret(token);
+  async lookup(hash: string, opts: { fresh?: boolean } = {}): Promise<TenantRecord | null> {
     if (this.opts.ttlMs <= 0) return this.read(hash);
     if (!opts.fresh) {
       const hit = this.entries.get(hash);
