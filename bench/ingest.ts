@@ -53,6 +53,7 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
   const baselineSeconds = flags.number('baseline-seconds', 10);
   const clients = flags.number('clients', 64);
   const tenantsN = flags.number('tenants', 1_000);
+  const countSeconds = flags.number('count-seconds', 3);
   const apiOnly = flags.bool('api-only');
   const mode = flags.bool('inproc') ? ('inproc' as const) : ('child' as const);
   const extraEnv = parseEnvFlag(flags.optionalString('env'));
@@ -120,14 +121,14 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
     };
 
     // ---- (b) and (c): closed loop of single submissions ----
-    const closedLoop = async (label: string, keys: readonly string[]) => {
+    const closedLoop = async (label: string, keys: readonly string[], at = { url, seconds }) => {
       const [{ n: before }] = (await sql`select count(*)::int as n from jobs`) as unknown as [{ n: number }];
       let seq = 0;
       const cpu = cpuMeter();
       const result = await autocannon({
-        url,
+        url: at.url,
         connections: clients,
-        duration: seconds,
+        duration: at.seconds,
         method: 'POST',
         headers: { 'content-type': 'application/json' },
         requests: [
@@ -195,6 +196,31 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
     const stopped = await sluice.stop();
     sluice = null;
 
+    // ---- statements per accepted submission: a second Sluice (API only, so no dispatcher or
+    // sweeper statements), counting what its pools send (SLUICE_COUNT_SQL), after the timed runs ----
+    progress('[ingest] counting SQL statements per accepted submission (API-only child, SLUICE_COUNT_SQL=1)');
+    const counted = await startSluiceFor({ ...env, SLUICE_ROLE: 'api', SLUICE_COUNT_SQL: '1' }, 'child');
+    let sqlPerSubmission: { single: number | null; bulkPerJob: number | null; singleAccepted: number; note: string };
+    try {
+      const t = await createTenant(counted.url!, ADMIN_TOKEN, 'ingest-count', limits);
+      const s0 = await counted.statements();
+      const loop = await closedLoop('(s) counted singles', [t.apiKey], { url: counted.url!, seconds: countSeconds });
+      const s1 = await counted.statements();
+      const jobs = Array.from({ length: bulkN }, (_, i) => jobSpec(10_000_000 + i));
+      const res = await fetch(counted.url!, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${t.apiKey}` }, body: JSON.stringify({ query: SUBMIT_MANY, variables: { i: { jobs } } }) });
+      await res.json();
+      const s2 = await counted.statements();
+      sqlPerSubmission = {
+        single: s0 === null || s1 === null ? null : round((s1 - s0) / Math.max(1, loop.acceptedJobs), 3),
+        bulkPerJob: s1 === null || s2 === null ? null : round((s2 - s1) / bulkN, 4),
+        singleAccepted: loop.acceptedJobs,
+        note: `statements Sluice's pools sent (BEGIN/COMMIT included, auth, admission, inserts) over accepted jobs: ${clients} clients of single submitJob for ${countSeconds} s, then one submitJobs of ${bulkN}`,
+      };
+      progress(`[ingest] statements per accepted single submission ${sqlPerSubmission.single}, per job of a bulk submission ${sqlPerSubmission.bulkPerJob}`);
+    } finally {
+      await counted.stop();
+    }
+
     const targets: Record<string, Check> = {
       bulkVsBossInsert: check(bulk.ratio, '>= 0.7 (boss.insert time / submitJobs time, medians)', bulk.ratio >= 0.7),
       singleAcceptedPerS: check(single.acceptedPerS, '>= 1,000 accepted submissions/s (64 clients, 1 tenant)', single.acceptedPerS >= 1000),
@@ -209,6 +235,7 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
         manyTenants: { tenants: tenantsN, acceptedPerS: spread.acceptedPerS, p50Ms: spread.latencyMs.p50, p99Ms: spread.latencyMs.p99, rawInsertsPerS: spreadRaw.insertsPerS },
       },
       targets,
+      sqlPerSubmission,
       detail: { bulk, single, singleRaw, spread, spreadRaw },
       setup: {
         sluice: { mode, role: apiOnly ? 'api' : 'all (dispatcher running against a 60/min simulator)', extraEnv },

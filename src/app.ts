@@ -34,6 +34,7 @@ import { GRAPHQL_PATH, createHttpServer } from './server.ts';
 import { startSimulator, type Simulator, type SimulatorOptions } from './simulator/index.ts';
 import { simulatorOptionsFromEnv } from './simulator/env.ts';
 import { TenantStore } from './tenants/store.ts';
+import { KeyCache } from './tenants/key-cache.ts';
 import * as sched from './scheduler/store.ts';
 import { Sweeper } from './scheduler/sweeper.ts';
 import { Reconciler } from './scheduler/reconcile.ts';
@@ -171,9 +172,16 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       heartbeatSeconds: env.JOB_HEARTBEAT_SECONDS,
       expireInSeconds: Math.max(60, Math.ceil((env.PROVIDER_TIMEOUT_MS / 1000) * 3)),
     };
+    // Tenant keys, cached per process; the sluice_auth notice (sent in the changing transaction) and
+    // the changing process itself invalidate them (tenants/key-cache.ts).
+    const tenantStore = new TenantStore(db, { authChanged: (id) => apiKeys.invalidate(id) });
+    const apiKeys = new KeyCache({ ttlMs: env.AUTH_CACHE_TTL_MS, load: (hash) => tenantStore.byKeyHash(hash) });
+    await apiKeys.start(sql);
+    cleanups.push(() => apiKeys.stop());
     const services: Services = {
       sql,
-      tenants: new TenantStore(db),
+      tenants: tenantStore,
+      apiKeys,
       jobs: new JobService({
         sql,
         boss,
@@ -182,6 +190,8 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         paramLimits: { maxKeys: env.MAX_PARAM_KEYS, maxBytes: env.MAX_PARAMS_BYTES },
         admission: { globalBound: env.GLOBAL_QUEUE_BOUND, classShare: parseClassNumbers(env.CLASS_SHARES), windows: windowSpecs },
         groupCommit: { windowMs: env.GROUP_COMMIT_MS, maxItems: env.GROUP_COMMIT_MAX },
+        bulkReserveMin: env.BULK_RESERVE_MIN,
+        reservationSeconds: env.ADMISSION_RESERVATION_SECONDS,
         onRefused: (code, jobClass) => metrics.refused(code, jobClass ?? 'ALL'),
       }),
       bus,
@@ -189,7 +199,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       windows: windowSpecs,
       adminTokenHash: admin.hash,
       queuePolicy,
-      lifecycle: { sql, boss },
+      lifecycle: { sql, boss, authChanged: (id) => apiKeys.invalidate(id) },
       agePromiseSeconds: parseClassNumbers(env.CLASS_AGE_PROMISE_SECONDS),
       tenantChanged: async (tenant) => {
         await ensureTenantQueues(boss, tenant.id, queuePolicy);

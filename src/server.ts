@@ -219,7 +219,9 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
   });
 
   // graphql-ws on the same port and path, sharing Yoga's envelop (plugins, auth, masking).
-  const connections = new WsConnections((authorization) => authenticate(opts.services, authorization));
+  // Re-validation after a revocation notice reads the database, not the key cache: the cache may
+  // not have seen the same notice yet (both listen on sluice_auth, in no set order).
+  const connections = new WsConnections((authorization) => authenticate(opts.services, authorization, { fresh: true }));
   const wss = new WebSocketServer({ server, path: GRAPHQL_PATH, maxPayload: opts.maxBodyBytes });
   const wsServer = useServer(
     {

@@ -33,5 +33,7 @@ process.on('message', (m: { type?: string }) => {
     const u = process.memoryUsage();
     process.send!({ type: 'memory', rssMb: u.rss / 2 ** 20, heapUsedMb: u.heapUsed / 2 ** 20, externalMb: (u.external + u.arrayBuffers) / 2 ** 20 });
   }
+  // A reading between two points of a run (statements per submission): the count so far.
+  if (m?.type === 'stats') process.send!({ type: 'stats', sqlStatements: statementCount() });
 });
 process.on('disconnect', () => void stop());

@@ -19,6 +19,8 @@ export interface SluiceHandle {
   pid: number;
   /** Stops it; a child reports the CPU time it used since it was ready (and the SQL statements it sent, when counted). */
   stop(): Promise<StopReport | null>;
+  /** SQL statements sent so far (SLUICE_COUNT_SQL=1; a child only, null in process). */
+  statements(): Promise<number | null>;
   /** A child's memory right after a full GC (null in process). */
   memory(): Promise<MemoryReport | null>;
 }
@@ -62,7 +64,7 @@ export async function startSluiceFor(env: Record<string, string>, mode: 'child' 
     // pino would write to stdout; the bench's stdout is for the JSON result only.
     const log = pino({ name: 'sluice-bench', level: config.LOG_LEVEL }, pino.destination(2));
     const app = await startSluice(config, log);
-    return { url: app.url, mode, pid: process.pid, stop: async () => (await app.stop(), null), memory: async () => null };
+    return { url: app.url, mode, pid: process.pid, stop: async () => (await app.stop(), null), memory: async () => null, statements: async () => null };
   }
   const childEnv: Record<string, string> = {};
   for (const k of INHERITED) if (process.env[k] !== undefined) childEnv[k] = process.env[k]!;
@@ -98,6 +100,17 @@ export async function startSluiceFor(env: Record<string, string>, mode: 'child' 
         };
         child.on('message', on);
         child.send({ type: 'memory' });
+      });
+    },
+    statements() {
+      return new Promise((resolve) => {
+        const on = (m: { type?: string; sqlStatements?: number }) => {
+          if (m?.type !== 'stats') return;
+          child.off('message', on);
+          resolve(m.sqlStatements ?? null);
+        };
+        child.on('message', on);
+        child.send({ type: 'stats' });
       });
     },
     stop() {

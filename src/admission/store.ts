@@ -17,10 +17,25 @@ import type { JobClass } from '../queue/boss.ts';
 
 type Tx = Sql | postgres.TransactionSql;
 
+export interface TenantAdmissionState {
+  /** Waiting jobs, all classes (exact: sched_queues.depth), plus the room its live admission reservations hold. */
+  depth: number;
+  quotaBlocked: boolean;
+  /** suspendTenant: submissions are refused with TENANT_SUSPENDED. */
+  suspended: boolean;
+  /** billed + reserved credits of the period asked for (quota policy FAIL refuses on it). */
+  creditsUsed: number;
+}
+
 /**
  * Takes the gate: locks every admission_totals row in class order and returns
  * the per-class upper estimate of waiting jobs. Held until commit, so no other
  * admission, in any process, checks a bound meanwhile.
+ *
+ * Its own statement, before readTenants, on purpose: in READ COMMITTED a
+ * statement reads one snapshot taken when it starts, so a tenant read folded
+ * into the locking statement would see the depths from before its lock wait,
+ * missing what the previous gate holder just committed (tried: bounds passed).
  */
 export async function lockGate(tx: Tx): Promise<Partial<Record<JobClass, number>>> {
   const rows = await tx`select class, depth from admission_totals order by class for update`;
@@ -28,15 +43,46 @@ export async function lockGate(tx: Tx): Promise<Partial<Record<JobClass, number>
 }
 
 /**
+ * The group's tenants, in one statement whatever the group's size: waiting
+ * jobs plus the room their live admission reservations hold, quota block,
+ * suspension, and the credits used in the period given (quota policy FAIL
+ * refuses on it; one read for the group, not one per submission).
+ *
+ * Read, not locked: under the gate no other admission changes them, and
+ * dispatch only lowers a depth (a requeue raising it is work admitted before);
+ * a reservation turns into depth atomically (its insert transaction deletes
+ * it). Locking them would make the gate wait for dispatch transactions even
+ * for submissions that are refused.
+ */
+export async function readTenants(tx: Tx, tenants: ReadonlyArray<{ id: string; periodStart: Date }>): Promise<Map<string, TenantAdmissionState>> {
+  const byId = new Map(tenants.map((t) => [t.id, t.periodStart]));
+  const ids = [...byId.keys()];
+  const periods = ids.map((id) => byId.get(id)!.toISOString());
+  const rows = await tx`
+    select t.tenant_id, t.quota_blocked, t.suspended,
+      ((select coalesce(sum(q.depth), 0) from sched_queues q where q.tenant_id = t.tenant_id)
+        + (select coalesce(sum(r.jobs), 0) from admission_reservations r where r.tenant_id = t.tenant_id))::int as depth,
+      coalesce((select l.billed + l.reserved from tenant_ledger l where l.tenant_id = t.tenant_id and l.period_start = x.period_start), 0)::bigint as credits_used
+    from unnest(${ids}::uuid[], ${periods}::timestamptz[]) as x(tenant_id, period_start)
+    join sched_tenants t on t.tenant_id = x.tenant_id`;
+  return new Map(
+    rows.map((r) => [r.tenant_id as string, { depth: r.depth as number, quotaBlocked: r.quota_blocked as boolean, suspended: r.suspended as boolean, creditsUsed: Number(r.credits_used) }]),
+  );
+}
+
+/**
  * Sets the gate's counts to the exact waiting jobs per class (the sum of the
- * trigger-kept sched_queues.depth counters). Called under the gate, only when
+ * trigger-kept sched_queues.depth counters, plus the room live admission
+ * reservations hold: jobs admitted whose rows are not written yet). Called under the gate, only when
  * a check would refuse: dispatch and cancellation lower the real depth without
  * touching the gate, so its estimate only drifts upward in between.
  */
 export async function reconcileGate(tx: Tx): Promise<Partial<Record<JobClass, number>>> {
   const rows = await tx`
     update admission_totals a set depth = coalesce(s.n, 0), reconciled_at = now()
-    from (select c.class, (select sum(q.depth) from sched_queues q where q.class = c.class and q.depth > 0) as n
+    from (select c.class,
+            coalesce((select sum(q.depth) from sched_queues q where q.class = c.class and q.depth > 0), 0)
+              + coalesce((select sum(r.jobs) from admission_reservations r where r.class = c.class), 0) as n
           from admission_totals c) s
     where a.class = s.class
     returning a.class, a.depth`;
@@ -53,25 +99,52 @@ export async function addAdmitted(tx: Tx, admitted: Partial<Record<JobClass, num
     where a.class = x.c`;
 }
 
-export interface TenantAdmissionState {
-  /** Waiting jobs, all classes (exact: sched_queues.depth). */
-  depth: number;
-  quotaBlocked: boolean;
-  /** suspendTenant: submissions are refused with TENANT_SUSPENDED. */
-  suspended: boolean;
+/** One class's part of an admission reservation. */
+export interface ReservedRoom {
+  tenantId: string;
+  jobClass: JobClass;
+  jobs: number;
 }
 
 /**
- * The group's tenants: waiting jobs and quota block. Read, not locked: under
- * the gate no other admission changes them, and dispatch only lowers a depth
- * (a requeue raising it is work admitted before). Locking them would make the
- * gate wait for dispatch transactions even for submissions that are refused.
+ * Holds room for a submission whose jobs are written after the gate is given
+ * back (a large keyless submitJobs). Called under the gate, after the jobs were
+ * admitted and added to the gate's counts (addAdmitted), so the global
+ * estimate already holds them; the tenant bound counts the rows (openGate).
  */
-export async function readTenants(tx: Tx, tenantIds: readonly string[]): Promise<Map<string, TenantAdmissionState>> {
-  const ids = [...new Set(tenantIds)];
-  const rows = await tx`
-    select t.tenant_id, t.quota_blocked, t.suspended,
-      (select coalesce(sum(q.depth), 0) from sched_queues q where q.tenant_id = t.tenant_id)::int as depth
-    from sched_tenants t where t.tenant_id = any(${ids}::uuid[])`;
-  return new Map(rows.map((r) => [r.tenant_id as string, { depth: r.depth as number, quotaBlocked: r.quota_blocked as boolean, suspended: r.suspended as boolean }]));
+export async function reserveRoom(tx: Tx, id: string, room: readonly ReservedRoom[], ttlSeconds: number): Promise<void> {
+  await tx`
+    insert into admission_reservations (id, class, tenant_id, jobs, expires_at)
+    select ${id}::uuid, x.c, x.t, x.n, now() + make_interval(secs => ${ttlSeconds})
+    from jsonb_to_recordset(${tx.json(room.map((r) => ({ c: r.jobClass, t: r.tenantId, n: r.jobs })) as never)}::jsonb) as x(c text, t uuid, n int)`;
+}
+
+/**
+ * Takes a reservation for the transaction that writes its jobs: deletes its
+ * rows (locked until that transaction ends, so the sweeper skips them) and
+ * returns how many jobs it held; 0 when it is gone (reclaimed after expiry),
+ * and then the jobs must not be written: their room was given back.
+ */
+export async function claimRoom(tx: Tx, id: string): Promise<number> {
+  const [row] = await tx`
+    with gone as (delete from admission_reservations where id = ${id} returning jobs)
+    select coalesce(sum(jobs), 0)::int as jobs from gone`;
+  return row!.jobs as number;
+}
+
+/**
+ * Reservations whose jobs never came (the process crashed between the gate and
+ * the insert, or the insert failed and could not give the room back): deleted
+ * once expired. Rows an insert transaction holds are skipped (it is consuming
+ * them). The gate's estimate keeps the jobs until its next reconciliation,
+ * which only happens when a check would refuse.
+ */
+export async function reclaimExpiredRooms(sql: Tx, limit = 500): Promise<number> {
+  const rows = await sql`
+    delete from admission_reservations r using (
+      select id, class from admission_reservations where expires_at < now()
+      order by expires_at limit ${limit} for update skip locked) x
+    where r.id = x.id and r.class = x.class
+    returning r.id`;
+  return rows.length;
 }

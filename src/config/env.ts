@@ -139,9 +139,21 @@ export const envSchema = z.object({
   /** How often the sweeper looks for waiting jobs whose pg-boss job is gone (and puts them back). */
   RECONCILE_INTERVAL_SECONDS: int(60, 1),
 
+  /**
+   * Tenant API keys are cached per process this long (0 = no cache). A rotation, suspension,
+   * resumption, limit change or deletion reaches every process at once through NOTIFY sluice_auth;
+   * the TTL only bounds what a lost notice could leave behind. Unknown keys are never cached.
+   */
+  AUTH_CACHE_TTL_MS: int(5_000, 0),
   /** Admission: the bound on waiting jobs across all tenants, and the share of it each class may fill. */
   GLOBAL_QUEUE_BOUND: int(1_000_000, 1),
   CLASS_SHARES: classNumbers('BULK=0.7,STANDARD=0.9,INTERACTIVE=1'),
+  /**
+   * A keyless submitJobs of at least BULK_RESERVE_MIN jobs is admitted under the gate into a reservation,
+   * then written outside it; a reservation whose jobs never came (a crash) is reclaimed after this long.
+   */
+  BULK_RESERVE_MIN: int(500, 1),
+  ADMISSION_RESERVATION_SECONDS: int(30, 1),
   /** Group commit: concurrent single submissions share one transaction, gathered for at most this long... */
   GROUP_COMMIT_MS: int(2, 0),
   /** ...or until this many are waiting (1 = no group commit). */

@@ -77,7 +77,7 @@ export const jobs = pgTable(
     ...timestamps,
   },
   (t) => [
-    uniqueIndex('jobs_tenant_idempotency_key').on(t.tenantId, t.idempotencyKey),
+    uniqueIndex('jobs_tenant_idempotency_key').on(t.tenantId, t.idempotencyKey).where(sql`${t.idempotencyKey} is not null`),
     index('jobs_tenant_created_idx').on(t.tenantId, t.createdAt.desc(), t.id.desc()),
     index('jobs_queued_idx').on(t.tenantId, t.priority, t.runAfter).where(sql`${t.state} = 'QUEUED'`),
     index('jobs_queued_age_idx').on(t.priority, t.createdAt).where(sql`${t.state} = 'QUEUED'`),
@@ -171,6 +171,22 @@ export const admissionTotals = pgTable('admission_totals', {
   depth: bigint('depth', { mode: 'number' }).notNull().default(0),
   reconciledAt: timestamp('reconciled_at', { withTimezone: true }).notNull().defaultNow(),
 });
+
+/** Room a large keyless submission was admitted into, until its jobs are written or it expires (0012). */
+export const admissionReservations = pgTable(
+  'admission_reservations',
+  {
+    id: uuid('id').notNull(),
+    jobClass: text('class').notNull(),
+    tenantId: uuid('tenant_id')
+      .notNull()
+      .references(() => tenants.id, { onDelete: 'cascade' }),
+    jobs: integer('jobs').notNull(),
+    createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+    expiresAt: timestamp('expires_at', { withTimezone: true }).notNull(),
+  },
+  (t) => [primaryKey({ columns: [t.id, t.jobClass] }), index('admission_reservations_tenant_idx').on(t.tenantId), index('admission_reservations_expires_idx').on(t.expiresAt)],
+);
 
 /** One upstream rate window (key): its pacer bucket, pause and in-flight count, shared by every node. */
 export const windows = pgTable('windows', {

@@ -10,6 +10,7 @@ import type { JobService } from '../jobs/service.ts';
 import { bearerToken, hashSecret, sameHash } from '../tenants/keys.ts';
 import type { TenantRecord } from '../tenants/policy.ts';
 import type { TenantStore } from '../tenants/store.ts';
+import type { KeyCache } from '../tenants/key-cache.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
 import type { CommitGate } from '../http/deadline.ts';
 import type { LifecycleDeps } from '../tenants/lifecycle.ts';
@@ -27,6 +28,8 @@ export type Role = 'public' | 'tenant' | 'admin';
 export interface Services {
   sql: Sql;
   tenants: TenantStore;
+  /** Tenant API keys → tenants, cached per process (AUTH_CACHE_TTL_MS), invalidated by the sluice_auth notice. */
+  apiKeys: KeyCache;
   jobs: JobService;
   bus: EventBus;
   catalog: ApiCatalog;
@@ -68,12 +71,14 @@ export function connectionAuthorization(params: unknown, upgradeHeader: string |
   return header ? header : null;
 }
 
-export async function authenticate(services: Services, authorization: string | null | undefined): Promise<Auth> {
+/** Who presents this credential. `fresh` bypasses the key cache (ws-auth's re-validation after a notice). */
+export async function authenticate(services: Services, authorization: string | null | undefined, opts: { fresh?: boolean } = {}): Promise<Auth> {
   if (authorization === null || authorization === undefined || authorization === '') return { kind: 'anonymous' };
   const token = bearerToken(authorization);
   if (!token) return { kind: 'invalid' };
-  if (sameHash(hashSecret(token), services.adminTokenHash)) return { kind: 'admin' };
-  const tenant = await services.tenants.byApiKey(token);
+  const hash = hashSecret(token); // once per request: the admin check and the key lookup share it
+  if (sameHash(hash, services.adminTokenHash)) return { kind: 'admin' };
+  const tenant = await services.apiKeys.lookup(hash, opts);
   return tenant ? { kind: 'tenant', tenant } : { kind: 'invalid' };
 }
 

@@ -19,16 +19,16 @@ import { SluiceError } from '../errors.ts';
 import { publishJobEvents } from '../events/bus.ts';
 import { inTransaction, lockBossJob, queueName, type JobClass } from '../queue/boss.ts';
 import { insertQueueJobs } from '../queue/insert.ts';
-import { cancelQueuedJob, getJob, insertJobRows, jobClassOf, originalsByIdempotencyKey, type JobState, type NewJob } from './store.ts';
+import { cancelQueuedJob, getJob, insertJobRows, jobClassOf, originalsByIdempotencyKey, type JobState, type NewJob, type NewJobRow } from './store.ts';
 import { validateSubmission, type JobInput, type ParamLimits } from './validate.ts';
 import type { CommitGate } from '../http/deadline.ts';
 import { databaseUnavailable } from '../db/availability.ts';
 import postgres from 'postgres';
 import { retryAfterSeconds, tenantDrainRate, type Refusal } from '../admission/rules.ts';
 import { planGroup, type SubmissionPlan } from '../admission/plan.ts';
-import { addAdmitted, lockGate, readTenants, reconcileGate, type TenantAdmissionState } from '../admission/store.ts';
+import { addAdmitted, claimRoom, lockGate, readTenants, reconcileGate, reserveRoom, type ReservedRoom, type TenantAdmissionState } from '../admission/store.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
-import { busyWeights, ledgerFor, lockTenants, markManyQueuesReady, readWindows, tenantSchedState } from '../scheduler/store.ts';
+import { busyWeights, lockTenants, markManyQueuesReady, readWindows, tenantSchedState } from '../scheduler/store.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../tenants/policy.ts';
 import { GroupCommit, type ItemResult } from './group-commit.ts';
 
@@ -45,6 +45,38 @@ export function workPayload(tenantIds: readonly string[]): string {
   return text.length <= 7_000 ? text : '';
 }
 
+/** Keyless submissions of at least this many jobs reserve their room and write outside the gate. */
+export const BULK_RESERVE_MIN = 500;
+
+/**
+ * Whether a submission takes the reservation path: large enough that holding
+ * the gate while it writes would stall other admissions, and keyless (keyed
+ * jobs need the gate while their keys are written: the gate is what
+ * serializes idempotency). Pure.
+ */
+export function reservesRoom(jobs: ReadonlyArray<{ idempotencyKey: string | null }>, min: number): boolean {
+  return jobs.length >= min && jobs.every((j) => j.idempotencyKey === null);
+}
+
+/** Accepted jobs per class (the gate's counts). Pure. */
+function perClass(jobs: ReadonlyArray<{ priority: JobClass }>): Partial<Record<JobClass, number>> {
+  const out: Partial<Record<JobClass, number>> = {};
+  for (const j of jobs) out[j.priority] = (out[j.priority] ?? 0) + 1;
+  return out;
+}
+
+/** The room accepted jobs take, per tenant and class (an admission reservation's rows). Pure. */
+function roomOf(jobs: ReadonlyArray<{ tenantId: string; priority: JobClass }>): ReservedRoom[] {
+  const room = new Map<string, ReservedRoom>();
+  for (const j of jobs) {
+    const key = `${j.tenantId}:${j.priority}`;
+    const r = room.get(key) ?? { tenantId: j.tenantId, jobClass: j.priority, jobs: 0 };
+    r.jobs++;
+    room.set(key, r);
+  }
+  return [...room.values()];
+}
+
 export interface SubmittedJob {
   id: string;
   state: JobState;
@@ -58,6 +90,10 @@ export interface JobServiceDeps {
   /** MAX_PARAM_KEYS / MAX_PARAMS_BYTES; defaults in validate.ts. */
   paramLimits?: ParamLimits;
   admission: AdmissionConfig;
+  /** Keyless submissions of at least this many jobs reserve room under the gate and write outside it (default 500). */
+  bulkReserveMin?: number;
+  /** An admission reservation whose jobs never came is reclaimed after this long (ADMISSION_RESERVATION_SECONDS). */
+  reservationSeconds?: number;
   /** Group commit of single submissions; maxItems 1 turns it off. */
   groupCommit?: { windowMs: number; maxItems: number };
   /** Counts refusals (metrics). */
@@ -117,6 +153,8 @@ export class JobService {
     try {
       if (sub.jobs.length === 1 && this.group) {
         outcome = await this.group.submit(sub);
+      } else if (reservesRoom(sub.jobs, this.deps.bulkReserveMin ?? BULK_RESERVE_MIN)) {
+        outcome = await this.submitBulk(sub);
       } else {
         const [result] = await this.commit([sub]);
         outcome = (result as { value: Outcome }).value;
@@ -130,18 +168,28 @@ export class JobService {
 
   /** One transaction for a group of submissions; one outcome per submission. */
   private async commit(subs: readonly Submission[]): Promise<Array<ItemResult<Outcome>>> {
+    const outcomes = await this.inTransaction((tx) => this.decideAndWrite(tx, subs));
+    return outcomes.map((value) => ({ ok: true, value }));
+  }
+
+  /**
+   * A transaction, retried on deadlock or serialization failure (up to 3
+   * times). A failure that surely did not commit is a NotCommitted (its
+   * submissions may be retried one by one); a lost connection at COMMIT may
+   * hide a commit and is thrown as is.
+   */
+  private async inTransaction<T>(fn: (tx: postgres.TransactionSql) => Promise<T>): Promise<T> {
     for (let attempt = 1; ; attempt++) {
       let beforeCommit = false;
       try {
-        const outcomes = await this.deps.sql.begin(async (tx) => {
+        return (await this.deps.sql.begin(async (tx) => {
           try {
-            return await this.decideAndWrite(tx, subs);
+            return await fn(tx);
           } catch (err) {
             beforeCommit = true; // thrown before COMMIT was sent: rolled back
             throw err;
           }
-        });
-        return outcomes.map((value) => ({ ok: true, value }));
+        })) as T;
       } catch (err) {
         const code = (err as { code?: string }).code;
         if (attempt < TX_ATTEMPTS && code && RETRYABLE_TX_ERRORS.has(code)) continue;
@@ -167,18 +215,42 @@ export class JobService {
     throw await this.refusalError(sub, plan.refusal);
   }
 
+  /**
+   * The whole group in one transaction: the gate, the decision, the writes.
+   * The gate is held until commit, so inserting 10,000 jobs here would hold
+   * every other admission for as long: large keyless submissions take
+   * `submitBulk` instead.
+   */
   private async decideAndWrite(tx: postgres.TransactionSql, subs: readonly Submission[]): Promise<Outcome[]> {
+    const { out, accepted } = await this.decide(tx, subs);
+    if (accepted.length > 0) await this.write(tx, accepted, [addAdmitted(tx, perClass(accepted))]);
+    this.enterCommit(subs, out);
+    return out;
+  }
+
+  /**
+   * Under the gate (taken here, held until commit): every submission's
+   * outcome, in order, and the job rows the accepted ones write. Reads the
+   * gate, the tenants (one statement for the group) and, for keyed jobs, the original jobs
+   * of their keys; writes nothing.
+   */
+  private async decide(tx: postgres.TransactionSql, subs: readonly Submission[]): Promise<{ out: Outcome[]; accepted: NewJobRow[] }> {
     const { admission } = this.deps;
+    const now = new Date();
     // Lock order: the gate, then the inserts (admission/store.ts).
-    const gate = await lockGate(tx);
-    const tenants = await readTenants(tx, subs.map((s) => s.tenant.id));
+    // The three reads are pipelined: one round trip under the gate, not three. Postgres still runs
+    // them in order, each with its own snapshot taken when it starts, so the reads see everything
+    // the previous gate holder committed (a read folded into the locking statement would not).
+    const keyed = subs.flatMap((s) => s.jobs.filter((j) => j.idempotencyKey !== null).map((j) => ({ tenantId: s.tenant.id, key: j.idempotencyKey! })));
+    const [gate, tenants, originals] = await Promise.all([
+      lockGate(tx),
+      readTenants(tx, subs.map((s) => ({ id: s.tenant.id, periodStart: quotaPeriod(s.tenant.periodAnchor, now).start }))),
+      originalsByIdempotencyKey(tx, keyed),
+    ]);
 
     // Refusals that do not depend on the queues: one place for the tenant's own state.
-    const early = await Promise.all(subs.map((s) => this.tenantRefusal(tx, s, tenants.get(s.tenant.id))));
+    const early = subs.map((s) => this.tenantRefusal(s, tenants.get(s.tenant.id), now));
     const open = subs.map((s, i) => ({ s, i })).filter(({ i }) => early[i] === null);
-
-    const keyed = open.flatMap(({ s }) => s.jobs.filter((j) => j.idempotencyKey !== null).map((j) => ({ tenantId: s.tenant.id, key: j.idempotencyKey! })));
-    const originals = await originalsByIdempotencyKey(tx, keyed);
     const plan = (globalDepth: number) =>
       planGroup({
         subs: open.map(({ s }) => ({ tenantId: s.tenant.id, tenantBound: effectiveLimits(s.tenant).queueBound, jobs: s.jobs })),
@@ -199,32 +271,88 @@ export class JobService {
     }
 
     const accepted = plans.flatMap((p, k) => (p.kind === 'accept' ? p.insert.map((j) => ({ ...j, tenantId: open[k]!.s.tenant.id, state: p.state })) : []));
-    if (accepted.length > 0) {
-      const inserted = await insertJobRows(tx, accepted);
-      // The gate serializes every writer of idempotency keys, so a skipped row means something is badly wrong.
-      if (inserted.size !== accepted.length) throw new Error(`stored ${inserted.size} of ${accepted.length} jobs`);
-      await insertQueueJobs(
-        tx,
-        accepted.map((j) => ({ id: j.id, name: queueName(j.tenantId, j.priority), data: { tenantId: j.tenantId, api: j.api, params: j.params } })),
-      );
-      const queues = new Map(accepted.map((j) => [`${j.tenantId}:${j.priority}`, { tenantId: j.tenantId, jobClass: j.priority }]));
-      await markManyQueuesReady(tx, [...queues.values()]);
-      const perClass: Partial<Record<JobClass, number>> = {};
-      for (const j of accepted) perClass[j.priority] = (perClass[j.priority] ?? 0) + 1;
-      await addAdmitted(tx, perClass);
-      await tx`select pg_notify(${WORK_CHANNEL}, ${workPayload(accepted.map((j) => j.tenantId))})`;
-    }
     const out: Outcome[] = early.map((e) => e ?? (null as never));
     open.forEach(({ i }, k) => (out[i] = plans[k]!));
-    // Last thing before COMMIT: a submission whose request has already been answered (the deadline's
-    // 503) must not be stored. Rolling back splits the group, so only that submission fails.
+    return { out, accepted };
+  }
+
+  /**
+   * Set-based writes of accepted jobs: jobs rows, pg-boss rows, ready marks,
+   * one work notice, awaited with `also`: statements the caller has already
+   * sent (the gate's counts, a reservation's claim), so they run first.
+   * Pipelined: one round trip for all of them. Postgres runs them in the order
+   * sent (postgres.js sends a query when it is first awaited: array order
+   * here); if one fails, the rest fail with it and the transaction rolls back.
+   */
+  private async write(tx: postgres.TransactionSql, accepted: readonly NewJobRow[], also: ReadonlyArray<Promise<unknown>> = []): Promise<void> {
+    const queues = new Map(accepted.map((j) => [`${j.tenantId}:${j.priority}`, { tenantId: j.tenantId, jobClass: j.priority }]));
+    const [inserted] = await Promise.all([
+      insertJobRows(tx, accepted),
+      insertQueueJobs(
+        tx,
+        accepted.map((j) => ({ id: j.id, name: queueName(j.tenantId, j.priority), data: { tenantId: j.tenantId, api: j.api, params: j.params } })),
+      ),
+      markManyQueuesReady(tx, [...queues.values()]),
+      tx`select pg_notify(${WORK_CHANNEL}, ${workPayload(accepted.map((j) => j.tenantId))})`,
+      ...also,
+    ]);
+    // The gate serializes every writer of idempotency keys, so a skipped row means something is badly wrong.
+    if (inserted.size !== accepted.length) throw new Error(`stored ${inserted.size} of ${accepted.length} jobs`);
+  }
+
+  /**
+   * Last thing before COMMIT: a submission whose request has already been answered (the deadline's
+   * 503) must not be stored. Rolling back splits a group, so only that submission fails.
+   */
+  private enterCommit(subs: readonly Submission[], out: readonly Outcome[]): void {
     for (let k = 0; k < subs.length; k++) {
       const o = out[k];
       if (o && !(o instanceof SluiceError) && o.kind === 'accept' && subs[k]!.gate && !subs[k]!.gate!.enterCommit()) {
         throw databaseUnavailable('the submission outlived the request deadline and was not stored');
       }
     }
-    return out;
+  }
+
+  /**
+   * A large keyless submitJobs without holding the gate while it writes:
+   *  1. a short transaction under the gate decides it (same rules, same
+   *     plan) and, if admitted, adds its jobs to the gate's counts and reserves
+   *     the room (admission_reservations), then commits: other admissions go on;
+   *  2. a second transaction claims the reservation (deleting it: from now on
+   *     the room is held by the jobs themselves, atomically) and writes the
+   *     jobs set-based, then commits. Whole or nothing: if the reservation is
+   *     gone (reclaimed after expiry) or anything fails, nothing is written and
+   *     the room is given back (here, or by the sweeper once it expires).
+   * Bounds stay exact: a reservation counts against the tenant and global
+   * bounds from its gate transaction until its jobs replace it.
+   */
+  private async submitBulk(sub: Submission): Promise<Outcome> {
+    const reservation = randomUUID();
+    const decided = await this.inTransaction(async (tx) => {
+      const { out, accepted } = await this.decide(tx, [sub]);
+      if (accepted.length > 0) {
+        await Promise.all([addAdmitted(tx, perClass(accepted)), reserveRoom(tx, reservation, roomOf(accepted), this.deps.reservationSeconds ?? 30)]);
+      }
+      return { outcome: out[0]!, accepted };
+    });
+    if (decided.accepted.length === 0) return decided.outcome;
+    try {
+      await this.inTransaction(async (tx) => {
+        // The claim goes first in the pipeline: its rows are locked before anything is written.
+        let held = 0;
+        await this.write(tx, decided.accepted, [claimRoom(tx, reservation).then((n) => void (held = n))]);
+        if (held !== decided.accepted.length) {
+          // Reclaimed after expiry: its room was given back, so these jobs must not be stored (rolled back).
+          throw databaseUnavailable('the submission took too long between admission and storage and was not stored: submit it again');
+        }
+        this.enterCommit([sub], [decided.outcome]);
+      });
+    } catch (err) {
+      // Give the room back now rather than at expiry (harmless if the insert did commit: nothing left to delete).
+      await claimRoom(this.deps.sql, reservation).catch(() => {});
+      throw err;
+    }
+    return decided.outcome;
   }
 
   /**
@@ -232,17 +360,16 @@ export class JobService {
    * The single place for tenant-state checks at the front door (a suspended
    * tenant belongs here). `state` is the tenant's row as read under the gate.
    */
-  private async tenantRefusal(tx: postgres.TransactionSql, sub: Submission, state: TenantAdmissionState | undefined): Promise<SluiceError | null> {
+  private tenantRefusal(sub: Submission, state: TenantAdmissionState | undefined, now: Date): SluiceError | null {
     const { tenant } = sub;
     if (state?.suspended || tenant.suspendedAt) {
       return new SluiceError('TENANT_SUSPENDED', 'your tenant is suspended: submissions are refused until an operator resumes it', {}, 403);
     }
     if (tenant.quotaPolicy !== 'FAIL') return null;
     const limits = effectiveLimits(tenant);
-    const period = quotaPeriod(tenant.periodAnchor, new Date());
-    const ledger = await ledgerFor(tx, tenant.id, period.start);
+    const period = quotaPeriod(tenant.periodAnchor, now);
     const cheapest = Math.min(...sub.jobs.map((j) => this.deps.catalog.get(j.api)?.creditCost ?? 1));
-    const remaining = limits.monthlyQuota - ledger.billed - ledger.reserved;
+    const remaining = limits.monthlyQuota - (state?.creditsUsed ?? 0);
     if (remaining >= cheapest) return null;
     return new SluiceError('QUOTA_EXCEEDED', `your monthly credit quota is spent (${remaining} of ${limits.monthlyQuota} left until ${period.end.toISOString()})`, {
       quota: limits.monthlyQuota,

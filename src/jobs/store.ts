@@ -80,7 +80,7 @@ export async function insertJobRows(tx: Tx, jobs: readonly NewJobRow[]): Promise
     select x.id, x.tenant_id, x.api, x.params, x.priority, x.state, x.idempotency_key
     from jsonb_to_recordset(${tx.json(payload as never)}::jsonb)
       as x(id uuid, tenant_id uuid, api text, params jsonb, priority text, state text, idempotency_key text)
-    on conflict (tenant_id, idempotency_key) do nothing
+    on conflict (tenant_id, idempotency_key) where idempotency_key is not null do nothing
     returning id`;
   return new Set(rows.map((r) => r.id as string));
 }

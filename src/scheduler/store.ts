@@ -63,7 +63,12 @@ export async function markManyQueuesReady(tx: Tx, queues: ReadonlyArray<{ tenant
       vtime = case when q.ready_at is null or q.ready_at > now() then greatest(q.vtime, c.clock) else q.vtime end,
       ready_at = least(coalesce(q.ready_at, 'infinity'), coalesce(${at}::timestamptz, now()))
     from sched_classes c, jsonb_to_recordset(${tx.json(queues.map((x) => ({ t: x.tenantId, c: x.jobClass })) as never)}::jsonb) as r(t uuid, c text)
-    where q.tenant_id = r.t and q.class = r.c and c.class = q.class`;
+    where q.tenant_id = r.t and q.class = r.c and c.class = q.class
+      -- A queue already ready (by now and by \`at\`) would be rewritten unchanged: skip it. Every
+      -- submission group marks its queues, and a busy queue is nearly always ready already, so this
+      -- saves a row version (and WAL) per queue per group. An UPDATE evaluates this on the row's
+      -- latest version (after waiting for a concurrent writer), so no concurrent change is missed.
+      and (q.ready_at is null or q.ready_at > least(now(), coalesce(${at}::timestamptz, now())))`;
 }
 
 /**

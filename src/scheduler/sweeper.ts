@@ -14,6 +14,7 @@
  *  - alerts, in their own transaction, on one sweeping node at a time.
  * One more periodic step is one more entry in `steps`.
  */
+import { reclaimExpiredRooms } from '../admission/store.ts';
 import type { Logger } from 'pino';
 import type postgres from 'postgres';
 import type { PgBoss } from 'pg-boss';
@@ -54,6 +55,8 @@ export interface SweeperOptions {
 export interface SweepResult {
   released: number;
   unblocked: number;
+  /** Expired admission reservations deleted (their bulk submission never wrote its jobs). */
+  reclaimedRooms: number;
 }
 
 export class Sweeper {
@@ -68,6 +71,8 @@ export class Sweeper {
     { name: 'expired leases', run: async (r) => void (r.released += await this.releaseExpired()) },
     { name: 'quota blocks', run: async (r) => void (r.unblocked += await this.liftQuotaBlocks()) },
     { name: 'dead nodes', run: () => sched.forgetDeadNodes(this.o.sql, this.o.nodeTimeoutSeconds) },
+    // Room reserved by a bulk submission whose process died before writing its jobs (admission/store.ts).
+    { name: 'admission reservations', run: async (r) => void (r.reclaimedRooms += await reclaimExpiredRooms(this.o.sql)) },
     { name: 'reconcile', run: () => this.reconcile() },
     { name: 'alerts', run: () => this.syncAlerts() },
   ];
@@ -99,7 +104,7 @@ export class Sweeper {
 
   /** One round; exported for tests that drive the sweep themselves. */
   async sweepOnce(): Promise<SweepResult> {
-    const result: SweepResult = { released: 0, unblocked: 0 };
+    const result: SweepResult = { released: 0, unblocked: 0, reclaimedRooms: 0 };
     for (const step of this.steps) {
       try {
         await step.run(result);

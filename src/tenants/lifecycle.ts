@@ -1,5 +1,7 @@
 /**
- * Tenant lifecycle: suspend, resume, delete.
+ * Tenant lifecycle: suspend, resume, delete. Each sends the `sluice_auth`
+ * notice in its transaction: the cached TenantRecords (tenants/key-cache.ts)
+ * carry the suspension, and delete revokes the keys.
  *
  * - Suspend: submissions are refused (TENANT_SUSPENDED, HTTP 403) and dispatch
  *   skips the tenant (sched_tenants.suspended, read by the candidate query and
@@ -30,6 +32,8 @@ export interface LifecycleDeps {
   boss: PgBoss;
   /** How long deleteTenant waits for calls in flight to settle before answering TENANT_BUSY. */
   deleteWaitMs?: number;
+  /** Called after each commit that changed the tenant's record or keys (this process's key cache forgets it at once). */
+  authChanged?: (tenantId: string) => void;
 }
 
 async function exists(sql: Sql, id: string): Promise<void> {
@@ -42,7 +46,10 @@ export async function suspendTenant(deps: LifecycleDeps, id: string): Promise<vo
   await deps.sql.begin(async (tx) => {
     await tx`update tenants set suspended_at = coalesce(suspended_at, now()), updated_at = now() where id = ${id}`;
     await tx`update sched_tenants set suspended = true where tenant_id = ${id}`;
+    // The cached TenantRecord carries suspendedAt: every node's key cache forgets it (tenants/key-cache.ts).
+    await notifyAuthChanged(tx, id);
   });
+  deps.authChanged?.(id);
 }
 
 export async function resumeTenant(deps: LifecycleDeps, id: string): Promise<void> {
@@ -53,7 +60,9 @@ export async function resumeTenant(deps: LifecycleDeps, id: string): Promise<voi
     const queued = await tx`select distinct priority from jobs where tenant_id = ${id} and state = 'QUEUED'`;
     await markQueuesReady(tx, id, queued.map((r) => r.priority as JobClass));
     await tx`select pg_notify(${WORK_CHANNEL}, ${id})`;
+    await notifyAuthChanged(tx, id);
   });
+  deps.authChanged?.(id);
 }
 
 /** Cancels the tenant's waiting jobs (no reservation is held for them: nothing to bill or refund). */
@@ -76,6 +85,7 @@ export async function deleteTenant(deps: LifecycleDeps, id: string): Promise<{ c
     await notifyAuthChanged(tx, id);
     return n;
   });
+  deps.authChanged?.(id);
   // Calls in flight went upstream: let them settle (billed as usual) before their rows go.
   const deadline = Date.now() + (deps.deleteWaitMs ?? 60_000);
   for (;;) {

@@ -13,6 +13,11 @@ import { AUTH_CHANNEL, authNoticePayload } from '../http/ws-auth.ts';
 
 type Row = typeof tenants.$inferSelect;
 
+/** notifyAuthChanged's notice, on a drizzle transaction. */
+async function notifyAuth(tx: { execute(q: ReturnType<typeof sql>): Promise<unknown> }, tenantId: string): Promise<void> {
+  await tx.execute(sql`select pg_notify(${AUTH_CHANNEL}, ${authNoticePayload(tenantId)})`);
+}
+
 function toRecord(row: Row): TenantRecord {
   return {
     id: row.id,
@@ -47,8 +52,11 @@ function isUniqueViolation(err: unknown): boolean {
 
 export class TenantStore {
   private readonly db: Db;
-  constructor(db: Db) {
+  /** Called after a commit that changed a tenant's keys or record (the process's own key cache forgets it at once). */
+  private readonly authChanged: (tenantId: string) => void;
+  constructor(db: Db, opts: { authChanged?: (tenantId: string) => void } = {}) {
     this.db = db;
+    this.authChanged = opts.authChanged ?? (() => {});
   }
 
   /** Creates a tenant and its first API key; the key is returned once and stored as a hash. */
@@ -81,9 +89,11 @@ export class TenantStore {
         .set({ revokedAt: new Date() })
         .where(and(eq(tenantApiKeys.tenantId, tenantId), isNull(tenantApiKeys.revokedAt)));
       await tx.insert(tenantApiKeys).values({ tenantId, keyHash: hashSecret(apiKey), keyPrefix: apiKey.slice(0, 10) });
-      // Every node closes the open subscriptions of the revoked keys (http/ws-auth.ts), once this commits.
-      await tx.execute(sql`select pg_notify(${AUTH_CHANNEL}, ${authNoticePayload(tenantId)})`);
+      // Every node closes the open subscriptions of the revoked keys (http/ws-auth.ts) and forgets
+      // them in its key cache (tenants/key-cache.ts), once this commits.
+      await notifyAuth(tx, tenantId);
     });
+    this.authChanged(tenantId);
     return { tenant, apiKey };
   }
 
@@ -93,8 +103,14 @@ export class TenantStore {
       if (patch[key] !== undefined) (set as Record<string, unknown>)[key] = patch[key];
     }
     try {
-      const [row] = await this.db.update(tenants).set(set).where(eq(tenants.id, tenantId)).returning();
-      if (!row) throw new SluiceError('NOT_FOUND', `no tenant with id ${tenantId}`);
+      const row = await this.db.transaction(async (tx) => {
+        const [updated] = await tx.update(tenants).set(set).where(eq(tenants.id, tenantId)).returning();
+        if (!updated) throw new SluiceError('NOT_FOUND', `no tenant with id ${tenantId}`);
+        // Limits and quota policy travel in the cached TenantRecord that admission reads: every node forgets it.
+        await notifyAuth(tx, tenantId);
+        return updated;
+      });
+      this.authChanged(tenantId);
       return toRecord(row);
     } catch (err) {
       if (isUniqueViolation(err)) throw new SluiceError('BAD_USER_INPUT', `a tenant named "${patch.name}" already exists`, { field: 'name' });
@@ -112,13 +128,13 @@ export class TenantStore {
     return rows.map(toRecord);
   }
 
-  /** The tenant whose live (unrevoked) key this is, or null. */
-  async byApiKey(apiKey: string): Promise<TenantRecord | null> {
+  /** The tenant whose live (unrevoked) key has this hash, or null. Read through the key cache (key-cache.ts). */
+  async byKeyHash(keyHash: string): Promise<TenantRecord | null> {
     const [row] = await this.db
       .select({ tenant: tenants })
       .from(tenantApiKeys)
       .innerJoin(tenants, eq(tenants.id, tenantApiKeys.tenantId))
-      .where(and(eq(tenantApiKeys.keyHash, hashSecret(apiKey)), isNull(tenantApiKeys.revokedAt)));
+      .where(and(eq(tenantApiKeys.keyHash, keyHash), isNull(tenantApiKeys.revokedAt)));
     return row ? toRecord(row.tenant) : null;
   }
 }

@@ -1,0 +1,144 @@
+/**
+ * A per-process cache of tenant API keys: authenticating a request was one
+ * SQL round trip per request (a join of tenant_api_keys and tenants), the
+ * largest share of a single submission's statements once group commit made
+ * the write cheap.
+ *
+ * Freshness contract:
+ *  - An entry lives at most `AUTH_CACHE_TTL_MS` (0 disables the cache).
+ *  - Whoever revokes a key or changes what a TenantRecord carries (rotate,
+ *    suspend, resume, update limits, delete) sends `pg_notify('sluice_auth',
+ *    {"tenantId"})` in the same transaction (`notifyAuthChanged`). Every
+ *    process LISTENs on the pool's one LISTEN connection (postgres.js shares
+ *    it with the event bus and ws-auth) and drops that tenant's entries when
+ *    the notice arrives, i.e. right after the commit. The process that made the
+ *    change also drops them itself right after its commit (read your writes).
+ *  - After the LISTEN connection comes back from a loss, everything is dropped:
+ *    a notice may have been missed meanwhile.
+ *  - A lookup that started before a notice does not store its (maybe stale)
+ *    answer: each notice bumps an epoch the lookup compares before storing.
+ *  - Unknown keys are never cached, so a key works as soon as its tenant's
+ *    creation (or rotation) commits, and failed guesses cannot fill memory.
+ * So admission's limits (queue bound, quota policy) read from a cached record
+ * are stale at most until the change's notice is delivered.
+ */
+import type { Sql } from '../db/client.ts';
+import { AUTH_CHANNEL, parseAuthNotice } from '../http/ws-auth.ts';
+import type { TenantRecord } from './policy.ts';
+
+interface Entry {
+  tenant: TenantRecord;
+  expiresAt: number;
+}
+
+export interface KeyCacheOptions {
+  /** AUTH_CACHE_TTL_MS; 0 disables caching (every lookup reads the database). */
+  ttlMs: number;
+  /** The tenant whose live key has this hash, or null: the database read. */
+  load: (keyHash: string) => Promise<TenantRecord | null>;
+  /** At most this many keys are kept (oldest dropped first). */
+  maxEntries?: number;
+  now?: () => number;
+}
+
+/** Whether a cached entry may answer at `now`. Pure. */
+export function isFresh(entry: { expiresAt: number } | undefined, now: number): boolean {
+  return entry !== undefined && entry.expiresAt > now;
+}
+
+export class KeyCache {
+  private readonly entries = new Map<string, Entry>();
+  /** One database read per key at a time: a cold start under 64 clients reads each key once. */
+  private readonly pending = new Map<string, { epoch: number; promise: Promise<TenantRecord | null> }>();
+  private epoch = 0;
+  private unlisten: (() => Promise<void>) | null = null;
+  private readonly opts: Required<KeyCacheOptions>;
+  /** Database reads made (hits are lookups minus this); for tests and metrics. */
+  loads = 0;
+
+  constructor(opts: KeyCacheOptions) {
+    this.opts = { maxEntries: 100_000, now: Date.now, ...opts };
+  }
+
+  get size(): number {
+    return this.entries.size;
+  }
+
+  /**
+   * The tenant whose live key has this hash (tenants/keys.ts hashSecret: the
+   * caller hashes once per request), or null. `fresh` reads the database
+   * whatever the cache holds (ws-auth's re-validation after a notice is
+   * authoritative) and refreshes the entry.
+   */
+  async lookup(hash: string, opts: { fresh?: boolean } = {}): Promise<TenantRecord | null> {
+    if (this.opts.ttlMs <= 0) return this.read(hash);
+    if (!opts.fresh) {
+      const hit = this.entries.get(hash);
+      if (isFresh(hit, this.opts.now())) return hit!.tenant;
+      const inFlight = this.pending.get(hash);
+      if (inFlight && inFlight.epoch === this.epoch) return inFlight.promise;
+    }
+    const epoch = this.epoch;
+    const promise = this.read(hash).then((tenant) => {
+      // A notice since the read began may have changed what it returned: answer it, do not keep it.
+      if (epoch === this.epoch) this.store(hash, tenant);
+      return tenant;
+    });
+    this.pending.set(hash, { epoch, promise });
+    try {
+      return await promise;
+    } finally {
+      if (this.pending.get(hash)?.promise === promise) this.pending.delete(hash);
+    }
+  }
+
+  /** Drops a tenant's keys (null: every key). Called on each notice, and by the process that changed it. */
+  invalidate(tenantId: string | null): void {
+    this.epoch++;
+    this.pending.clear();
+    if (tenantId === null) {
+      this.entries.clear();
+      return;
+    }
+    for (const [hash, e] of this.entries) if (e.tenant.id === tenantId) this.entries.delete(hash);
+  }
+
+  /** LISTENs on `sluice_auth` (the pool's shared LISTEN connection). */
+  async start(sql: Sql): Promise<void> {
+    if (this.opts.ttlMs <= 0) return;
+    let first = true;
+    const { unlisten } = await sql.listen(
+      AUTH_CHANNEL,
+      (payload) => {
+        const notice = parseAuthNotice(payload);
+        // A payload we cannot read is still a change: forget everything rather than keep a revoked key.
+        this.invalidate(notice ? notice.tenantId : null);
+      },
+      () => {
+        if (first) first = false;
+        else this.invalidate(null); // back after a loss: notices may have been missed
+      },
+    );
+    this.unlisten = unlisten;
+  }
+
+  async stop(): Promise<void> {
+    await this.unlisten?.().catch(() => {});
+    this.unlisten = null;
+  }
+
+  private async read(hash: string): Promise<TenantRecord | null> {
+    this.loads++;
+    return this.opts.load(hash);
+  }
+
+  private store(hash: string, tenant: TenantRecord | null): void {
+    if (!tenant) {
+      this.entries.delete(hash); // unknown or revoked: never cached
+      return;
+    }
+    this.entries.delete(hash); // re-insert at the end: the Map's order is the eviction order
+    this.entries.set(hash, { tenant, expiresAt: this.opts.now() + this.opts.ttlMs });
+    while (this.entries.size > this.opts.maxEntries) this.entries.delete(this.entries.keys().next().value!);
+  }
+}
