@@ -73,6 +73,7 @@ describe('console', { skip: available ? false : SKIP_MESSAGE }, () => {
     const me = await t.gql('{ me { tenant { name } } }', {}, key);
     assert.equal(me.body.data.me.tenant.name, 'console-made');
     await page.getByTestId('tenants').getByRole('rowheader', { name: 'console-made' }).waitFor();
+    assert.equal(await scrollsSideways(page), false, 'the operator view scrolls sideways at 1280 px');
     await screenshot(page, 'operator');
 
     // Change its limits, then rotate its key (confirming the dialog): the old key stops working.
@@ -138,6 +139,7 @@ describe('console', { skip: available ? false : SKIP_MESSAGE }, () => {
 
     await first.getByRole('button', { name: /Details of job/ }).click();
     await page.getByTestId('job-detail').getByText('"hasTypo"', { exact: false }).waitFor();
+    assert.equal(await scrollsSideways(page), false, 'the tenant view scrolls sideways at 1280 px');
     await screenshot(page, 'tenant');
     assert.deepEqual(b.outside, []);
   });
