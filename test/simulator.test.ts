@@ -187,19 +187,32 @@ describe('rate windows over HTTP', () => {
       const start = performance.now();
       const steady: Promise<CallOutcome>[] = [];
       let burst: Promise<CallOutcome[]> | null = null;
+      let burstStart = 0;
+      let burstMs = 0;
       for (let i = 0; i < n; i++) {
         const wait = start + i * intervalMs - performance.now();
         if (wait > 0) await sleep(wait);
         steady.push(fx(client, sim.apiKey));
         // Halfway through, the same number of calls at once on another key.
-        if (i === 47) burst = Promise.all(Array.from({ length: n }, () => fx(client, 'apv_sbk_burst')));
+        if (i === 47) {
+          burstStart = performance.now();
+          burst = Promise.all(Array.from({ length: n }, () => fx(client, 'apv_sbk_burst'))).then((out) => {
+            burstMs = performance.now() - burstStart;
+            return out;
+          });
+        }
       }
       const steadyOut = await Promise.all(steady);
       const burstOut = await burst!;
+      // The bucket refills at 10/s while the burst arrives: on a loaded machine 95 "simultaneous"
+      // calls can take a second or more to reach the server, so the refill during that time is
+      // allowed for (30 burst + 10/s x the burst's duration, + 1 for a token refilled at the edge).
+      const mayBill = 31 + Math.ceil((10 * burstMs) / 1000);
       assert.equal(count(steadyOut, 'rate_limited'), 0, `steady stream got 429s: ${kinds(steadyOut).join(',')}`);
       assert.equal(count(steadyOut, 'billed'), n);
-      assert.ok(count(burstOut, 'rate_limited') >= n - 31, `burst refused ${count(burstOut, 'rate_limited')}`);
-      assert.ok(count(burstOut, 'billed') <= 31 && count(burstOut, 'billed') >= 30);
+      assert.ok(count(burstOut, 'rate_limited') >= n - mayBill, `burst refused ${count(burstOut, 'rate_limited')} (took ${burstMs.toFixed(0)} ms)`);
+      assert.ok(count(burstOut, 'billed') <= mayBill && count(burstOut, 'billed') >= 30, `burst billed ${count(burstOut, 'billed')} (took ${burstMs.toFixed(0)} ms)`);
+      assert.equal(count(burstOut, 'billed') + count(burstOut, 'rate_limited'), n, 'every burst call was billed or refused');
       const stats = sim.stats();
       assert.equal(stats.keys[sim.apiKey]!.rateLimited, 0);
       assert.equal(stats.keys[sim.apiKey]!.calls, n);
