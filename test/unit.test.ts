@@ -13,6 +13,7 @@ import { TIERS } from '../src/config/tiers.ts';
 import { planSettlement, retryDelaySeconds } from '../src/dispatch/retry.ts';
 import { authorize } from '../src/graphql/auth-plugin.ts';
 import { bearerToken } from '../src/tenants/keys.ts';
+import { closedAncestor } from '../src/db/embedded.ts';
 import type { CallOutcome } from '../src/provider/types.ts';
 
 function code(fn: () => unknown): string {
@@ -133,5 +134,17 @@ describe('authorization', () => {
     assert.equal(bearerToken('bearer abc '), 'abc');
     assert.equal(bearerToken('Basic abc'), null);
     assert.equal(bearerToken('Bearer a b'), null);
+  });
+});
+
+describe('embedded Postgres as root', () => {
+  test('closedAncestor names the first folder the `postgres` user cannot enter, and stops at one not made yet', () => {
+    const modes: Record<string, number> = { '/': 0o40755, '/tmp': 0o41777, '/tmp/x': 0o40700, '/tmp/x/y': 0o40755, '/srv': 0o40755 };
+    const modeOf = (p: string) => modes[p] ?? null;
+    assert.equal(closedAncestor('/tmp/x/y', modeOf), '/tmp/x');
+    assert.equal(closedAncestor('/srv/sluice/data', modeOf), null, 'folders still to be made get a umask that lets others enter');
+    assert.equal(closedAncestor('/tmp', modeOf), null);
+    modes['/tmp/x'] = 0o40711;
+    assert.equal(closedAncestor('/tmp/x/y', modeOf), null, 'the execute bit is enough to pass through');
   });
 });

