@@ -73,11 +73,22 @@ DECLARE
   i int;
   distinct_n int;
   claimed int;
-  gone uuid[];
   over_id uuid;
   served jsonb := '{}';
+  used_by jsonb := '{}';
+  picked jsonb := '[]';
+  picked_ids uuid[] := '{}';
   out_rows jsonb := '[]';
+  fetched int;
+  batch_fetch boolean;
 BEGIN
+  -- One lease per window at a time, without waiting: a call that finds another under way returns at
+  -- once (SL423) and its loop leases again on the next poke. Two calls at once would each read the
+  -- same room and tokens, and the second's whole work would roll back at the window update.
+  -- Settlements do not take this lock (they only give room back).
+  IF NOT pg_try_advisory_xact_lock(hashtext('sluice_lease'), hashtext(p_window)) THEN
+    RAISE EXCEPTION 'sluice_lease: another lease of window % is under way', p_window USING ERRCODE = 'SL423';
+  END IF;
   SELECT x.*, CASE WHEN x.rate_per_minute IS NULL THEN NULL
       ELSE least(x.burst, x.tokens + greatest(0, extract(epoch FROM (clock_timestamp() - x.refilled_at))) * x.rate_per_minute / 60.0) END AS now_tokens
     INTO w FROM windows x WHERE x.name = p_window;
@@ -125,7 +136,7 @@ BEGIN
     IF p_batch_max > 1 THEN
       SELECT j.data->>'api' INTO head FROM pgboss.job j
         WHERE j.name = qn AND j.state < 'active' AND NOT j.blocked AND j.start_after <= pgboss.job_now()
-          AND NOT ((j.data->>'api') = ANY (p_hold))
+          AND NOT ((j.data->>'api') = ANY (p_hold)) AND NOT (j.id = ANY (picked_ids))
         ORDER BY j.priority DESC, j.created_on LIMIT 1;
       spec := p_batch -> head;
       IF spec IS NOT NULL THEN
@@ -142,13 +153,20 @@ BEGIN
         SELECT j.id, j.data FROM pgboss.job j
         WHERE j.name = qn AND j.state < 'active' AND NOT j.blocked AND j.start_after <= pgboss.job_now()
           AND NOT ((j.data->>'api') = ANY (p_hold)) AND (NOT is_batch OR j.data->>'api' = head)
+          -- Activation waits for the end of the call: skip the rows this call already took (SKIP
+          -- LOCKED skips only other transactions' locks).
+          AND NOT (j.id = ANY (picked_ids))
         ORDER BY j.priority DESC, j.created_on LIMIT take
         FOR UPDATE OF j SKIP LOCKED) j) f;
-    IF cardinality(ids) = 0 THEN
+    fetched := cardinality(ids);
+    batch_fetch := is_batch;
+    IF fetched = 0 THEN
       -- Nothing pg-boss would hand out: the queue is ready again when its earliest queued job is.
-      UPDATE sched_queues sq SET ready_at = (
+      -- (None waiting at all: idle. Jobs counted as waiting that pg-boss would not hand out, held or
+      -- on their way back: look again in a second.)
+      UPDATE sched_queues sq SET ready_at = CASE WHEN sq.depth = 0 THEN NULL ELSE (
         SELECT greatest(min(jb.run_after), now() + interval '1 second') FROM jobs jb
-        WHERE jb.tenant_id = q.tenant_id AND jb.priority = c AND jb.state = 'QUEUED')
+        WHERE jb.tenant_id = q.tenant_id AND jb.priority = c AND jb.state = 'QUEUED') END
       WHERE sq.tenant_id = q.tenant_id AND sq.class = c;
       skip := skip || (q.tenant_id::text || '/' || c);
       CONTINUE;
@@ -166,8 +184,13 @@ BEGIN
     END IF;
     -- The quota: the prefix of the jobs that fits on top of what is billed and reserved.
     period := sluice_quota_period(t.period_anchor, now());
-    INSERT INTO tenant_ledger (tenant_id, period_start) VALUES (q.tenant_id, period) ON CONFLICT DO NOTHING;
-    SELECT l.billed + l.reserved INTO used FROM tenant_ledger l WHERE l.tenant_id = q.tenant_id AND l.period_start = period;
+    IF used_by ? q.tenant_id::text THEN
+      used := (used_by->>q.tenant_id::text)::bigint;
+    ELSE
+      -- The ledger row cannot change under us: every writer of it holds the tenant's row, as we do.
+      SELECT l.billed + l.reserved INTO used FROM tenant_ledger l WHERE l.tenant_id = q.tenant_id AND l.period_start = period;
+      used := coalesce(used, 0);
+    END IF;
     costs := ARRAY(SELECT coalesce((p_costs ->> (d->>'api'))::int, 1) FROM unnest(datas) WITH ORDINALITY u(d, o) ORDER BY o);
     fit := 0;
     FOR i IN 1 .. cardinality(costs) LOOP
@@ -202,43 +225,22 @@ BEGIN
       datas := datas[1:fit];
       IF fit = 0 THEN CONTINUE; END IF;
     END IF;
-    -- Activate exactly as pg-boss's fetch does, then claim (a job cancelled meanwhile is acknowledged, not called).
-    UPDATE pgboss.job j SET state = 'active', started_on = pgboss.job_now(), heartbeat_on = pgboss.job_now(),
-        retry_count = CASE WHEN j.started_on IS NOT NULL THEN j.retry_count + 1 ELSE j.retry_count END
-      WHERE j.name = qn AND j.id = ANY (ids);
+    -- The turn: its queue's virtual time advances by the jobs taken / weight (a batch counts every
+    -- job), the tenant's cap slots are taken. Both per turn: the next pick reads them. The rest
+    -- (activation, claims, ledger, reservations) is written once for all turns, after the loop.
     n_turn := n_turn + 1;
-    WITH cl AS (
-      UPDATE jobs jb SET state = 'RUNNING', attempts = jb.attempts + 1, started_at = coalesce(jb.started_at, now()), updated_at = now()
-      WHERE jb.id = ANY (ids) AND jb.state IN ('QUEUED', 'WAITING_QUOTA')
-      RETURNING jb.id, jb.attempts),
-    r AS (
-      SELECT gen_random_uuid() AS rid, cl.id, cl.attempts, u.d, u.o, coalesce((p_costs ->> (u.d->>'api'))::int, 1) AS cost
-      FROM cl JOIN unnest(ids, datas) WITH ORDINALITY u(id, d, o) ON u.id = cl.id)
-    SELECT coalesce(jsonb_agg(jsonb_build_object('rid', r.rid, 'id', r.id, 'attempt', r.attempts, 'data', r.d, 'o', r.o, 'cost', r.cost) ORDER BY r.o), '[]')
-      INTO spec FROM r;
-    claimed := jsonb_array_length(spec);
-    IF claimed < cardinality(ids) THEN
-      gone := ARRAY(SELECT x FROM unnest(ids) x WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(spec) e WHERE (e->>'id')::uuid = x));
-      UPDATE pgboss.job SET completed_on = pgboss.job_now(), state = 'completed', output = NULL
-        WHERE name = qn AND id = ANY (gone) AND state = 'active';
-    END IF;
-    IF claimed = 0 THEN CONTINUE; END IF;
+    claimed := cardinality(ids);
     IF is_batch THEN
-      SELECT count(DISTINCT e->'data'->'params')::int INTO distinct_n FROM jsonb_array_elements(spec) e;
+      SELECT count(DISTINCT d->'params')::int INTO distinct_n FROM unnest(datas) d;
     END IF;
-    -- Fair share counts jobs, batched or not: the queue advances by every job it took.
     UPDATE sched_queues sq SET vtime = sq.vtime + claimed::float8 / t.weight WHERE sq.tenant_id = q.tenant_id AND sq.class = c;
     served := jsonb_set(served, ARRAY[c], to_jsonb(greatest(coalesce((served->>c)::float8, '-infinity'::float8), q.vtime)));
-    UPDATE tenant_ledger l SET reserved = l.reserved + (SELECT sum((e->>'cost')::int) FROM jsonb_array_elements(spec) e)
-      WHERE l.tenant_id = q.tenant_id AND l.period_start = period;
     UPDATE sched_tenants st SET in_flight = st.in_flight + claimed WHERE st.tenant_id = q.tenant_id;
-    INSERT INTO reservations (id, job_id, attempt, tenant_id, period_start, "window", node_id, credits, window_slot, created_at, lease_expires_at)
-      SELECT (e->>'rid')::uuid, (e->>'id')::uuid, (e->>'attempt')::int, q.tenant_id, period, p_window, p_node, (e->>'cost')::int,
-        NOT is_batch OR k = 1, clock_timestamp(), clock_timestamp() + make_interval(secs => p_lease_seconds)
-      FROM jsonb_array_elements(spec) WITH ORDINALITY x(e, k);
-    out_rows := out_rows || (SELECT jsonb_agg(jsonb_build_object('turn', n_turn, 'rid', e->>'rid', 'id', e->>'id', 'attempt', (e->>'attempt')::int,
-        'tenant', q.tenant_id, 'class', c, 'queue', qn, 'data', e->'data', 'cost', (e->>'cost')::int, 'batched', is_batch, 'slot', NOT is_batch OR k = 1) ORDER BY k)
-      FROM jsonb_array_elements(spec) WITH ORDINALITY x(e, k));
+    used_by := jsonb_set(used_by, ARRAY[q.tenant_id::text], to_jsonb(used));
+    picked := picked || (SELECT jsonb_agg(jsonb_build_object('turn', n_turn, 'o', u.o, 'id', u.id, 'data', u.d, 'tenant', q.tenant_id, 'class', c,
+        'queue', qn, 'period', period, 'cost', coalesce((p_costs ->> (u.d->>'api'))::int, 1), 'batched', is_batch) ORDER BY u.o)
+      FROM unnest(ids, datas) WITH ORDINALITY u(id, d, o));
+    picked_ids := picked_ids || ids;
     taken := taken + claimed;
     IF is_batch THEN
       slots := slots + 1;
@@ -247,9 +249,56 @@ BEGIN
       slots := slots + claimed;
       tokens_used := tokens_used + claimed;
     END IF;
+    -- Fewer ready jobs than the take (any API): the queue has nothing more for this call.
+    IF fetched < take AND NOT batch_fetch THEN
+      skip := skip || (q.tenant_id::text || '/' || c);
+    END IF;
   END LOOP;
 
   IF taken = 0 THEN RETURN; END IF;
+  -- Activate exactly as pg-boss's fetch does (the rows are ours: locked by the fetches above).
+  UPDATE pgboss.job j SET state = 'active', started_on = pgboss.job_now(), heartbeat_on = pgboss.job_now(),
+      retry_count = CASE WHEN j.started_on IS NOT NULL THEN j.retry_count + 1 ELSE j.retry_count END
+    FROM (SELECT e->>'queue' AS name, (e->>'id')::uuid AS id FROM jsonb_array_elements(picked) e) p
+    WHERE j.name = p.name AND j.id = p.id;
+  -- Claim (the attempt number fences the attempt); a job cancelled meanwhile is acknowledged, not called.
+  WITH cl AS (
+    UPDATE jobs jb SET state = 'RUNNING', attempts = jb.attempts + 1, started_at = coalesce(jb.started_at, now()), updated_at = now()
+    WHERE jb.id IN (SELECT (e->>'id')::uuid FROM jsonb_array_elements(picked) e) AND jb.state IN ('QUEUED', 'WAITING_QUOTA')
+    RETURNING jb.id, jb.attempts),
+  m AS (
+    SELECT e, cl.attempts, row_number() OVER (PARTITION BY (e->>'turn')::int ORDER BY (e->>'o')::int) AS k
+    FROM jsonb_array_elements(picked) e JOIN cl ON cl.id = (e->>'id')::uuid)
+  -- A batch's pool slot is carried by its first claimed job's reservation.
+  SELECT coalesce(jsonb_agg(m.e || jsonb_build_object('attempt', m.attempts, 'rid', gen_random_uuid(),
+      'slot', NOT (m.e->>'batched')::boolean OR m.k = 1) ORDER BY (m.e->>'turn')::int, (m.e->>'o')::int), '[]')
+    INTO out_rows FROM m;
+  IF jsonb_array_length(out_rows) < taken THEN
+    WITH g AS (
+      SELECT e FROM jsonb_array_elements(picked) e
+      WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(out_rows) o WHERE o->>'id' = e->>'id')),
+    a AS (
+      UPDATE pgboss.job j SET completed_on = pgboss.job_now(), state = 'completed', output = NULL
+      FROM g WHERE j.name = g.e->>'queue' AND j.id = (g.e->>'id')::uuid AND j.state = 'active' RETURNING 1)
+    UPDATE sched_tenants st SET in_flight = greatest(0, st.in_flight - d.n)
+      FROM (SELECT (g.e->>'tenant')::uuid AS tenant_id, count(*)::int AS n FROM g GROUP BY 1) d
+      WHERE st.tenant_id = d.tenant_id;
+    SELECT count(*) FILTER (WHERE (o->>'slot')::boolean)::int INTO slots FROM jsonb_array_elements(out_rows) o;
+    IF jsonb_array_length(out_rows) = 0 THEN RETURN; END IF;
+  END IF;
+  -- Queues with nothing left waiting go idle (a submission or a retry marks them ready again).
+  -- Judged on the row's depth, which a concurrent submission's trigger updates under the row lock.
+  UPDATE sched_queues sq SET ready_at = NULL
+    FROM (SELECT DISTINCT (o->>'tenant')::uuid AS tenant_id, o->>'class' AS class FROM jsonb_array_elements(out_rows) o) d
+    WHERE sq.tenant_id = d.tenant_id AND sq.class = d.class AND sq.depth = 0 AND sq.ready_at IS NOT NULL;
+  -- The credits: one ledger write per tenant and period for all its turns.
+  INSERT INTO tenant_ledger AS l (tenant_id, period_start, reserved)
+    SELECT (o->>'tenant')::uuid, (o->>'period')::timestamptz, sum((o->>'cost')::int) FROM jsonb_array_elements(out_rows) o GROUP BY 1, 2
+    ON CONFLICT (tenant_id, period_start) DO UPDATE SET reserved = l.reserved + excluded.reserved;
+  INSERT INTO reservations (id, job_id, attempt, tenant_id, period_start, "window", node_id, credits, window_slot, created_at, lease_expires_at)
+    SELECT (o->>'rid')::uuid, (o->>'id')::uuid, (o->>'attempt')::int, (o->>'tenant')::uuid, (o->>'period')::timestamptz, p_window, p_node,
+      (o->>'cost')::int, (o->>'slot')::boolean, clock_timestamp(), clock_timestamp() + make_interval(secs => p_lease_seconds)
+    FROM jsonb_array_elements(out_rows) o;
   -- Each class's clock: the largest virtual time served (no credit for idle time).
   UPDATE sched_classes k SET clock = greatest(k.clock, (served->>k.class)::float8), served_at = now() WHERE served ? k.class;
   -- The hot row, once per call and last: only if the tokens and slots are still there.
@@ -264,9 +313,42 @@ BEGIN
   IF NOT FOUND THEN
     RAISE EXCEPTION 'sluice_lease: window % changed under the lease', p_window USING ERRCODE = 'SL409';
   END IF;
-  PERFORM pg_notify('sluice_job_events', jsonb_build_object('jobId', e->>'id', 'tenantId', e->>'tenant', 'state', 'RUNNING')::text)
-    FROM jsonb_array_elements(out_rows) e;
-  RETURN QUERY SELECT (e->>'turn')::int, (e->>'rid')::uuid, (e->>'id')::uuid, (e->>'attempt')::int, (e->>'tenant')::uuid, e->>'class',
-      e->>'queue', e->'data', (e->>'cost')::int, (e->>'batched')::boolean, (e->>'slot')::boolean
-    FROM jsonb_array_elements(out_rows) e;
+  PERFORM pg_notify('sluice_job_events', jsonb_build_object('jobId', o->>'id', 'tenantId', o->>'tenant', 'state', 'RUNNING')::text)
+    FROM jsonb_array_elements(out_rows) o;
+  RETURN QUERY SELECT (o->>'turn')::int, (o->>'rid')::uuid, (o->>'id')::uuid, (o->>'attempt')::int, (o->>'tenant')::uuid, o->>'class',
+      o->>'queue', o->'data', (o->>'cost')::int, (o->>'batched')::boolean, (o->>'slot')::boolean
+    FROM jsonb_array_elements(out_rows) o;
+END $$;
+--> statement-breakpoint
+-- Grouped settlement, the final half: many attempts' jobs finished in ONE statement (the settlement
+-- made per attempt a jobs update, a result upsert and a pg-boss complete). Each is fenced by its
+-- attempt (RUNNING on that attempt); only those it finished get their result and their pg-boss ack,
+-- in the same transaction (I6). Lock order: jobs, job_results, pgboss.job (as pg-boss's complete).
+-- items: [{"id", "attempt", "state", "queue", "data", "error_code", "error_message", "http_status", "billed", "attempts"}, ...]
+-- plpgsql, not sql: pg-boss creates its schema after these migrations, and a sql function's body
+-- is checked against the tables when it is created.
+CREATE FUNCTION sluice_finish_jobs(items jsonb) RETURNS SETOF uuid LANGUAGE plpgsql AS $$
+BEGIN
+  RETURN QUERY WITH x AS (
+    SELECT * FROM jsonb_to_recordset(items) AS x(id uuid, attempt int, state text, queue text, data jsonb, error_code text,
+      error_message text, http_status int, billed int, attempts int)),
+  f AS (
+    UPDATE jobs j SET state = x.state, finished_at = now(), updated_at = now()
+    FROM x WHERE j.id = x.id AND j.state = 'RUNNING' AND j.attempts = x.attempt
+    RETURNING j.id),
+  r AS (
+    INSERT INTO job_results (job_id, data, error_code, error_message, http_status, credits_billed, attempts)
+    SELECT x.id, x.data, x.error_code, x.error_message, x.http_status, x.billed, x.attempts FROM x JOIN f ON f.id = x.id
+    ON CONFLICT (job_id) DO UPDATE SET
+      data = excluded.data, error_code = excluded.error_code, error_message = excluded.error_message,
+      http_status = excluded.http_status, credits_billed = job_results.credits_billed + excluded.credits_billed,
+      attempts = excluded.attempts, updated_at = now()
+    RETURNING job_id),
+  b AS (
+    UPDATE pgboss.job p SET completed_on = pgboss.job_now(), state = 'completed', output = NULL
+    FROM x JOIN f ON f.id = x.id
+    WHERE p.name = x.queue AND p.id = x.id AND p.state = 'active'
+    RETURNING p.id)
+  -- r and b run to completion whether read or not (data-modifying WITH).
+  SELECT f.id FROM f;
 END $$;

@@ -33,10 +33,10 @@ import type { ApiCatalog } from '../config/apis.ts';
 import type { Sql } from '../db/client.ts';
 import { publishJobEvents, type JobEvent } from '../events/bus.ts';
 import { WORK_CHANNEL } from '../jobs/service.ts';
-import { finishJob, requeueJob, upsertResult } from '../jobs/store.ts';
+import { finishJobs, requeueJob, upsertResult, type ResultRecord } from '../jobs/store.ts';
 import { reactionTo } from '../provider/classify.ts';
 import type { BatchOutcome, CallOutcome, ProviderClient } from '../provider/types.ts';
-import { inTransaction, reinsertJobs, type JobClass } from '../queue/boss.ts';
+import { reinsertJobs, type JobClass } from '../queue/boss.ts';
 import { classOrder } from '../scheduler/fair.ts';
 import { leaseBatchSpecs, leaseCosts } from '../scheduler/lease.ts';
 import { billedCredits } from '../scheduler/ledger.ts';
@@ -135,6 +135,9 @@ interface Leased {
  * more): bounds how long one call holds its tenants' rows.
  */
 const LEASE_CALL_MAX = 256;
+
+/** How long a loop waits when another lease of its window is under way (a poke wakes it sooner). */
+const LEASE_BUSY_RETRY_MS = 5;
 
 /** The window changed under us between the read and the take (another node was faster): decide again. */
 class LostRace extends Error {}
@@ -304,6 +307,9 @@ export class Dispatcher {
     } catch (err) {
       for (const api of probes) this.o.breakers.release(api);
       if (err instanceof sched.LeaseRace) throw new LostRace();
+      // Another loop (here or on another node) is leasing this window: it fills the room; wake on
+      // its settlements' poke, or look again shortly.
+      if (err instanceof sched.LeaseBusy) return LEASE_BUSY_RETRY_MS;
       throw err;
     }
     // A probe admitted but not sent must not hold its API's breaker half-open forever.
@@ -548,7 +554,17 @@ export class Dispatcher {
       const settling = items.filter((x) => live.has(x.a.reservationId));
       await sched.lockTenants(tx, settling.map((x) => x.a.job.data.tenantId));
       const events: JobEvent[] = [];
-      for (const x of settling) events.push(...(await this.applyJobState(tx, x.a, x.outcome, x.s)));
+      // Retries and put-backs one by one (re-inserted in pg-boss); final states all in one statement.
+      const finals: Array<{ x: (typeof settling)[number]; state: 'SUCCEEDED' | 'FAILED' }> = [];
+      for (const x of settling) {
+        if (x.s.plan.action === 'requeue') events.push(...(await this.requeue(tx, x.a, x.outcome, x.s)));
+        else finals.push({ x, state: x.s.plan.action === 'succeed' ? 'SUCCEEDED' : 'FAILED' });
+      }
+      const finished = await finishJobs(
+        tx,
+        finals.map(({ x, state }) => ({ id: x.a.job.id, attempt: x.a.attempt, state, queue: x.a.queue, result: this.result(x.outcome, x.s.billed, x.a.attempt) })),
+      );
+      for (const { x, state } of finals) if (finished.has(x.a.job.id)) events.push({ jobId: x.a.job.id, tenantId: x.a.job.data.tenantId, state });
       await sched.settleReservations(tx, settling.map((x) => ({ id: x.a.reservationId, billed: x.s.billed, outcome: x.outcome.kind })));
       // A provider signal is about the account, whoever's attempt carried it: react even when superseded.
       for (const u of units) for (const o of u.reactions) await this.react(tx, u.w, o);
@@ -572,27 +588,19 @@ export class Dispatcher {
     return { plan, billed };
   }
 
-  /** The job's next state, its result and the pg-boss acknowledgement, fenced by the attempt; returns the events to publish. */
-  private async applyJobState(tx: postgres.TransactionSql, a: Attempt, outcome: CallOutcome, s: { plan: ReturnType<typeof planSettlement>; billed: number }): Promise<JobEvent[]> {
-    const { boss } = this.o;
+  /** A retry or put-back: the job back to QUEUED after its delay, its result, re-inserted in pg-boss, fenced by the attempt. */
+  private async requeue(tx: postgres.TransactionSql, a: Attempt, outcome: CallOutcome, s: { plan: ReturnType<typeof planSettlement>; billed: number }): Promise<JobEvent[]> {
     const { tenantId } = a.job.data;
     const { plan, billed } = s;
-    const db = inTransaction(tx);
-    if (plan.action === 'requeue') {
-      if (!(await requeueJob(tx, a.job.id, a.attempt, plan.countsAsAttempt, plan.delaySeconds))) return [];
-      await this.storeResult(tx, a, outcome, billed, plan.countsAsAttempt ? a.attempt : a.attempt - 1);
-      // Delete and re-insert under the same id: the job waits out its delay
-      // without spending pg-boss's own retry budget, kept for crash redelivery.
-      const startAfter = new Date(Date.now() + plan.delaySeconds * 1000);
-      await reinsertJobs(boss, tx, a.queue, [{ id: a.job.id, data: a.job.data, startAfter }]);
-      await sched.markQueuesReady(tx, tenantId, [a.jobClass], startAfter);
-      return [{ jobId: a.job.id, tenantId, state: 'QUEUED' }];
-    }
-    const state = plan.action === 'succeed' ? 'SUCCEEDED' : 'FAILED';
-    if (!(await finishJob(tx, a.job.id, a.attempt, state))) return [];
-    await this.storeResult(tx, a, outcome, billed, a.attempt);
-    await boss.complete(a.queue, a.job.id, null, { db });
-    return [{ jobId: a.job.id, tenantId, state }];
+    if (plan.action !== 'requeue') return [];
+    if (!(await requeueJob(tx, a.job.id, a.attempt, plan.countsAsAttempt, plan.delaySeconds))) return [];
+    await upsertResult(tx, a.job.id, this.result(outcome, billed, plan.countsAsAttempt ? a.attempt : a.attempt - 1));
+    // Delete and re-insert under the same id: the job waits out its delay
+    // without spending pg-boss's own retry budget, kept for crash redelivery.
+    const startAfter = new Date(Date.now() + plan.delaySeconds * 1000);
+    await reinsertJobs(this.o.boss, tx, a.queue, [{ id: a.job.id, data: a.job.data, startAfter }]);
+    await sched.markQueuesReady(tx, tenantId, [a.jobClass], startAfter);
+    return [{ jobId: a.job.id, tenantId, state: 'QUEUED' }];
   }
 
   /**
@@ -622,14 +630,14 @@ export class Dispatcher {
     }
   }
 
-  private storeResult(tx: postgres.TransactionSql, a: Attempt, outcome: CallOutcome, billed: number, attempts: number) {
-    return upsertResult(tx, a.job.id, {
+  private result(outcome: CallOutcome, billed: number, attempts: number): ResultRecord {
+    return {
       data: outcome.kind === 'billed' ? outcome.data : null,
       errorCode: errorCodeFor(outcome.kind),
       errorMessage: outcome.message,
       httpStatus: outcome.httpStatus,
       creditsBilled: billed,
       attempts,
-    });
+    };
   }
 }

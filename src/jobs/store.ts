@@ -190,12 +190,36 @@ export async function upsertResult(tx: Tx, jobId: string, r: ResultRecord): Prom
       attempts = excluded.attempts, updated_at = now()`;
 }
 
-/** RUNNING (on this attempt) → a final state. Returns false when another actor moved the job on. */
-export async function finishJob(tx: Tx, id: string, attempt: number, state: 'SUCCEEDED' | 'FAILED'): Promise<boolean> {
-  const rows = await tx`
-    update jobs set state = ${state}, finished_at = now(), updated_at = now()
-    where id = ${id} and state = 'RUNNING' and attempts = ${attempt} returning id`;
-  return rows.length > 0;
+export interface FinishedJob {
+  id: string;
+  attempt: number;
+  state: 'SUCCEEDED' | 'FAILED';
+  /** The pg-boss queue it was fetched from (its ack). */
+  queue: string;
+  result: ResultRecord;
+}
+
+/**
+ * finishJob, its result (upsertResult) and its pg-boss ack for many jobs in
+ * ONE statement (sluice_finish_jobs, migration 0013), each fenced by its
+ * attempt. Returns the ids it finished; the others had moved on.
+ */
+export async function finishJobs(tx: Tx, jobs: readonly FinishedJob[]): Promise<Set<string>> {
+  if (jobs.length === 0) return new Set();
+  const items = jobs.map((j) => ({
+    id: j.id,
+    attempt: j.attempt,
+    state: j.state,
+    queue: j.queue,
+    data: j.result.data ?? null,
+    error_code: j.result.errorCode,
+    error_message: j.result.errorMessage,
+    http_status: j.result.httpStatus,
+    billed: j.result.creditsBilled,
+    attempts: j.result.attempts,
+  }));
+  const rows = await tx`select sluice_finish_jobs(${tx.json(items as never)}::jsonb) as id`;
+  return new Set(rows.map((r) => r.id as string));
 }
 
 /**

@@ -191,8 +191,11 @@ export async function readBreakers(sql: Tx): Promise<Array<{ api: string; state:
 
 /* ---------- the lease ---------- */
 
-/** sluice_lease found the window's tokens or slots taken by another lease meanwhile: decide again. */
+/** sluice_lease found the window's tokens or slots gone meanwhile (a pause, another node): decide again. */
 export class LeaseRace extends Error {}
+
+/** Another lease of the window is under way (sluice_lease does not wait for it): lease again soon. */
+export class LeaseBusy extends Error {}
 
 export interface LeaseRow {
   /** The turn that took it: one queue's jobs; a batched turn is one batch call. */
@@ -238,7 +241,9 @@ export async function leaseJobs(sql: Tx, r: LeaseRequest): Promise<LeaseRow[]> {
         ${r.leaseSeconds}, ${sql.json(r.costs)}::jsonb, ${r.hold as string[]}::text[], ${sql.json(r.batch as never)}::jsonb,
         ${r.batchMax}, ${r.batchQuantum})`;
   } catch (err) {
-    if ((err as { code?: string }).code === 'SL409') throw new LeaseRace();
+    const code = (err as { code?: string }).code;
+    if (code === 'SL409') throw new LeaseRace();
+    if (code === 'SL423') throw new LeaseBusy();
     throw err;
   }
   return rows.map((x) => ({
