@@ -136,8 +136,8 @@ interface Leased {
  */
 const LEASE_CALL_MAX = 256;
 
-/** How long a loop waits when another lease of its window is under way (a poke wakes it sooner). */
-const LEASE_BUSY_RETRY_MS = 5;
+/** How long a loop waits when another node's lease of its window is under way (a poke wakes it sooner). */
+const LEASE_BUSY_RETRY_MS = 10;
 
 /** The window changed under us between the read and the take (another node was faster): decide again. */
 class LostRace extends Error {}
@@ -154,6 +154,8 @@ export class Dispatcher {
   oldestWaitMs: Partial<Record<JobClass, number>> = {};
   /** This process's open attempts by reservation id: their leases are refreshed until they settle. */
   private readonly open = new Map<string, Attempt>();
+  /** Windows one of this process's loops is leasing right now. */
+  private readonly leasing = new Set<string>();
   private leaseTimer: NodeJS.Timeout | null = null;
   private refreshing = false;
   /** Settlements waiting to land, in order; a flusher applies them in groups and retries until they land. */
@@ -290,6 +292,18 @@ export class Dispatcher {
    * to know how long to wait.
    */
   private async dispatchOnce(w: WindowSpec): Promise<number> {
+    // One lease per window at a time (sluice_lease would refuse a second, SL423): this process's
+    // other loops wait here, without a round trip, until a settlement or the lease's end pokes them.
+    if (this.leasing.has(w.name)) return this.o.idlePollMs;
+    this.leasing.add(w.name);
+    try {
+      return await this.leaseOnce(w);
+    } finally {
+      this.leasing.delete(w.name);
+    }
+  }
+
+  private async leaseOnce(w: WindowSpec): Promise<number> {
     const pool = this.poolFor(w);
     const order = classOrder(w.classes, this.oldestWaitMs, this.o.maxWaitMs);
     // Jobs for an API whose breaker is open wait for its probe: the lease does not take them.
@@ -542,7 +556,8 @@ export class Dispatcher {
    * One settlement transaction for many attempts, in the lock order:
    * the reservations still open (the fence: a superseded attempt changes
    * nothing), their tenants in id order, each job's state, result and
-   * pg-boss ack (I6: the ack commits with the stored result), then the
+   * pg-boss ack (I6: the ack commits with the stored result; retries one by
+   * one, final states all in one statement, sluice_finish_jobs), then the
    * reservations' bills and slots in one statement (sluice_settle: ledger,
    * then the windows, the hot rows, last), then the account reactions (a
    * rate-limit 429 pauses the window on every node, I2) and the events.
