@@ -38,7 +38,14 @@ CREATE FUNCTION sluice_lease(
   p_costs jsonb, p_hold text[], p_batch jsonb, p_batch_max int, p_batch_quantum int)
 RETURNS TABLE (turn int, reservation_id uuid, job_id uuid, attempt int, tenant_id uuid, class text, queue text,
   data jsonb, credits int, batched boolean, window_slot boolean)
-LANGUAGE plpgsql AS $$
+-- No sorts: every ordered read here has an index in its order (the fair order, pg-boss's fetch
+-- order). Without statistics (a fresh database, tens of thousands of queues created in seconds,
+-- before autovacuum's first analyze) the planner sorted every ready queue on each pick instead of
+-- walking the index: 7 ms a pick with 10,000 tenants instead of 0.05. No bitmap scans, for the same
+-- reason (the claim read every queued job by state instead of its ids by key). No JIT: disabled
+-- paths cost 1e10 in the planner's arithmetic, which would pass jit_above_cost and compile every
+-- call's statements (300 ms).
+LANGUAGE plpgsql SET enable_sort = off SET enable_bitmapscan = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   w record;
@@ -105,14 +112,26 @@ BEGIN
     FOREACH c IN ARRAY p_classes LOOP
       q_tenant := NULL;
       n_vtime := NULL;
+      -- A walk of sched_queues_fair_idx in order (one table, the index's order: the planner takes
+      -- the index whatever its statistics say; a join here was planned as a hash join and a sort
+      -- of every queue on a fresh database), checking each queue's tenant by its key, until two
+      -- eligible queues: the pick and the next (for the quantum).
       FOR t IN
-        SELECT sq.tenant_id, sq.vtime FROM sched_queues sq JOIN sched_tenants st ON st.tenant_id = sq.tenant_id
+        SELECT sq.tenant_id, sq.vtime FROM sched_queues sq
         WHERE sq.class = c AND sq.ready_at IS NOT NULL AND sq.ready_at <= now()
-          AND st.in_flight < st.cap AND NOT st.quota_blocked AND NOT st.suspended AND st.weight > 0
-          AND NOT ((sq.tenant_id::text || '/' || sq.class) = ANY (skip))
-        ORDER BY sq.vtime, sq.tenant_id LIMIT 2
+        ORDER BY sq.class, sq.vtime, sq.tenant_id
       LOOP
-        IF q_tenant IS NULL THEN q_tenant := t.tenant_id; q_vtime := t.vtime; ELSE n_vtime := t.vtime; END IF;
+        CONTINUE WHEN (t.tenant_id::text || '/' || c) = ANY (skip);
+        PERFORM 1 FROM sched_tenants st WHERE st.tenant_id = t.tenant_id
+          AND st.in_flight < st.cap AND NOT st.quota_blocked AND NOT st.suspended AND st.weight > 0;
+        CONTINUE WHEN NOT FOUND;
+        IF q_tenant IS NULL THEN
+          q_tenant := t.tenant_id;
+          q_vtime := t.vtime;
+        ELSE
+          n_vtime := t.vtime;
+          EXIT;
+        END IF;
       END LOOP;
       IF q_tenant IS NOT NULL THEN found_q := true; EXIT; END IF;
     END LOOP;
@@ -264,7 +283,7 @@ BEGIN
   -- Claim (the attempt number fences the attempt); a job cancelled meanwhile is acknowledged, not called.
   WITH cl AS (
     UPDATE jobs jb SET state = 'RUNNING', attempts = jb.attempts + 1, started_at = coalesce(jb.started_at, now()), updated_at = now()
-    WHERE jb.id IN (SELECT (e->>'id')::uuid FROM jsonb_array_elements(picked) e) AND jb.state IN ('QUEUED', 'WAITING_QUOTA')
+    WHERE jb.id = ANY (picked_ids) AND jb.state IN ('QUEUED', 'WAITING_QUOTA')
     RETURNING jb.id, jb.attempts),
   m AS (
     SELECT e, cl.attempts, row_number() OVER (PARTITION BY (e->>'turn')::int ORDER BY (e->>'o')::int) AS k

@@ -47,7 +47,7 @@ after(async () => {
 
 const tenantArb = fc.record({
   weight: fc.integer({ min: 1, max: 4 }),
-  cap: fc.integer({ min: 1, max: 8 }),
+  cap: fc.integer({ min: 1, max: 12 }),
   inFlightShare: fc.integer({ min: 0, max: 4 }),
   quota: fc.integer({ min: 0, max: 40 }),
   used: fc.integer({ min: 0, max: 40 }),
@@ -58,7 +58,7 @@ const tenantArb = fc.record({
     fc.record({
       vtime4: fc.integer({ min: 0, max: 12 }),
       ready: fc.constantFrom(true, true, true, false),
-      jobs: fc.array(fc.record({ api: fc.constantFrom(...APIS), p: fc.integer({ min: 0, max: 3 }) }), { maxLength: 7 }),
+      jobs: fc.array(fc.record({ api: fc.constantFrom(...APIS), p: fc.integer({ min: 0, max: 3 }) }), { maxLength: 9 }),
     }),
     { minLength: 3, maxLength: 3 },
   ),
@@ -72,8 +72,8 @@ const caseArb = fc.record({
   max: fc.integer({ min: 1, max: 60 }),
   leaseMax: fc.integer({ min: 1, max: 8 }),
   hold: fc.subarray([...APIS], { maxLength: 2 }),
-  batchMax: fc.constantFrom(1, 3, 200),
-  batchQuantum: fc.integer({ min: 1, max: 5 }),
+  batchMax: fc.constantFrom(1, 3, 200, 200),
+  batchQuantum: fc.integer({ min: 1, max: 8 }),
 });
 
 type Case = typeof caseArb extends fc.Arbitrary<infer T> ? T : never;

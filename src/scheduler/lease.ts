@@ -21,6 +21,8 @@
  *   period has billed and reserved; the first that does not fit blocks the
  *   tenant (policy WAIT) or fails (policy FAIL), and the queue is done for
  *   this call;
+ * - a queue that had fewer ready jobs than its take (of any API) has nothing
+ *   more for this call;
  * - fair share counts jobs: the queue's virtual time advances by the jobs it
  *   took / weight (a batch of 50 costs 50 items), and the class clock becomes
  *   the largest virtual time served.
@@ -167,6 +169,8 @@ export function planPicks(input: LeaseInput): LeasePicks {
       }
     }
     let jobs = ready.filter((j) => !batched || j.api === head).slice(0, take);
+    // Fewer ready jobs than the take (of any API): nothing more for this call after this turn.
+    const exhausted = jobs.length < take && !batched;
     if (jobs.length === 0) {
       skip.add(key);
       continue;
@@ -209,6 +213,7 @@ export function planPicks(input: LeaseInput): LeasePicks {
       out.slots += jobs.length;
       out.tokens += jobs.length;
     }
+    if (exhausted) skip.add(key);
   }
   return out;
 }
