@@ -5,8 +5,8 @@
 --
 -- Each turn of the loop: the eligible ready queue with the smallest virtual time (ties by tenant id)
 -- in the first class of p_classes (the dispatcher's class order, starving classes first) that has
--- one; its tenant's row locked SKIP LOCKED (a tenant another lease or a settlement holds is passed
--- over, so concurrent leases proceed side by side instead of queueing); a take bounded by the
+-- one; its tenant's row locked (waited for only while the call holds no tenant row; after that
+-- SKIP LOCKED, and a front tenant held by someone else ends the call rather than be overtaken); a take bounded by the
 -- quantum to the next queue, the tenant's free cap, the window's tokens and room, p_lease_max (or a
 -- batch turn: up to a batch's worth of the head job's API, BATCH_QUANTUM x weight, one pool slot);
 -- the jobs fetched from pg-boss exactly as its fetch does (same order, SKIP LOCKED, same activation);
@@ -15,7 +15,8 @@
 -- with a conditional update: when another node took the tokens or slots meanwhile, the whole call
 -- rolls back with SQLSTATE SL409 and the dispatcher decides again.
 --
--- Lock order (docs/ARCHITECTURE.md): sched_tenants (SKIP LOCKED, never waited for) → pgboss.job
+-- Lock order (docs/ARCHITECTURE.md): the window's try-lock → sched_tenants (waited for only for the
+-- first, holding nothing; then SKIP LOCKED) → pgboss.job
 -- (SKIP LOCKED) → jobs → sched_queues → tenant_ledger → reservations (new rows) → sched_classes →
 -- windows.
 CREATE INDEX "sched_queues_fair_idx" ON "sched_queues" USING btree ("class", "vtime", "tenant_id") WHERE "ready_at" IS NOT NULL;
@@ -88,6 +89,7 @@ DECLARE
   out_rows jsonb := '[]';
   fetched int;
   batch_fetch boolean;
+  holding boolean := false;
 BEGIN
   -- One lease per window at a time, without waiting: a call that finds another under way returns at
   -- once (SL423) and its loop leases again on the next poke. Two calls at once would each read the
@@ -137,13 +139,31 @@ BEGIN
     END LOOP;
     EXIT WHEN NOT found_q;
     SELECT q_tenant AS tenant_id, q_vtime AS vtime INTO q;
-    -- The tenant's row: locked, re-checked; held by someone else, this call passes it over.
-    SELECT st.* INTO t FROM sched_tenants st
-      WHERE st.tenant_id = q.tenant_id AND st.in_flight < st.cap AND NOT st.quota_blocked AND NOT st.suspended
-      FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
-      skip := skip || (q.tenant_id::text || '/' || c);
-      CONTINUE;
+    -- The tenant's row, locked and re-checked. Until this call holds a tenant row it waits for it
+    -- (it holds nothing another transaction could wait for, so no cycle); after that it never
+    -- waits, and a front tenant held by someone else (a settlement, mostly) ends the call: serving
+    -- the tenants behind it instead would hand its turns to them (measured: the weight-2 tenant of
+    -- bench fairness, settling twice as often, got 1.4 shares instead of 2).
+    IF holding THEN
+      SELECT st.* INTO t FROM sched_tenants st
+        WHERE st.tenant_id = q.tenant_id AND st.in_flight < st.cap AND NOT st.quota_blocked AND NOT st.suspended
+        FOR UPDATE SKIP LOCKED;
+      IF NOT FOUND THEN
+        PERFORM 1 FROM sched_tenants st
+          WHERE st.tenant_id = q.tenant_id AND st.in_flight < st.cap AND NOT st.quota_blocked AND NOT st.suspended;
+        EXIT WHEN FOUND;
+        skip := skip || (q.tenant_id::text || '/' || c);
+        CONTINUE;
+      END IF;
+    ELSE
+      SELECT st.* INTO t FROM sched_tenants st
+        WHERE st.tenant_id = q.tenant_id AND st.in_flight < st.cap AND NOT st.quota_blocked AND NOT st.suspended
+        FOR UPDATE;
+      IF NOT FOUND THEN
+        skip := skip || (q.tenant_id::text || '/' || c);
+        CONTINUE;
+      END IF;
+      holding := true;
     END IF;
     qn := 't.' || q.tenant_id::text || '.' || lower(c);
     cap_free := t.cap - t.in_flight;
