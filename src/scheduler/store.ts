@@ -10,8 +10,9 @@
  * reservations → sched_tenants (id order) → pgboss.job / jobs → sched_queues
  * → job_results → tenant_ledger → sched_classes → windows → account_state,
  * so lease, settle, sweep, cancel and submit cannot deadlock each other. The
- * lease (sluice_lease, migration 0013) takes tenant rows SKIP LOCKED, so it
- * never waits for one out of id order.
+ * lease (sluice_lease, migration 0013) waits only for its first tenant row
+ * (holding nothing else) and takes later ones SKIP LOCKED, so it never waits
+ * out of id order.
  */
 import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
