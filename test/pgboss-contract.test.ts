@@ -33,12 +33,19 @@ test("pg-boss's tables have the columns and the schema version Sluice's SQL reli
     const columns = async (table: string) =>
       new Map((await sql`select column_name, data_type from information_schema.columns where table_schema = 'pgboss' and table_name = ${table}`).map((r) => [r.column_name as string, r.data_type as string]));
     const job = await columns('job');
-    for (const [name, type] of Object.entries({ id: 'uuid', name: 'text', data: 'jsonb', start_after: 'timestamp with time zone', heartbeat_seconds: 'integer', heartbeat_on: 'timestamp with time zone' })) {
+    // sluice_lease (drizzle/0013_lease.sql) fetches and activates jobs as pg-boss's fetch does, and completes some.
+    for (const [name, type] of Object.entries({
+      id: 'uuid', name: 'text', data: 'jsonb', start_after: 'timestamp with time zone', heartbeat_seconds: 'integer', heartbeat_on: 'timestamp with time zone',
+      priority: 'integer', created_on: 'timestamp with time zone', started_on: 'timestamp with time zone', completed_on: 'timestamp with time zone',
+      retry_count: 'integer', blocked: 'boolean', output: 'jsonb',
+    })) {
       assert.equal(job.get(name), type, `pgboss.job.${name} is ${type}`);
     }
     assert.ok(job.has('state'), 'pgboss.job.state');
     const states = (await sql`select unnest(enum_range(null::pgboss.job_state))::text as s`).map((r) => r.s as string);
     for (const s of ['created', 'retry', 'active', 'completed', 'cancelled', 'failed']) assert.ok(states.includes(s), `job state ${s}`);
+    const [now] = await sql`select count(*)::int as n from pg_proc p join pg_namespace n on n.oid = p.pronamespace where n.nspname = 'pgboss' and p.proname = 'job_now'`;
+    assert.equal(now!.n, 1, 'pgboss.job_now() (the clock pg-boss fetch and complete use)');
     const queue = await columns('queue');
     assert.equal(queue.get('name'), 'text');
     assert.equal(queue.get('heartbeat_seconds'), 'integer');

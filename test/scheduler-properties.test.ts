@@ -48,13 +48,13 @@ interface SimQueue {
   /** Arrival ticks of the queued jobs, FIFO from `head`. */
   jobs: number[];
   head: number;
-  /** sched_queues.ready_at is set (and due): the queue is among loadCandidates' rows. */
+  /** sched_queues.ready_at is set (and due): the queue is among the ready queues sluice_lease orders. */
   ready: boolean;
   served: number;
 }
 
 interface SimOptions {
-  /** loadCandidates' per-class LIMIT (production: 32). Default: every busy queue is a candidate. */
+  /** A per-class candidate LIMIT (the lease before sluice_lease read 32; sluice_lease reads on past ineligible queues). Default: every busy queue is a candidate. */
   perClass?: number;
   /** Activate a queue that becomes busy at the class clock (activationVtime); false = naive model. */
   activate?: boolean;
@@ -110,7 +110,7 @@ class FairSim {
     q.ready = true;
   }
 
-  /** blockForQuota: production clears the tenant's queues' ready_at. */
+  /** Quota WAIT in sluice_lease: production clears the tenant's queues' ready_at. */
   blockQuota(t: SimTenant): void {
     t.quotaBlocked = true;
     if (this.o.clearReadyOnQuotaBlock) for (const q of this.queues) if (q.tenant === t) q.ready = false;
@@ -122,7 +122,7 @@ class FairSim {
     for (const q of this.queues) if (q.tenant === t) this.markReady(q);
   }
 
-  /** loadCandidates: per class, the ready queues with the smallest virtual times. */
+  /** The lease's pick (sluice_lease): per class, the ready queues with the smallest virtual times. */
   candidates(): QueueCandidate[] {
     const out: QueueCandidate[] = [];
     for (const jobClass of CLASSES) {
@@ -182,7 +182,7 @@ class FairSim {
       assert.ok(Number.isInteger(pick.take) && pick.take >= 1 && pick.take <= maxTake, `take ${pick.take} of ${maxTake}`);
       assert.ok(t.inFlight + pick.take <= t.cap, `take ${pick.take} passes the cap ${t.cap} at ${t.inFlight} in flight`);
       const items = Math.min(pick.take, backlog(q));
-      // advanceQueue: the class clock becomes the served-at virtual time.
+      // sluice_lease: the class clock becomes the served-at virtual time.
       this.clock[q.jobClass] = Math.max(this.clock[q.jobClass], q.vtime);
       q.vtime = advance(q.vtime, items, t.weight);
       t.inFlight += items;
@@ -571,7 +571,7 @@ describe('fair order through store.ts’s candidate rows', () => {
   });
 
   test(
-    'loadCandidates’ LIMIT 32: an eligible tenant is still served when 32+ ineligible queues have smaller virtual times',
+    'a candidate LIMIT of 32: an eligible tenant is still served when 32+ ineligible queues have smaller virtual times',
     () => {
       fc.assert(
         fc.property(blockedArb, fc.integer({ min: 1, max: 3 }), (blocked, nEligible) => {
@@ -734,7 +734,7 @@ const bucketArb = fc.record({
   fill: fc.double({ min: 0, max: 1, noNaN: true }),
 });
 
-/** Replays events against a bucket the way store.ts does (takeWindow, pauseWindow). */
+/** Replays events against a bucket the way the SQL does (sluice_lease's window update, store.ts pauseWindow). */
 function replayPacer(b0: { ratePerMinute: number; burst: number; fill: number }, events: readonly PacerEvent[], onState?: (b: BucketState, now: number) => void) {
   const b: BucketState = { ratePerMinute: b0.ratePerMinute, burst: b0.burst, tokens: b0.burst * b0.fill, refilledAt: 0, pausedUntil: null };
   const taken: Array<{ at: number; n: number }> = [];
@@ -909,7 +909,7 @@ describe('settlement: retries and put-backs', () => {
         fc.integer({ min: 0, max: 6 }),
         fc.integer({ min: 0, max: 30 }),
         (outcomes, retryLimit, base) => {
-          // The job's `attempts` column: claimJobs adds one, a put-back requeue gives it back.
+          // The job's `attempts` column: the lease's claim (sluice_lease) adds one, a put-back requeue gives it back.
           let attempts = 0;
           let retries = 0;
           let failedRetryable = 0;

@@ -52,6 +52,9 @@ describe('credits run out mid-run', () => {
       SWEEP_INTERVAL_MS: '200',
       INITIAL_LATENCY_MS: '30',
       LEASE_MAX: '2',
+      // At most 8 calls in flight: one lease call fills the pool's room (across turns of LEASE_MAX),
+      // so the pool, not LEASE_MAX x loops, bounds the calls that can meet the empty account.
+      POOL_MAX: '8',
       // Single calls: this checks that only calls in flight meet the empty account. A batch's items
       // beyond the credits get per-item 402s by design (test/batching.test.ts covers that).
       BATCH_MAX: '1',

@@ -149,6 +149,8 @@ export const schedQueues = pgTable(
     primaryKey({ columns: [t.tenantId, t.jobClass] }),
     // Busy queues by virtual time: a decision never reads idle tenants.
     index('sched_queues_busy_idx').on(t.jobClass, t.vtime).where(sql`${t.readyAt} is not null`),
+    // The lease's fair order (sluice_lease, migration 0013): walked in order, ties by tenant id.
+    index('sched_queues_fair_idx').on(t.jobClass, t.vtime, t.tenantId).where(sql`${t.readyAt} is not null`),
   ],
 );
 

@@ -1,15 +1,19 @@
 /**
  * The dispatcher: one per worker process, not one pg-boss `work()` per queue.
  *
- * For each window this process runs a loop that, while the window has pool
- * room and pacer tokens, makes one dispatch decision at a time:
- *   1. read the busy queues with the smallest virtual times (never idle tenants),
- *   2. choose one with the pure fair-order rules (scheduler/fair.ts),
- *   3. in ONE transaction: take the tenant's cap slots, fetch its jobs from
- *      pg-boss, claim them, reserve their credits against the quota, take the
- *      window's tokens and pool slots, advance the queue's virtual time,
- *   4. call the provider for each job, and settle the attempts: grouped, many
- *      per transaction every SETTLE_INTERVAL_MS, retried until they land.
+ * For each window this process runs a few loops (DISPATCH_LOOPS), each one
+ * lease after another:
+ *   1. the class order (starvation guard) and the APIs held by open breakers,
+ *      decided here (pure, scheduler/fair.ts),
+ *   2. ONE call of sluice_lease (migration 0013; its pure model is
+ *      scheduler/lease.ts planPicks): in one transaction, across as many
+ *      tenants as the weighted fair order allows, it takes their cap slots,
+ *      activates their pg-boss jobs, claims them, reserves their credits
+ *      against the quota, advances the queues' virtual times, and takes the
+ *      window's tokens and pool slots once for all of them,
+ *   3. call the provider (a batch turn is one batch call), and settle the
+ *      attempts: grouped, many per transaction every SETTLE_INTERVAL_MS,
+ *      retried until they land.
  * Every limit is checked by a conditional statement in Postgres, so any number
  * of processes can run this loop against one database.
  *
@@ -22,28 +26,27 @@
  * a superseded attempt's late settlement changes nothing (fenced by its
  * reservation id).
  */
-import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
 import type postgres from 'postgres';
-import type { JobWithMetadata, PgBoss } from 'pg-boss';
+import type { PgBoss } from 'pg-boss';
 import type { ApiCatalog } from '../config/apis.ts';
 import type { Sql } from '../db/client.ts';
 import { publishJobEvents, type JobEvent } from '../events/bus.ts';
 import { WORK_CHANNEL } from '../jobs/service.ts';
-import { claimJobs, finishJob, requeueJob, unclaimJobs, upsertResult } from '../jobs/store.ts';
+import { finishJobs, requeueJob, upsertResult, type ResultRecord } from '../jobs/store.ts';
 import { reactionTo } from '../provider/classify.ts';
 import type { BatchOutcome, CallOutcome, ProviderClient } from '../provider/types.ts';
-import { deferApiJobs, inTransaction, queueName, reinsertJobs, type JobClass } from '../queue/boss.ts';
-import { classOrder, pickQueue, type Pick } from '../scheduler/fair.ts';
-import { billedCredits, fitCount } from '../scheduler/ledger.ts';
+import { reinsertJobs, type JobClass } from '../queue/boss.ts';
+import { classOrder } from '../scheduler/fair.ts';
+import { leaseBatchSpecs, leaseCosts } from '../scheduler/lease.ts';
+import { billedCredits } from '../scheduler/ledger.ts';
 import { msUntilTokens, takeable } from '../scheduler/pacer.ts';
 import { LatencyTracker, poolSize } from '../scheduler/pool.ts';
 import * as sched from '../scheduler/store.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
-import { quotaPeriod } from '../tenants/policy.ts';
 import { errorCodeFor, planSettlement } from './retry.ts';
 import { BreakerOpen, type Breakers } from './breakers.ts';
-import { batchSpec, batchTake, planLease } from './batching.ts';
+import { dedupKey } from './batching.ts';
 import type { Metrics } from '../metrics.ts';
 
 export interface DispatcherOptions {
@@ -88,7 +91,7 @@ export interface JobData {
 interface Attempt {
   queue: string;
   jobClass: JobClass;
-  job: JobWithMetadata<JobData>;
+  job: { id: string; data: JobData };
   attempt: number;
   reservationId: string;
   credits: number;
@@ -127,6 +130,15 @@ interface Leased {
   batches: BatchAttempt[];
 }
 
+/**
+ * Most jobs one lease call takes (singles are bounded by the pool's room anyway; batches carry
+ * more): bounds how long one call holds its tenants' rows.
+ */
+const LEASE_CALL_MAX = 256;
+
+/** How long a loop waits when another node's lease of its window is under way (a poke wakes it sooner). */
+const LEASE_BUSY_RETRY_MS = 10;
+
 /** The window changed under us between the read and the take (another node was faster): decide again. */
 class LostRace extends Error {}
 
@@ -138,12 +150,12 @@ export class Dispatcher {
   private readonly wakers = new Set<() => void>();
   private unlisten: (() => Promise<void>) | null = null;
   readonly latency = new Map<string, LatencyTracker>();
-  /** Tenants one of this process's loops is leasing right now: the other loops pick someone else. */
-  private readonly leasing = new Set<string>();
   /** Oldest ready job's wait per class, refreshed by the sweeper for the starvation guard. */
   oldestWaitMs: Partial<Record<JobClass, number>> = {};
   /** This process's open attempts by reservation id: their leases are refreshed until they settle. */
   private readonly open = new Map<string, Attempt>();
+  /** Windows one of this process's loops is leasing right now. */
+  private readonly leasing = new Set<string>();
   private leaseTimer: NodeJS.Timeout | null = null;
   private refreshing = false;
   /** Settlements waiting to land, in order; a flusher applies them in groups and retries until they land. */
@@ -272,191 +284,122 @@ export class Dispatcher {
     }
   }
 
-  /** Makes one decision on this window; returns how long to wait before the next (0 = at once). */
+  /**
+   * Leases on this window in ONE round trip (sluice_lease, migration 0013):
+   * as many jobs, across as many tenants, as the fair order, the caps, the
+   * quotas and the window's tokens and room allow. Returns how long to wait
+   * before the next lease (0 = at once). Only an empty lease reads the window
+   * to know how long to wait.
+   */
   private async dispatchOnce(w: WindowSpec): Promise<number> {
+    // One lease per window at a time (sluice_lease would refuse a second, SL423): this process's
+    // other loops wait here, without a round trip, until a settlement or the lease's end pokes them.
+    if (this.leasing.has(w.name)) return this.o.idlePollMs;
+    this.leasing.add(w.name);
+    try {
+      return await this.leaseOnce(w);
+    } finally {
+      this.leasing.delete(w.name);
+    }
+  }
+
+  private async leaseOnce(w: WindowSpec): Promise<number> {
+    const pool = this.poolFor(w);
+    const order = classOrder(w.classes, this.oldestWaitMs, this.o.maxWaitMs);
+    // Jobs for an API whose breaker is open wait for its probe: the lease does not take them.
+    const hold: string[] = [];
+    const probes: string[] = [];
+    for (const { api, state } of this.o.breakers.states()) {
+      if (state === 'CLOSED') continue;
+      const v = this.o.breakers.admit(api);
+      if (v === 'hold') hold.push(api);
+      else if (v === 'probe') probes.push(api);
+    }
+    let leased: Leased;
+    try {
+      leased = await this.lease(w, pool, order, hold);
+    } catch (err) {
+      for (const api of probes) this.o.breakers.release(api);
+      if (err instanceof sched.LeaseRace) throw new LostRace();
+      // Another loop (here or on another node) is leasing this window: it fills the room; wake on
+      // its settlements' poke, or look again shortly.
+      if (err instanceof sched.LeaseBusy) return LEASE_BUSY_RETRY_MS;
+      throw err;
+    }
+    // A probe admitted but not sent must not hold its API's breaker half-open forever.
+    const sent = new Set([...leased.singles.map((a) => a.job.data.api), ...leased.batches.map((b) => b.api)]);
+    for (const api of probes) if (!sent.has(api)) this.o.breakers.release(api);
+    for (const a of leased.singles) this.track(this.run(w, a));
+    for (const b of leased.batches) this.track(this.runBatch(w, b));
+    if (leased.singles.length + leased.batches.length > 0) return 0;
     const [state] = await sched.readWindows(this.o.sql, [w.name]);
     if (!state) throw new Error(`window ${w.name} is not in the database`);
     // Credits exhausted: nothing leaves on any window until the renewal or an admin resumes.
     if (state.accountStoppedUntil !== null && state.accountStoppedUntil > state.dbNow) return this.o.idlePollMs;
-    const pool = this.poolFor(w);
-    const room = pool - state.inFlight;
-    if (room <= 0) return Math.min(this.o.idlePollMs, 50); // a settle here pokes; another node's does not
-    const tokens = takeable(state, state.dbNow);
-    if (tokens < 1) return Math.min(this.o.idlePollMs, Math.max(1, msUntilTokens(state, state.dbNow, 1)));
-    const maxTake = Math.min(room, tokens, this.o.leaseMax);
-    const candidates = await sched.loadCandidates(this.o.sql, w.classes, 32);
-    const order = classOrder(w.classes, this.oldestWaitMs, this.o.maxWaitMs);
-    let pick = pickQueue(candidates, order, maxTake);
-    if (!pick) return this.o.idlePollMs;
-    if (this.leasing.has(pick.queue.tenantId)) {
-      // Another loop here is leasing the fairest queue. Lease the next one in parallel only if it is
-      // within one lease of the front: parallel loops must not let a tenant that is ahead jump the queue.
-      const front = pick.queue;
-      const next = pickQueue(candidates.filter((c) => !this.leasing.has(c.tenantId)), order, maxTake);
-      const turn = Math.max(this.o.leaseMax, this.o.batchQuantum * front.weight) / front.weight;
-      if (!next || next.queue.jobClass !== front.jobClass || next.queue.vtime > front.vtime + turn) return Math.min(this.o.idlePollMs, 20);
-      pick = next;
-    }
-    const batchMax = this.o.batchMax ?? 1;
-    if (batchMax > 1) {
-      // The queue's next job batches: take up to a batch's worth (one pool slot, one token per item).
-      const head = await sched.headApi(this.o.sql, pick.queue.tenantId, pick.queue.jobClass);
-      const spec = head ? batchSpec(this.o.catalog, head) : null;
-      if (spec) {
-        const take = batchTake({ tokens, batchMax, apiMaxSize: spec.maxSize, capFree: pick.queue.cap - pick.queue.inFlight, singleTake: pick.take });
-        // A batch is a deficit-round-robin turn: at most BATCH_QUANTUM items per unit of weight, so
-        // tenants taking turns (in sequence or in parallel loops) get items in proportion to weight.
-        pick = { ...pick, take: Math.max(pick.take, Math.min(take, this.o.batchQuantum * pick.queue.weight)) };
-      }
-    }
-    this.leasing.add(pick.queue.tenantId);
-    let leased: Leased;
-    try {
-      leased = await this.lease(w, pick, pool, room);
-    } finally {
-      this.leasing.delete(pick.queue.tenantId);
-    }
-    for (const a of leased.singles) this.track(this.run(w, a));
-    for (const b of leased.batches) this.track(this.runBatch(w, b));
-    return 0;
+    if (pool - state.inFlight <= 0) return Math.min(this.o.idlePollMs, 50); // a settle here pokes; another node's does not
+    if (takeable(state, state.dbNow) < 1) return Math.min(this.o.idlePollMs, Math.max(1, msUntilTokens(state, state.dbNow, 1)));
+    return this.o.idlePollMs;
   }
 
   /**
-   * The dispatch transaction: cap, fetch, claim, quota, tokens, virtual time,
-   * all or nothing.
+   * The lease: one call of sluice_lease (cap, fetch, claim, quota, tokens,
+   * virtual time, all or nothing, for many tenants), then its rows grouped
+   * into calls: each batch turn is one batch call (items deduplicated), the
+   * rest single calls.
    */
-  private async lease(w: WindowSpec, pick: Pick, pool: number, room: number): Promise<Leased> {
-    const { sql, boss, catalog } = this.o;
-    const { tenantId, jobClass } = pick.queue;
-    const queue = queueName(tenantId, jobClass);
-    const events: JobEvent[] = [];
-    const probes: string[] = [];
-    // The reservations' leases start inside the transaction, after this instant.
+  private async lease(w: WindowSpec, pool: number, order: readonly JobClass[], hold: readonly string[]): Promise<Leased> {
+    const { catalog } = this.o;
+    // The reservations' leases start inside the call, after this instant.
     const deadline = Date.now() + this.leaseMs();
-    const attempts = await sql.begin(async (tx) => {
-      const db = inTransaction(tx);
-      const slots = await sched.claimTenantSlots(tx, tenantId, pick.take);
-      if (slots.granted === 0) return { singles: [], batches: [] };
-      const fetched = await boss.fetch<JobData>(queue, { batchSize: slots.granted, includeMetadata: true, db });
-      if (fetched.length === 0) {
-        await sched.releaseTenantSlots(tx, tenantId, slots.granted);
-        await sched.refreshReadyAt(tx, tenantId, jobClass);
-        return { singles: [], batches: [] };
-      }
-      const claimed = await claimJobs(tx, fetched.map((j) => j.id));
-      // Cancelled or finished meanwhile: acknowledge without a call.
-      const gone = fetched.filter((j) => !claimed.has(j.id));
-      if (gone.length > 0) await boss.complete(queue, gone.map((j) => j.id), null, { db });
-      const claimedLive = fetched.filter((j) => claimed.has(j.id));
-      // Jobs for an API whose breaker is open wait for its probe; they take no token and no credit.
-      const verdicts = claimedLive.map((j) => ({ j, v: this.o.breakers.admit(j.data.api) }));
-      for (const { j, v } of verdicts) if (v === 'probe') probes.push(j.data.api);
-      const admitted = new Set(verdicts.filter((x) => x.v !== 'hold').map((x) => x.j.id));
-      const held = claimedLive.filter((j) => !admitted.has(j.id));
-      if (held.length > 0) await this.holdForBreaker(tx, queue, tenantId, jobClass, held, events);
-      const live = claimedLive.filter((j) => admitted.has(j.id));
-
-      const period = quotaPeriod(slots.periodAnchor, new Date());
-      const ledger = await sched.lockLedger(tx, tenantId, period.start);
-      const costs = live.map((j) => catalog.get(j.data.api)?.creditCost ?? 1);
-      const fit = fitCount(ledger.billed, ledger.reserved, slots.quota, costs);
-      const go = live.slice(0, fit);
-      const over = live.slice(fit);
-      if (over.length > 0) await this.overQuota(tx, queue, tenantId, slots.quotaPolicy, over, costs[fit]!, events);
-
-      // Group by API into batch calls (deduplicated) and single calls, within the window's room.
-      const plan = planLease(go.map((j) => j.data), catalog, room, this.o.batchMax ?? 1);
-      if (plan.back.length > 0) {
-        const back = plan.back.map((i) => go[i]!);
-        await unclaimJobs(tx, back.map((j) => j.id), 'QUEUED');
-        await reinsertJobs(boss, tx, queue, back);
-        for (const j of back) events.push({ jobId: j.id, tenantId, state: 'QUEUED' });
-      }
-      const kept = go.length - plan.back.length;
-      await sched.releaseTenantSlots(tx, tenantId, slots.granted - kept);
-      const attemptOf = new Map<number, Attempt>();
-      const rows: sched.ReservationRow[] = [];
-      const add = (i: number, windowSlot: boolean) => {
-        const job = go[i]!;
-        const row = { id: randomUUID(), jobId: job.id, attempt: claimed.get(job.id)!, credits: costs[i]!, windowSlot };
-        rows.push(row);
-        attemptOf.set(i, { queue, jobClass, job, attempt: row.attempt, reservationId: row.id, credits: row.credits, deadline, abort: new AbortController() });
-      };
-      for (const i of plan.singles) add(i, true);
-      // A batch holds one pool slot: its first job's reservation carries it.
-      for (const b of plan.batches) b.items.flatMap((it) => it.jobs).forEach((i, k) => add(i, k === 0));
-      if (rows.length > 0) {
-        await sched.reserve(tx, tenantId, period.start, w.name, this.o.nodeId, rows, this.o.leaseSeconds);
-        // Fair share counts jobs, batched or not: a batch advances the queue by its item count.
-        await sched.advanceQueue(tx, tenantId, jobClass, rows.length, slots.weight);
-      }
-      // The window (the hot row) last, in the lock order; it changed under us: decide again.
-      if (kept > 0 && !(await sched.takeWindow(tx, w.name, plan.tokens, pool, plan.slots))) throw new LostRace();
-      for (const r of rows) events.push({ jobId: r.jobId, tenantId, state: 'RUNNING' });
-      await publishJobEvents(tx, events);
-      if (rows.length > 0) this.o.metrics?.dispatched(w.name, jobClass, rows.length);
-      return {
-        singles: plan.singles.map((i) => attemptOf.get(i)!),
-        batches: plan.batches.map((b) => ({ api: b.api, items: b.items.map((it) => ({ attempts: it.jobs.map((i) => attemptOf.get(i)!) })) })),
-      };
-    }).catch((err) => {
-      for (const api of probes) this.o.breakers.release(api);
-      throw err;
+    const batchMax = this.o.batchMax ?? 1;
+    const rows = await sched.leaseJobs(this.o.sql, {
+      window: w.name,
+      nodeId: this.o.nodeId,
+      pool,
+      max: LEASE_CALL_MAX,
+      leaseMax: this.o.leaseMax,
+      classes: order,
+      leaseSeconds: this.o.leaseSeconds,
+      costs: leaseCosts(catalog),
+      hold,
+      batch: batchMax > 1 ? leaseBatchSpecs(catalog) : {},
+      batchMax,
+      batchQuantum: this.o.batchQuantum,
     });
-    // A probe admitted but not sent (over quota, say) must not hold its API's breaker half-open forever.
-    const sent = [...attempts.singles.map((a) => a.job.data.api), ...attempts.batches.map((b) => b.api)];
-    for (const api of probes) if (!sent.includes(api)) this.o.breakers.release(api);
-    for (const a of [...attempts.singles, ...attempts.batches.flatMap((b) => b.items.flatMap((it) => it.attempts))]) this.open.set(a.reservationId, a);
-    return attempts;
-  }
-
-  /**
-   * The next job would pass the tenant's quota. WAIT: the tenant's jobs wait,
-   * visibly, in WAITING_QUOTA until the sweeper sees room again. FAIL: that job
-   * fails with QUOTA_EXCEEDED. Either way the jobs not run go back to pg-boss.
-   */
-  private async overQuota(
-    tx: postgres.TransactionSql,
-    queue: string,
-    tenantId: string,
-    policy: 'WAIT' | 'FAIL',
-    over: JobWithMetadata<JobData>[],
-    neededCost: number,
-    events: JobEvent[],
-  ): Promise<void> {
-    const { boss } = this.o;
-    const db = inTransaction(tx);
-    let back = over;
-    if (policy === 'FAIL') {
-      const [first, ...rest] = over;
-      back = rest;
-      await upsertResult(tx, first!.id, { data: null, errorCode: 'QUOTA_EXCEEDED', errorMessage: `the tenant's monthly credit quota has no room for this job (${neededCost} credits)`, httpStatus: null, creditsBilled: 0, attempts: 0 });
-      await tx`update jobs set state = 'FAILED', attempts = greatest(attempts - 1, 0), finished_at = now(), updated_at = now() where id = ${first!.id}`;
-      await boss.complete(queue, first!.id, null, { db });
-      events.push({ jobId: first!.id, tenantId, state: 'FAILED' });
+    const out: Leased = { singles: [], batches: [] };
+    const turns = new Map<number, BatchAttempt>();
+    const perClass = new Map<JobClass, number>();
+    for (const r of rows) {
+      const a: Attempt = {
+        queue: r.queue,
+        jobClass: r.jobClass,
+        job: { id: r.jobId, data: r.data },
+        attempt: r.attempt,
+        reservationId: r.reservationId,
+        credits: r.credits,
+        deadline,
+        abort: new AbortController(),
+      };
+      this.open.set(a.reservationId, a);
+      perClass.set(r.jobClass, (perClass.get(r.jobClass) ?? 0) + 1);
+      if (!r.batched) {
+        out.singles.push(a);
+        continue;
+      }
+      let b = turns.get(r.turn);
+      if (!b) {
+        b = { api: r.data.api, items: [] };
+        turns.set(r.turn, b);
+        out.batches.push(b);
+      }
+      // Duplicates ride on the first job with their input (only that one is sent and billed).
+      const key = dedupKey(r.data.api, r.data.params);
+      const item = b.items.find((it) => dedupKey(it.attempts[0]!.job.data.api, it.attempts[0]!.job.data.params) === key);
+      if (item) item.attempts.push(a);
+      else b.items.push({ attempts: [a] });
     }
-    if (back.length === 0) return;
-    await unclaimJobs(tx, back.map((j) => j.id), policy === 'WAIT' ? 'WAITING_QUOTA' : 'QUEUED');
-    await reinsertJobs(boss, tx, queue, back);
-    if (policy === 'WAIT') {
-      const waiting = await sched.blockForQuota(tx, tenantId, neededCost);
-      for (const id of waiting) events.push({ jobId: id, tenantId, state: 'WAITING_QUOTA' });
-    }
-  }
-
-  /** Puts jobs back until their API's breaker lets a probe through. */
-  private async holdForBreaker(tx: postgres.TransactionSql, queue: string, tenantId: string, jobClass: JobClass, held: JobWithMetadata<JobData>[], events: JobEvent[]): Promise<void> {
-    const db = inTransaction(tx);
-    // Until the probe is due, or (with a probe out) a second from now.
-    const retryAt = Math.max(...held.map((j) => this.o.breakers.retryAt(j.data.api) ?? 0));
-    const startAfter = new Date(Math.max(retryAt, Date.now() + 1000));
-    await unclaimJobs(tx, held.map((j) => j.id), 'QUEUED', startAfter);
-    await reinsertJobs(this.o.boss, tx, queue, held.map((j) => ({ id: j.id, data: j.data, startAfter })));
-    // The queue's other jobs for those APIs wait too, so the next decisions serve its other APIs
-    // (and other tenants) instead of fetching and holding them one by one.
-    await deferApiJobs(tx, queue, tenantId, jobClass, [...new Set(held.map((j) => j.data.api))], startAfter);
-    await sched.markQueuesReady(tx, tenantId, [jobClass], startAfter);
-    for (const j of held) events.push({ jobId: j.id, tenantId, state: 'QUEUED' });
+    for (const [jobClass, n] of perClass) this.o.metrics?.dispatched(w.name, jobClass, n);
+    return out;
   }
 
   private track(p: Promise<void>): void {
@@ -613,7 +556,8 @@ export class Dispatcher {
    * One settlement transaction for many attempts, in the lock order:
    * the reservations still open (the fence: a superseded attempt changes
    * nothing), their tenants in id order, each job's state, result and
-   * pg-boss ack (I6: the ack commits with the stored result), then the
+   * pg-boss ack (I6: the ack commits with the stored result; retries one by
+   * one, final states all in one statement, sluice_finish_jobs), then the
    * reservations' bills and slots in one statement (sluice_settle: ledger,
    * then the windows, the hot rows, last), then the account reactions (a
    * rate-limit 429 pauses the window on every node, I2) and the events.
@@ -625,7 +569,17 @@ export class Dispatcher {
       const settling = items.filter((x) => live.has(x.a.reservationId));
       await sched.lockTenants(tx, settling.map((x) => x.a.job.data.tenantId));
       const events: JobEvent[] = [];
-      for (const x of settling) events.push(...(await this.applyJobState(tx, x.a, x.outcome, x.s)));
+      // Retries and put-backs one by one (re-inserted in pg-boss); final states all in one statement.
+      const finals: Array<{ x: (typeof settling)[number]; state: 'SUCCEEDED' | 'FAILED' }> = [];
+      for (const x of settling) {
+        if (x.s.plan.action === 'requeue') events.push(...(await this.requeue(tx, x.a, x.outcome, x.s)));
+        else finals.push({ x, state: x.s.plan.action === 'succeed' ? 'SUCCEEDED' : 'FAILED' });
+      }
+      const finished = await finishJobs(
+        tx,
+        finals.map(({ x, state }) => ({ id: x.a.job.id, attempt: x.a.attempt, state, queue: x.a.queue, result: this.result(x.outcome, x.s.billed, x.a.attempt) })),
+      );
+      for (const { x, state } of finals) if (finished.has(x.a.job.id)) events.push({ jobId: x.a.job.id, tenantId: x.a.job.data.tenantId, state });
       await sched.settleReservations(tx, settling.map((x) => ({ id: x.a.reservationId, billed: x.s.billed, outcome: x.outcome.kind })));
       // A provider signal is about the account, whoever's attempt carried it: react even when superseded.
       for (const u of units) for (const o of u.reactions) await this.react(tx, u.w, o);
@@ -649,27 +603,19 @@ export class Dispatcher {
     return { plan, billed };
   }
 
-  /** The job's next state, its result and the pg-boss acknowledgement, fenced by the attempt; returns the events to publish. */
-  private async applyJobState(tx: postgres.TransactionSql, a: Attempt, outcome: CallOutcome, s: { plan: ReturnType<typeof planSettlement>; billed: number }): Promise<JobEvent[]> {
-    const { boss } = this.o;
+  /** A retry or put-back: the job back to QUEUED after its delay, its result, re-inserted in pg-boss, fenced by the attempt. */
+  private async requeue(tx: postgres.TransactionSql, a: Attempt, outcome: CallOutcome, s: { plan: ReturnType<typeof planSettlement>; billed: number }): Promise<JobEvent[]> {
     const { tenantId } = a.job.data;
     const { plan, billed } = s;
-    const db = inTransaction(tx);
-    if (plan.action === 'requeue') {
-      if (!(await requeueJob(tx, a.job.id, a.attempt, plan.countsAsAttempt, plan.delaySeconds))) return [];
-      await this.storeResult(tx, a, outcome, billed, plan.countsAsAttempt ? a.attempt : a.attempt - 1);
-      // Delete and re-insert under the same id: the job waits out its delay
-      // without spending pg-boss's own retry budget, kept for crash redelivery.
-      const startAfter = new Date(Date.now() + plan.delaySeconds * 1000);
-      await reinsertJobs(boss, tx, a.queue, [{ id: a.job.id, data: a.job.data, startAfter }]);
-      await sched.markQueuesReady(tx, tenantId, [a.jobClass], startAfter);
-      return [{ jobId: a.job.id, tenantId, state: 'QUEUED' }];
-    }
-    const state = plan.action === 'succeed' ? 'SUCCEEDED' : 'FAILED';
-    if (!(await finishJob(tx, a.job.id, a.attempt, state))) return [];
-    await this.storeResult(tx, a, outcome, billed, a.attempt);
-    await boss.complete(a.queue, a.job.id, null, { db });
-    return [{ jobId: a.job.id, tenantId, state }];
+    if (plan.action !== 'requeue') return [];
+    if (!(await requeueJob(tx, a.job.id, a.attempt, plan.countsAsAttempt, plan.delaySeconds))) return [];
+    await upsertResult(tx, a.job.id, this.result(outcome, billed, plan.countsAsAttempt ? a.attempt : a.attempt - 1));
+    // Delete and re-insert under the same id: the job waits out its delay
+    // without spending pg-boss's own retry budget, kept for crash redelivery.
+    const startAfter = new Date(Date.now() + plan.delaySeconds * 1000);
+    await reinsertJobs(this.o.boss, tx, a.queue, [{ id: a.job.id, data: a.job.data, startAfter }]);
+    await sched.markQueuesReady(tx, tenantId, [a.jobClass], startAfter);
+    return [{ jobId: a.job.id, tenantId, state: 'QUEUED' }];
   }
 
   /**
@@ -699,14 +645,14 @@ export class Dispatcher {
     }
   }
 
-  private storeResult(tx: postgres.TransactionSql, a: Attempt, outcome: CallOutcome, billed: number, attempts: number) {
-    return upsertResult(tx, a.job.id, {
+  private result(outcome: CallOutcome, billed: number, attempts: number): ResultRecord {
+    return {
       data: outcome.kind === 'billed' ? outcome.data : null,
       errorCode: errorCodeFor(outcome.kind),
       errorMessage: outcome.message,
       httpStatus: outcome.httpStatus,
       creditsBilled: billed,
       attempts,
-    });
+    };
   }
 }

@@ -169,34 +169,6 @@ export async function cancelQueuedJob(tx: Tx, tenantId: string, id: string): Pro
   return (rows[0]?.priority as JobClass) ?? null;
 }
 
-/**
- * Claims fetched jobs for an upstream attempt: → RUNNING, attempts + 1. The
- * new attempt number fences the attempt: settling it later only succeeds
- * while the job is still on that attempt. Only waiting jobs are claimed: a
- * RUNNING job has a live attempt until the sweeper finds its attempt lease
- * expired and puts it back (the one liveness authority), so a pg-boss
- * redelivery of it never leads to a second call. Jobs cancelled, finished
- * or running are not returned.
- */
-export async function claimJobs(tx: Tx, ids: readonly string[]): Promise<Map<string, number>> {
-  if (ids.length === 0) return new Map();
-  const rows = await tx`
-    update jobs set state = 'RUNNING', attempts = attempts + 1,
-      started_at = coalesce(started_at, now()), updated_at = now()
-    where id = any(${ids as string[]}::uuid[]) and state in ('QUEUED', 'WAITING_QUOTA')
-    returning id, attempts`;
-  return new Map(rows.map((r) => [r.id as string, r.attempts as number]));
-}
-
-/** Undoes a claim inside the dispatch transaction (the job did not fit the quota). */
-export async function unclaimJobs(tx: Tx, ids: readonly string[], state: 'QUEUED' | 'WAITING_QUOTA', runAfter: Date | null = null): Promise<void> {
-  if (ids.length === 0) return;
-  await tx`
-    update jobs set state = ${state}, attempts = greatest(attempts - 1, 0), updated_at = now(),
-      run_after = coalesce(${runAfter}::timestamptz, run_after)
-    where id = any(${ids as string[]}::uuid[]) and state = 'RUNNING'`;
-}
-
 export interface ResultRecord {
   data: unknown;
   errorCode: string | null;
@@ -218,12 +190,36 @@ export async function upsertResult(tx: Tx, jobId: string, r: ResultRecord): Prom
       attempts = excluded.attempts, updated_at = now()`;
 }
 
-/** RUNNING (on this attempt) → a final state. Returns false when another actor moved the job on. */
-export async function finishJob(tx: Tx, id: string, attempt: number, state: 'SUCCEEDED' | 'FAILED'): Promise<boolean> {
-  const rows = await tx`
-    update jobs set state = ${state}, finished_at = now(), updated_at = now()
-    where id = ${id} and state = 'RUNNING' and attempts = ${attempt} returning id`;
-  return rows.length > 0;
+export interface FinishedJob {
+  id: string;
+  attempt: number;
+  state: 'SUCCEEDED' | 'FAILED';
+  /** The pg-boss queue it was fetched from (its ack). */
+  queue: string;
+  result: ResultRecord;
+}
+
+/**
+ * finishJob, its result (upsertResult) and its pg-boss ack for many jobs in
+ * ONE statement (sluice_finish_jobs, migration 0013), each fenced by its
+ * attempt. Returns the ids it finished; the others had moved on.
+ */
+export async function finishJobs(tx: Tx, jobs: readonly FinishedJob[]): Promise<Set<string>> {
+  if (jobs.length === 0) return new Set();
+  const items = jobs.map((j) => ({
+    id: j.id,
+    attempt: j.attempt,
+    state: j.state,
+    queue: j.queue,
+    data: j.result.data ?? null,
+    error_code: j.result.errorCode,
+    error_message: j.result.errorMessage,
+    http_status: j.result.httpStatus,
+    billed: j.result.creditsBilled,
+    attempts: j.result.attempts,
+  }));
+  const rows = await tx`select sluice_finish_jobs(${tx.json(items as never)}::jsonb) as id`;
+  return new Set(rows.map((r) => r.id as string));
 }
 
 /**

@@ -144,27 +144,6 @@ export function inTransaction(tx: Sql | postgres.TransactionSql) {
 }
 
 /**
- * Defers a queue's waiting jobs for some APIs until `until`: their breaker is
- * open. pg-boss has no bulk "start later" call, so this updates its job table
- * directly (documented as supported for such uses) together with our rows.
- */
-export async function deferApiJobs(
-  tx: postgres.TransactionSql,
-  queue: string,
-  tenantId: string,
-  jobClass: JobClass,
-  apis: readonly string[],
-  until: Date,
-): Promise<void> {
-  await tx`
-    update pgboss.job set start_after = ${until}
-    where name = ${queue} and state in ('created', 'retry') and data->>'api' = any(${apis as string[]}::text[]) and start_after < ${until}`;
-  await tx`
-    update jobs set run_after = ${until}
-    where tenant_id = ${tenantId} and priority = ${jobClass} and state = 'QUEUED' and api = any(${apis as string[]}::text[]) and run_after < ${until}`;
-}
-
-/**
  * Queues created before the attempt lease had a pg-boss heartbeat: turn it
  * off (one statement at start), so pg-boss's monitor never expires a live
  * attempt on its own. Tenant queues only (`t.` prefix).

@@ -9,13 +9,15 @@
  * are locked in the one order written in docs/ARCHITECTURE.md ("Lock order"):
  * reservations → sched_tenants (id order) → pgboss.job / jobs → sched_queues
  * → job_results → tenant_ledger → sched_classes → windows → account_state,
- * so lease, settle, sweep, cancel and submit cannot deadlock each other.
+ * so lease, settle, sweep, cancel and submit cannot deadlock each other. The
+ * lease (sluice_lease, migration 0013) waits only for its first tenant row
+ * (holding nothing else) and takes later ones SKIP LOCKED, so it never waits
+ * out of id order.
  */
 import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
 import { CLASSES, type JobClass } from '../queue/boss.ts';
 import { effectiveLimits, type TenantRecord } from '../tenants/policy.ts';
-import type { QueueCandidate } from './fair.ts';
 import type { BucketState } from './pacer.ts';
 import type { WindowSpec } from './windows.ts';
 
@@ -69,50 +71,6 @@ export async function markManyQueuesReady(tx: Tx, queues: ReadonlyArray<{ tenant
       -- saves a row version (and WAL) per queue per group. An UPDATE evaluates this on the row's
       -- latest version (after waiting for a concurrent writer), so no concurrent change is missed.
       and (q.ready_at is null or q.ready_at > least(now(), coalesce(${at}::timestamptz, now())))`;
-}
-
-/**
- * After a fetch found nothing: the queue is ready again when its earliest
- * queued job is (null: it is empty).
- */
-export async function refreshReadyAt(tx: Tx, tenantId: string, jobClass: JobClass): Promise<Date | null> {
-  // Jobs we count as ready that pg-boss would not hand out are on their way back
-  // (a crashed worker's job waits for pg-boss's heartbeat check): look again in a second.
-  const [row] = await tx`
-    update sched_queues set ready_at = (
-      select greatest(min(run_after), now() + interval '1 second') from jobs
-      where tenant_id = ${tenantId} and priority = ${jobClass} and state = 'QUEUED')
-    where tenant_id = ${tenantId} and class = ${jobClass}
-    returning ready_at`;
-  return (row?.ready_at as Date | null) ?? null;
-}
-
-/**
- * The eligible busy queues with the smallest virtual times, per class: what a
- * decision reads. Eligibility (under cap, not quota-blocked) is filtered
- * before the limit: queues that cannot be served stop advancing their
- * virtual time, so ordering first would let them crowd out everyone else.
- */
-export async function loadCandidates(sql: Tx, classes: readonly JobClass[], perClass: number): Promise<QueueCandidate[]> {
-  const rows = await sql`
-    select q.tenant_id, q.class, q.vtime, q.weight, q.in_flight, q.cap, q.quota_blocked
-    from unnest(${classes as string[]}::text[]) as c(class)
-    cross join lateral (
-      select q.tenant_id, q.class, q.vtime, t.weight, t.in_flight, t.cap, t.quota_blocked
-      from sched_queues q join sched_tenants t on t.tenant_id = q.tenant_id
-      where q.class = c.class and q.ready_at is not null and q.ready_at <= now()
-        and t.in_flight < t.cap and not t.quota_blocked and not t.suspended
-      order by q.vtime limit ${perClass}
-    ) q`;
-  return rows.map((r) => ({
-    tenantId: r.tenant_id as string,
-    jobClass: r.class as JobClass,
-    vtime: r.vtime as number,
-    weight: r.weight as number,
-    inFlight: r.in_flight as number,
-    cap: r.cap as number,
-    quotaBlocked: r.quota_blocked as boolean,
-  }));
 }
 
 /**
@@ -234,130 +192,76 @@ export async function readBreakers(sql: Tx): Promise<Array<{ api: string; state:
   return rows.map((r) => ({ api: r.api as string, state: r.state as string, openedAt: r.opened_at as Date | null, retryAt: r.retry_at as Date | null }));
 }
 
-/* ---------- the dispatch transaction ---------- */
+/* ---------- the lease ---------- */
 
-/** The API of the queue's next ready job (what pg-boss will hand out first), or null. */
-export async function headApi(sql: Tx, tenantId: string, jobClass: JobClass): Promise<string | null> {
-  const [r] = await sql`
-    select api from jobs where tenant_id = ${tenantId} and priority = ${jobClass} and state = 'QUEUED' and run_after <= now()
-    order by created_at limit 1`;
-  return (r?.api as string | undefined) ?? null;
-}
+/** sluice_lease found the window's tokens or slots gone meanwhile (a pause, another node): decide again. */
+export class LeaseRace extends Error {}
 
-/** Takes up to `want` of the tenant's free in-flight slots; returns how many (0 when at cap or quota-blocked). */
-export async function claimTenantSlots(tx: Tx, tenantId: string, want: number): Promise<{ granted: number; weight: number; quota: number; quotaPolicy: 'WAIT' | 'FAIL'; periodAnchor: Date }> {
-  const [row] = await tx`
-    with cur as (
-      select tenant_id, least(${want}::int, cap - in_flight) as n from sched_tenants
-      where tenant_id = ${tenantId} and in_flight < cap and not quota_blocked and not suspended
-      for update
-    )
-    update sched_tenants t set in_flight = t.in_flight + cur.n
-    from cur where t.tenant_id = cur.tenant_id and cur.n > 0
-    returning cur.n as granted, t.weight, t.quota, t.quota_policy, t.period_anchor`;
-  if (!row) return { granted: 0, weight: 1, quota: 0, quotaPolicy: 'WAIT', periodAnchor: new Date() };
-  return {
-    granted: row.granted as number,
-    weight: row.weight as number,
-    quota: Number(row.quota),
-    quotaPolicy: row.quota_policy as 'WAIT' | 'FAIL',
-    periodAnchor: row.period_anchor as Date,
-  };
-}
+/** Another lease of the window is under way (sluice_lease does not wait for it): lease again soon. */
+export class LeaseBusy extends Error {}
 
-export async function releaseTenantSlots(tx: Tx, tenantId: string, n: number): Promise<void> {
-  if (n <= 0) return;
-  await tx`update sched_tenants set in_flight = greatest(0, in_flight - ${n}) where tenant_id = ${tenantId}`;
-}
-
-/** The tenant's ledger row for the period, locked, created on first use. */
-export async function lockLedger(tx: Tx, tenantId: string, periodStart: Date): Promise<{ billed: number; reserved: number }> {
-  await tx`insert into tenant_ledger (tenant_id, period_start) values (${tenantId}, ${periodStart}) on conflict do nothing`;
-  const [row] = await tx`
-    select billed, reserved from tenant_ledger where tenant_id = ${tenantId} and period_start = ${periodStart} for update`;
-  return { billed: Number(row!.billed), reserved: Number(row!.reserved) };
-}
-
-/**
- * Takes `n` tokens and `slots` in-flight slots (default `n`) of a window, only
- * if the window is not paused, has the tokens (continuous refill, same formula
- * as pacer.ts `tokensAt`) and stays within its pool. Returns false when it
- * cannot. A batch call takes one token per item sent and one slot.
- */
-export async function takeWindow(tx: Tx, window: string, n: number, pool: number, slots: number = n): Promise<boolean> {
-  const rows = await tx`
-    with w as (
-      select name, case when rate_per_minute is null then null
-        else least(burst, tokens + greatest(0, extract(epoch from (clock_timestamp() - refilled_at))) * rate_per_minute / 60.0) end as now_tokens
-      from windows where name = ${window} for update
-    )
-    update windows set
-      tokens = coalesce(w.now_tokens - ${n}, 0),
-      refilled_at = clock_timestamp(),
-      in_flight = windows.in_flight + ${slots}
-    from w
-    where windows.name = w.name
-      and (windows.paused_until is null or windows.paused_until <= clock_timestamp())
-      and not exists (select 1 from account_state a where a.dispatch_stopped_until > clock_timestamp())
-      and (w.now_tokens is null or w.now_tokens >= ${n} - 1e-9)
-      and windows.in_flight + ${slots} <= ${pool}
-    returning windows.name`;
-  return rows.length > 0;
-}
-
-export interface ReservationRow {
-  id: string;
+export interface LeaseRow {
+  /** The turn that took it: one queue's jobs; a batched turn is one batch call. */
+  turn: number;
+  reservationId: string;
   jobId: string;
   attempt: number;
+  tenantId: string;
+  jobClass: JobClass;
+  queue: string;
+  data: { tenantId: string; api: string; params: Record<string, unknown> };
   credits: number;
-  /** Whether settling it releases a window pool slot (default true; a batch's items share one). */
-  windowSlot?: boolean;
+  batched: boolean;
+  windowSlot: boolean;
 }
 
-/** Reserves credits and records the attempts' reservations (one row each). */
-export async function reserve(
-  tx: Tx,
-  tenantId: string,
-  periodStart: Date,
-  window: string,
-  nodeId: string,
-  rows: readonly ReservationRow[],
-  leaseSeconds: number,
-): Promise<void> {
-  const total = rows.reduce((s, r) => s + r.credits, 0);
-  await tx`update tenant_ledger set reserved = reserved + ${total} where tenant_id = ${tenantId} and period_start = ${periodStart}`;
-  // clock_timestamp(), not now(): the tenant's row lock was taken after any settlement it waited for
-  // committed, so a reservation's interval never appears to overlap one it actually followed.
-  const payload = rows.map((r) => ({ id: r.id, job_id: r.jobId, attempt: r.attempt, credits: r.credits, window_slot: r.windowSlot ?? true }));
-  await tx`
-    insert into reservations (id, job_id, attempt, tenant_id, period_start, "window", node_id, credits, window_slot, created_at, lease_expires_at)
-    select x.id, x.job_id, x.attempt, ${tenantId}, ${periodStart}, ${window}, ${nodeId}, x.credits, x.window_slot, clock_timestamp(),
-      clock_timestamp() + make_interval(secs => ${leaseSeconds})
-    from jsonb_to_recordset(${tx.json(payload as never)}::jsonb) as x(id uuid, job_id uuid, attempt int, credits int, window_slot boolean)`;
-}
-
-/** Serving `items` advances the queue's virtual time and its class's clock. */
-export async function advanceQueue(tx: Tx, tenantId: string, jobClass: JobClass, items: number, weight: number): Promise<void> {
-  const [row] = await tx`
-    update sched_queues set vtime = vtime + ${items}::float8 / ${weight}
-    where tenant_id = ${tenantId} and class = ${jobClass}
-    returning vtime - ${items}::float8 / ${weight} as served_at`;
-  if (row) await tx`update sched_classes set clock = greatest(clock, ${row.served_at as number}), served_at = now() where class = ${jobClass}`;
+export interface LeaseRequest {
+  window: string;
+  nodeId: string;
+  pool: number;
+  max: number;
+  leaseMax: number;
+  /** Classes in the order to serve them (fair.ts classOrder). */
+  classes: readonly JobClass[];
+  leaseSeconds: number;
+  costs: Record<string, number>;
+  hold: readonly string[];
+  batch: Record<string, [number, number]>;
+  batchMax: number;
+  batchQuantum: number;
 }
 
 /**
- * Policy WAIT: the tenant waits for quota; its queued jobs show WAITING_QUOTA.
- * Its queues go idle (ready_at null), so when the block lifts they rejoin at
- * the class clock instead of being owed the time they were blocked.
+ * The lease in ONE round trip (sluice_lease, migration 0013; pure model:
+ * lease.ts planPicks): fair order across tenants, caps, quotas, the window's
+ * tokens and pool, pg-boss activation, claims and reservations, in one call.
  */
-export async function blockForQuota(tx: Tx, tenantId: string, neededCost: number): Promise<string[]> {
-  await tx`update sched_tenants set quota_blocked = true, quota_blocked_cost = ${neededCost} where tenant_id = ${tenantId}`;
-  // jobs before sched_queues: the lock order (the depth trigger on jobs locks sched_queues).
-  const rows = await tx`
-    update jobs set state = 'WAITING_QUOTA', updated_at = now()
-    where tenant_id = ${tenantId} and state = 'QUEUED' returning id`;
-  await tx`update sched_queues set ready_at = null where tenant_id = ${tenantId}`;
-  return rows.map((r) => r.id as string);
+export async function leaseJobs(sql: Tx, r: LeaseRequest): Promise<LeaseRow[]> {
+  let rows;
+  try {
+    rows = await sql`
+      select * from sluice_lease(${r.window}, ${r.nodeId}, ${r.pool}, ${r.max}, ${r.leaseMax}, ${r.classes as string[]}::text[],
+        ${r.leaseSeconds}, ${sql.json(r.costs)}::jsonb, ${r.hold as string[]}::text[], ${sql.json(r.batch as never)}::jsonb,
+        ${r.batchMax}, ${r.batchQuantum})`;
+  } catch (err) {
+    const code = (err as { code?: string }).code;
+    if (code === 'SL409') throw new LeaseRace();
+    if (code === 'SL423') throw new LeaseBusy();
+    throw err;
+  }
+  return rows.map((x) => ({
+    turn: x.turn as number,
+    reservationId: x.reservation_id as string,
+    jobId: x.job_id as string,
+    attempt: x.attempt as number,
+    tenantId: x.tenant_id as string,
+    jobClass: x.class as JobClass,
+    queue: x.queue as string,
+    data: x.data as LeaseRow['data'],
+    credits: x.credits as number,
+    batched: x.batched as boolean,
+    windowSlot: x.window_slot as boolean,
+  }));
 }
 
 /* ---------- settlement ---------- */

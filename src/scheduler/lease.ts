@@ -1,0 +1,219 @@
+/**
+ * The lease's decisions, as a pure model: which jobs of which queues one
+ * lease call takes, in which turns. Postgres makes these decisions for real
+ * in ONE call (`sluice_lease`, drizzle/0013_lease.sql); this model states the
+ * same rules in TypeScript, and test/lease-differential.test.ts checks that
+ * the two pick the same jobs for the same inputs.
+ *
+ * One turn at a time, until the call's job budget, the window's room (pool
+ * slots) or its tokens run out, or no queue is eligible:
+ * - the queue: the first class in the given order (the dispatcher's class
+ *   order: starving classes first) with an eligible ready queue, and in it the
+ *   smallest virtual time, ties by tenant id (fair.ts pickQueue);
+ * - the take: at most LEASE_MAX, the tenant's free cap, the window's room and
+ *   tokens, and the quantum to the next queue (items before its virtual time
+ *   passes the next queue's, at least one). When the queue's head job's API
+ *   batches, a batch turn instead: up to a batch's worth of that API's jobs
+ *   (batching.ts batchTake, at most BATCH_QUANTUM x weight), one pool slot,
+ *   one token per distinct input; with fewer distinct inputs than the API's
+ *   minimum batch they go as single calls;
+ * - the quota: the prefix of the jobs whose credits fit on top of what the
+ *   period has billed and reserved; the first that does not fit blocks the
+ *   tenant (policy WAIT) or fails (policy FAIL), and the queue is done for
+ *   this call;
+ * - a queue that had fewer ready jobs than its take (of any API) has nothing
+ *   more for this call;
+ * - fair share counts jobs: the queue's virtual time advances by the jobs it
+ *   took / weight (a batch of 50 costs 50 items), and the class clock becomes
+ *   the largest virtual time served.
+ */
+import type { ApiCatalog } from '../config/apis.ts';
+import { batchSpec } from '../dispatch/batching.ts';
+import type { JobClass } from '../queue/boss.ts';
+
+/** Credits per API for the lease (unknown APIs cost 1). */
+export function leaseCosts(catalog: ApiCatalog): Record<string, number> {
+  return Object.fromEntries([...catalog.values()].map((s) => [s.name, s.creditCost]));
+}
+
+/** The APIs that batch, as [maxSize, minSize] (batching.ts batchSpec). */
+export function leaseBatchSpecs(catalog: ApiCatalog): Record<string, [number, number]> {
+  const out: Record<string, [number, number]> = {};
+  for (const name of catalog.keys()) {
+    const spec = batchSpec(catalog, name);
+    if (spec) out[name] = [spec.maxSize, spec.minSize];
+  }
+  return out;
+}
+
+export interface LeaseQueue {
+  tenantId: string;
+  jobClass: JobClass;
+  vtime: number;
+  /** Has work ready now (sched_queues.ready_at <= now). */
+  ready: boolean;
+}
+
+export interface LeaseTenant {
+  tenantId: string;
+  weight: number;
+  cap: number;
+  inFlight: number;
+  quota: number;
+  /** Credits billed + reserved in the current period. */
+  used: number;
+  quotaPolicy: 'WAIT' | 'FAIL';
+  quotaBlocked: boolean;
+  suspended: boolean;
+}
+
+export interface LeaseJob {
+  id: string;
+  api: string;
+  params: Record<string, unknown>;
+}
+
+export interface LeaseInput {
+  /** Classes in the order to serve them (fair.ts classOrder). */
+  classes: readonly JobClass[];
+  queues: readonly LeaseQueue[];
+  tenants: readonly LeaseTenant[];
+  /** Each queue's jobs pg-boss would hand out, in its order; key `${tenantId}/${class}`. */
+  jobs: Readonly<Record<string, readonly LeaseJob[]>>;
+  /** Whole tokens the window has now (Infinity: no pacer). */
+  tokens: number;
+  /** Pool slots free: the pool minus the window's in-flight calls. */
+  room: number;
+  /** Most jobs the call takes. */
+  max: number;
+  leaseMax: number;
+  costs: Readonly<Record<string, number>>;
+  /** APIs whose jobs are held (open breakers). */
+  hold: readonly string[];
+  /** APIs that batch: [maxSize, minSize]. */
+  batch: Readonly<Record<string, readonly [number, number]>>;
+  batchMax: number;
+  batchQuantum: number;
+}
+
+export interface LeaseTurn {
+  tenantId: string;
+  jobClass: JobClass;
+  jobIds: string[];
+  /** One batch call (true) or single calls. */
+  batched: boolean;
+}
+
+export interface LeasePicks {
+  turns: LeaseTurn[];
+  /** Jobs failed with QUOTA_EXCEEDED (policy FAIL). */
+  failed: string[];
+  /** Tenants that now wait for quota (policy WAIT). */
+  blocked: string[];
+  /** Window pool slots and tokens the call takes. */
+  slots: number;
+  tokens: number;
+}
+
+const INT_MAX = 2147483647;
+
+/** Identical inputs (jsonb equality: key order does not matter). */
+function inputKey(params: Record<string, unknown>): string {
+  const norm = (v: unknown): unknown =>
+    v === null || typeof v !== 'object' ? v : Array.isArray(v) ? v.map(norm) : Object.fromEntries(Object.keys(v as object).sort().map((k) => [k, norm((v as Record<string, unknown>)[k])]));
+  return JSON.stringify(norm(params));
+}
+
+/** The picks of one lease call (pure; see the module comment). */
+export function planPicks(input: LeaseInput): LeasePicks {
+  const tenants = new Map(input.tenants.map((t) => [t.tenantId, { ...t }]));
+  const queues = input.queues.map((q) => ({ ...q }));
+  const left = new Map(Object.entries(input.jobs).map(([k, v]) => [k, [...v]]));
+  const out: LeasePicks = { turns: [], failed: [], blocked: [], slots: 0, tokens: 0 };
+  const tok = input.tokens === Number.POSITIVE_INFINITY ? INT_MAX : Math.floor(input.tokens + 1e-9);
+  const skip = new Set<string>();
+  let taken = 0;
+  const eligible = (q: (typeof queues)[number]) => {
+    const t = tenants.get(q.tenantId);
+    return !!t && q.ready && t.inFlight < t.cap && !t.quotaBlocked && !t.suspended && t.weight > 0 && !skip.has(`${q.tenantId}/${q.jobClass}`);
+  };
+  while (taken < input.max && out.slots < input.room && out.tokens < tok) {
+    let q: (typeof queues)[number] | undefined;
+    let next: (typeof queues)[number] | undefined;
+    for (const c of input.classes) {
+      const inClass = queues.filter((x) => x.jobClass === c && eligible(x));
+      inClass.sort((a, b) => a.vtime - b.vtime || (a.tenantId < b.tenantId ? -1 : a.tenantId > b.tenantId ? 1 : 0));
+      if (inClass.length > 0) {
+        q = inClass[0];
+        next = inClass[1];
+        break;
+      }
+    }
+    if (!q) break;
+    const t = tenants.get(q.tenantId)!;
+    const key = `${q.tenantId}/${q.jobClass}`;
+    const capFree = t.cap - t.inFlight;
+    const quantum = next ? Math.max(1, Math.floor((next.vtime - q.vtime) * t.weight) + 1) : INT_MAX;
+    let take = Math.max(1, Math.min(input.leaseMax, input.max - taken, input.room - out.slots, tok - out.tokens, capFree, quantum));
+    const ready = (left.get(key) ?? []).filter((j) => !input.hold.includes(j.api));
+    let batched = false;
+    let head: string | undefined;
+    if (input.batchMax > 1) {
+      head = ready[0]?.api;
+      const spec = head === undefined ? undefined : input.batch[head];
+      if (spec) {
+        batched = true;
+        const batchTake = Math.max(take, Math.min(tok - out.tokens, input.batchMax, spec[0], capFree), 1);
+        take = Math.max(take, Math.min(batchTake, input.batchQuantum * t.weight), 1);
+        take = Math.min(take, input.max - taken);
+      }
+    }
+    let jobs = ready.filter((j) => !batched || j.api === head).slice(0, take);
+    // Fewer ready jobs than the take (of any API): nothing more for this call after this turn.
+    const exhausted = jobs.length < take && !batched;
+    if (jobs.length === 0) {
+      skip.add(key);
+      continue;
+    }
+    if (batched && new Set(jobs.map((j) => inputKey(j.params))).size < input.batch[head!]![1]) batched = false;
+    if (!batched) jobs = jobs.slice(0, Math.min(input.room - out.slots, tok - out.tokens));
+    const costs = jobs.map((j) => input.costs[j.api] ?? 1);
+    let used = t.used;
+    let fit = 0;
+    for (const cost of costs) {
+      if (used + cost > t.quota) break;
+      used += cost;
+      fit++;
+    }
+    if (fit < jobs.length) {
+      const over = jobs[fit]!;
+      if (t.quotaPolicy === 'FAIL') {
+        out.failed.push(over.id);
+        left.set(key, left.get(key)!.filter((j) => j.id !== over.id));
+      } else {
+        t.quotaBlocked = true;
+        out.blocked.push(t.tenantId);
+        for (const x of queues) if (x.tenantId === t.tenantId) x.ready = false;
+      }
+      skip.add(key);
+      jobs = jobs.slice(0, fit);
+      if (fit === 0) continue;
+    }
+    const ids = new Set(jobs.map((j) => j.id));
+    left.set(key, left.get(key)!.filter((j) => !ids.has(j.id)));
+    out.turns.push({ tenantId: t.tenantId, jobClass: q.jobClass, jobIds: jobs.map((j) => j.id), batched });
+    q.vtime = q.vtime + jobs.length / t.weight;
+    t.used = used;
+    t.inFlight += jobs.length;
+    taken += jobs.length;
+    if (batched) {
+      out.slots += 1;
+      out.tokens += new Set(jobs.map((j) => inputKey(j.params))).size;
+    } else {
+      out.slots += jobs.length;
+      out.tokens += jobs.length;
+    }
+    if (exhausted) skip.add(key);
+  }
+  return out;
+}

@@ -1,0 +1,198 @@
+/**
+ * The lease in SQL (sluice_lease, drizzle/0013_lease.sql) against its pure
+ * model (src/scheduler/lease.ts planPicks): for the same generated state
+ * (tenants' weights, caps, in-flight counts, quotas and policies; queues'
+ * virtual times and readiness; jobs with duplicate inputs, batching and
+ * non-batching APIs; the window's tokens and room; the class order, held
+ * APIs, LEASE_MAX, BATCH_MAX, BATCH_QUANTUM), both pick the same jobs in the
+ * same turns, fail and block the same, and take the same slots. Real
+ * Postgres, one call per run.
+ */
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import fc from 'fast-check';
+import postgres from 'postgres';
+import type { PgBoss } from 'pg-boss';
+import { CLASSES, inTransaction, queueName, startBoss, type JobClass } from '../src/queue/boss.ts';
+import { planPicks, type LeaseInput, type LeaseJob } from '../src/scheduler/lease.ts';
+import { leaseJobs } from '../src/scheduler/store.ts';
+import { startTestApp, type TestApp } from './helpers/app.ts';
+
+const TENANTS = 5;
+const WINDOW = 'lease-diff';
+const APIS = ['exchangerate', 'dnslookup', 'emailvalidator', 'other'] as const;
+const COSTS = { exchangerate: 1, dnslookup: 2, emailvalidator: 5 };
+const BATCH: Record<string, [number, number]> = { exchangerate: [4, 2], dnslookup: [200, 3] };
+
+let t: TestApp;
+let sql: postgres.Sql;
+let boss: PgBoss;
+let tenantIds: string[] = [];
+
+before(async () => {
+  t = await startTestApp({ SLUICE_ROLE: 'api' });
+  sql = postgres(t.databaseUrl, { max: 2, onnotice: () => {} });
+  boss = await startBoss(t.databaseUrl, { max: 2, supervise: false });
+  for (let i = 0; i < TENANTS; i++) tenantIds.push((await t.createTenant(`diff-${i}`, 'ENTERPRISE')).id);
+  tenantIds = tenantIds.sort();
+  await sql`insert into windows (name, rate_per_minute, burst, tokens) values (${WINDOW}, null, 0, 0) on conflict do nothing`;
+});
+
+after(async () => {
+  await boss?.stop({ graceful: false, close: true });
+  await sql?.end();
+  await t?.stop();
+});
+
+const tenantArb = fc.record({
+  weight: fc.integer({ min: 1, max: 4 }),
+  cap: fc.integer({ min: 1, max: 12 }),
+  inFlightShare: fc.integer({ min: 0, max: 4 }),
+  quota: fc.integer({ min: 0, max: 40 }),
+  used: fc.integer({ min: 0, max: 40 }),
+  fail: fc.boolean(),
+  blocked: fc.boolean().map((b) => b && Math.random() < 0.3),
+  suspended: fc.constantFrom(false, false, false, false, true),
+  queues: fc.array(
+    fc.record({
+      vtime4: fc.integer({ min: 0, max: 12 }),
+      ready: fc.constantFrom(true, true, true, false),
+      jobs: fc.array(fc.record({ api: fc.constantFrom(...APIS), p: fc.integer({ min: 0, max: 3 }) }), { maxLength: 9 }),
+    }),
+    { minLength: 3, maxLength: 3 },
+  ),
+});
+
+const caseArb = fc.record({
+  tenants: fc.array(tenantArb, { minLength: TENANTS, maxLength: TENANTS }),
+  classes: fc.shuffledSubarray([...CLASSES], { minLength: 1 }),
+  tokens: fc.oneof(fc.constant(Number.POSITIVE_INFINITY), fc.integer({ min: 0, max: 40 })),
+  room: fc.integer({ min: 0, max: 24 }),
+  max: fc.integer({ min: 1, max: 60 }),
+  leaseMax: fc.integer({ min: 1, max: 8 }),
+  hold: fc.subarray([...APIS], { maxLength: 2 }),
+  batchMax: fc.constantFrom(1, 3, 200, 200),
+  batchQuantum: fc.integer({ min: 1, max: 8 }),
+});
+
+type Case = typeof caseArb extends fc.Arbitrary<infer T> ? T : never;
+
+/** Writes the case into the database; returns the model's input (same state). */
+async function install(c: Case): Promise<LeaseInput> {
+  await sql`delete from reservations`;
+  await sql`delete from tenant_ledger`;
+  await sql`delete from jobs`;
+  await sql`delete from pgboss.job where name like 't.%'`;
+  const queues: LeaseInput['queues'][number][] = [];
+  const tenants: LeaseInput['tenants'][number][] = [];
+  const jobsByQueue: Record<string, LeaseJob[]> = {};
+  const input: LeaseInput = {
+    classes: c.classes as JobClass[],
+    queues,
+    tenants,
+    jobs: jobsByQueue,
+    tokens: c.tokens,
+    room: c.room,
+    max: c.max,
+    leaseMax: c.leaseMax,
+    costs: COSTS,
+    hold: c.hold,
+    batch: BATCH,
+    batchMax: c.batchMax,
+    batchQuantum: c.batchQuantum,
+  };
+  let seq = 0;
+  for (let i = 0; i < TENANTS; i++) {
+    const g = c.tenants[i]!;
+    const tenantId = tenantIds[i]!;
+    const inFlight = Math.min(g.cap, Math.floor((g.cap * g.inFlightShare) / 4));
+    await sql`
+      update sched_tenants set weight = ${g.weight}, cap = ${g.cap}, in_flight = ${inFlight}, quota = ${g.quota},
+        quota_policy = ${g.fail ? 'FAIL' : 'WAIT'}, quota_blocked = ${g.blocked}, suspended = ${g.suspended}, period_anchor = '2026-01-15T00:00:00Z'
+      where tenant_id = ${tenantId}`;
+    await sql`insert into tenant_ledger (tenant_id, period_start, billed) values (${tenantId}, sluice_quota_period('2026-01-15T00:00:00Z', now()), ${g.used})`;
+    tenants.push({ tenantId, weight: g.weight, cap: g.cap, inFlight, quota: g.quota, used: g.used, quotaPolicy: g.fail ? 'FAIL' : 'WAIT', quotaBlocked: g.blocked, suspended: g.suspended });
+    for (let k = 0; k < CLASSES.length; k++) {
+      const jobClass = CLASSES[k]!;
+      const q = g.queues[k]!;
+      const vtime = q.vtime4 / 4;
+      await sql`update sched_queues set vtime = ${vtime}, ready_at = ${q.ready ? sql`now() - interval '1 second'` : null} where tenant_id = ${tenantId} and class = ${jobClass}`;
+      queues.push({ tenantId, jobClass, vtime, ready: q.ready });
+      const jobs: LeaseJob[] = q.jobs.map((j) => ({ id: randomUUID(), api: j.api, params: { x: j.p } }));
+      jobsByQueue[`${tenantId}/${jobClass}`] = jobs;
+      if (jobs.length === 0) continue;
+      await sql.begin(async (tx) => {
+        await tx`
+          insert into jobs (id, tenant_id, api, params, priority, state)
+          select x.id, ${tenantId}, x.api, x.params, ${jobClass}, 'QUEUED'
+          from jsonb_to_recordset(${tx.json(jobs as never)}::jsonb) as x(id uuid, api text, params jsonb)`;
+        await boss.insert(queueName(tenantId, jobClass), jobs.map((j) => ({ id: j.id, data: { tenantId, api: j.api, params: j.params } })), { db: inTransaction(tx) });
+        // Distinct creation times: pg-boss hands jobs out by created_on, and a batch insert ties.
+        const order = jobs.map((j) => ({ id: j.id, s: seq++ }));
+        await tx`
+          update pgboss.job j set created_on = '2026-01-01T00:00:00Z'::timestamptz + make_interval(secs => x.s)
+          from jsonb_to_recordset(${tx.json(order as never)}::jsonb) as x(id uuid, s int) where j.id = x.id`;
+      });
+    }
+  }
+  const finite = c.tokens !== Number.POSITIVE_INFINITY;
+  // A pacer so slow that it refills nothing during the call: the model sees the same whole tokens.
+  await sql`
+    update windows set rate_per_minute = ${finite ? 1e-9 : null}, burst = ${finite ? c.tokens : 0}, tokens = ${finite ? c.tokens : 0},
+      refilled_at = now(), in_flight = 0, paused_until = null, pause_reason = null
+    where name = ${WINDOW}`;
+  await sql`update account_state set dispatch_stopped_until = null`;
+  return input;
+}
+
+test('sluice_lease picks what planPicks picks (100 generated states)', async () => {
+  const seen = { leased: 0, multiTenant: 0, batched: 0, failed: 0, blocked: 0 };
+  await fc.assert(
+    fc.asyncProperty(caseArb, async (c) => {
+      const input = await install(c);
+      const expected = planPicks(input);
+      const rows = await leaseJobs(sql, {
+        window: WINDOW,
+        nodeId: randomUUID(),
+        pool: c.room,
+        max: c.max,
+        leaseMax: c.leaseMax,
+        classes: c.classes as JobClass[],
+        leaseSeconds: 30,
+        costs: COSTS,
+        hold: c.hold,
+        batch: BATCH,
+        batchMax: c.batchMax,
+        batchQuantum: c.batchQuantum,
+      });
+      const turns = new Map<number, { tenantId: string; jobClass: JobClass; jobIds: string[]; batched: boolean }>();
+      for (const r of rows) {
+        const turn = turns.get(r.turn) ?? { tenantId: r.tenantId, jobClass: r.jobClass, jobIds: [], batched: r.batched };
+        turn.jobIds.push(r.jobId);
+        turns.set(r.turn, turn);
+      }
+      const actual = [...turns.entries()].sort((a, b) => a[0] - b[0]).map(([, v]) => v);
+      assert.deepEqual(actual, expected.turns);
+      if (actual.length > 0) seen.leased++;
+      if (new Set(actual.map((x) => x.tenantId)).size > 1) seen.multiTenant++;
+      if (actual.some((x) => x.batched)) seen.batched++;
+      if (expected.failed.length > 0) seen.failed++;
+      if (expected.blocked.length > 0) seen.blocked++;
+      const failed = (await sql`select id from jobs where state = 'FAILED'`).map((r) => r.id as string).sort();
+      assert.deepEqual(failed, [...expected.failed].sort(), 'quota FAIL');
+      const blocked = (await sql`select tenant_id from sched_tenants where quota_blocked`).map((r) => r.tenant_id as string).sort();
+      const expectBlocked = [...new Set([...input.tenants.filter((x) => x.quotaBlocked).map((x) => x.tenantId), ...expected.blocked])].sort();
+      assert.deepEqual(blocked, expectBlocked, 'quota WAIT');
+      const [w] = await sql`select in_flight from windows where name = ${WINDOW}`;
+      assert.equal(w!.in_flight, rows.length > 0 ? expected.slots : 0, 'window slots');
+      const running = (await sql`select count(*)::int as n from jobs where state = 'RUNNING'`)[0]!.n as number;
+      assert.equal(running, rows.length, 'claimed jobs');
+      const active = (await sql`select count(*)::int as n from pgboss.job where name like 't.%' and state = 'active'`)[0]!.n as number;
+      assert.equal(active, rows.length, 'pg-boss jobs activated');
+    }),
+    { numRuns: 100 },
+  );
+  // The generator reaches the interesting cases, not only empty leases.
+  for (const [k, n] of Object.entries(seen)) assert.ok(n >= 3, `${k}: ${n} of 100 runs`);
+});
