@@ -169,6 +169,31 @@ describe('KeyCache (in process, a database read stubbed by a map of keys)', () =
     assert.equal(needsRefresh({ expiresAt: 100 }, 51, 100), true);
   });
 
+  test('background refreshes due in one turn are one read (loadMany); a key revoked meanwhile is dropped', async () => {
+    let now = 0;
+    const keys = new Map([[hashSecret('k1'), record('t1')], [hashSecret('k2'), record('t2')]]);
+    const batches: string[][] = [];
+    const cache = new KeyCache({
+      ttlMs: 100,
+      load: async (h) => keys.get(h) ?? null,
+      loadMany: async (hs) => (batches.push([...hs]), new Map(hs.flatMap((h) => (keys.has(h) ? [[h, keys.get(h)!] as const] : [])))),
+      now: () => now,
+    });
+    await cache.lookup(hashSecret('k1'));
+    await cache.lookup(hashSecret('k2'));
+    now = 60;
+    keys.delete(hashSecret('k2')); // revoked (its notice is another test's business)
+    await Promise.all([cache.lookup(hashSecret('k1')), cache.lookup(hashSecret('k2')), cache.lookup(hashSecret('k1'))]);
+    await new Promise((r) => setImmediate(r));
+    await new Promise((r) => setImmediate(r));
+    assert.equal(batches.length, 1);
+    assert.deepEqual(batches[0]!.sort(), [hashSecret('k1'), hashSecret('k2')].sort());
+    assert.equal(cache.size, 1);
+    now = 105;
+    assert.equal((await cache.lookup(hashSecret('k1')))?.id, 't1');
+    assert.equal(await cache.lookup(hashSecret('k2')), null);
+  });
+
   test('a read that began before an invalidation does not store its answer', async () => {
     let release!: () => void;
     const gate = new Promise<void>((r) => (release = r));

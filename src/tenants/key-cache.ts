@@ -41,6 +41,11 @@ export interface KeyCacheOptions {
   ttlMs: number;
   /** The tenant whose live key has this hash, or null: the database read. */
   load: (keyHash: string) => Promise<TenantRecord | null>;
+  /**
+   * The live keys among many hashes, in one read: background refreshes due in
+   * the same turn of the event loop share it. Without it each refresh reads alone.
+   */
+  loadMany?: (keyHashes: readonly string[]) => Promise<ReadonlyMap<string, TenantRecord>>;
   /** At most this many keys are kept (oldest dropped first). */
   maxEntries?: number;
   now?: () => number;
@@ -62,7 +67,9 @@ export class KeyCache {
   private readonly pending = new Map<string, { epoch: number; promise: Promise<TenantRecord | null> }>();
   private epoch = 0;
   private unlisten: (() => Promise<void>) | null = null;
-  private readonly opts: Required<KeyCacheOptions>;
+  private readonly opts: Required<Omit<KeyCacheOptions, 'loadMany'>> & Pick<KeyCacheOptions, 'loadMany'>;
+  /** Keys due for a background refresh, read together on the next turn (loadMany). */
+  private refreshDue = new Set<string>();
   /** Database reads made (hits are lookups minus this); for tests and metrics. */
   loads = 0;
 
@@ -86,16 +93,50 @@ export class KeyCache {
       const hit = this.entries.get(hash);
       const now = this.opts.now();
       if (isFresh(hit, now)) {
-        if (needsRefresh(hit!, now, this.opts.ttlMs) && !this.pending.has(hash)) {
-          // A failed refresh changes nothing: the entry expires as it would have, and a later lookup reads.
-          this.reload(hash).catch(() => {});
-        }
+        if (needsRefresh(hit!, now, this.opts.ttlMs) && !this.pending.has(hash)) this.refreshAhead(hash);
         return hit!.tenant;
       }
       const inFlight = this.pending.get(hash);
       if (inFlight && inFlight.epoch === this.epoch) return inFlight.promise;
     }
     return this.reload(hash);
+  }
+
+  /**
+   * Reads a key again in the background. A failed refresh changes nothing: the
+   * entry expires as it would have, and a later lookup reads. With loadMany,
+   * the refreshes due in one turn are one statement (1,000 tenants' keys in
+   * turn made ~200 single reads a second at the 5 s TTL).
+   */
+  private refreshAhead(hash: string): void {
+    const loadMany = this.opts.loadMany;
+    if (!loadMany) {
+      this.reload(hash).catch(() => {});
+      return;
+    }
+    if (this.refreshDue.has(hash)) return;
+    this.refreshDue.add(hash);
+    if (this.refreshDue.size > 1) return; // a flush is already scheduled
+    setImmediate(() => {
+      const hashes = [...this.refreshDue];
+      this.refreshDue = new Set();
+      const epoch = this.epoch;
+      this.loads++;
+      const batch = loadMany(hashes);
+      for (const h of hashes) {
+        const promise = batch.then((found) => {
+          const tenant = found.get(h) ?? null;
+          if (epoch === this.epoch) this.store(h, tenant);
+          return tenant;
+        });
+        this.pending.set(h, { epoch, promise });
+        promise
+          .catch(() => null)
+          .finally(() => {
+            if (this.pending.get(h)?.promise === promise) this.pending.delete(h);
+          });
+      }
+    });
   }
 
   /** One database read of a key (shared by concurrent lookups of the same epoch); stores its answer unless a notice came meanwhile. */
