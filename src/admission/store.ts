@@ -5,9 +5,9 @@
  * O(queues) reconciliation runs only when a check would refuse.
  *
  * Lock order of a submitting transaction (documented in ARCHITECTURE.md):
- *   admission_totals (all rows, class order) → jobs insert (its depth trigger
- *   updates the tenants' sched_queues rows) → pgboss.job → sched_queues
- *   (ready_at) → admission_totals (already held).
+ *   admission_totals (all rows, class order) → jobs and pgboss.job inserts (one
+ *   statement; its depth trigger updates the tenants' sched_queues rows at the
+ *   statement's end) → sched_queues (ready_at) → admission_totals (already held).
  * Only submissions take admission_totals, and they take it first, so it can
  * close no deadlock cycle with dispatch or settlement.
  */
