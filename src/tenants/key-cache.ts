@@ -42,8 +42,8 @@ export interface KeyCacheOptions {
   /** The tenant whose live key has this hash, or null: the database read. */
   load: (keyHash: string) => Promise<TenantRecord | null>;
   /**
-   * The live keys among many hashes, in one read: background refreshes due in
-   * the same turn of the event loop share it. Without it each refresh reads alone.
+   * The live keys among many hashes, in one read: background refreshes due
+   * within REFRESH_GATHER_MS share it. Without it each refresh reads alone.
    */
   loadMany?: (keyHashes: readonly string[]) => Promise<ReadonlyMap<string, TenantRecord>>;
   /** At most this many keys are kept (oldest dropped first). */
@@ -55,6 +55,9 @@ export interface KeyCacheOptions {
 export function isFresh(entry: { expiresAt: number } | undefined, now: number): boolean {
   return entry !== undefined && entry.expiresAt > now;
 }
+
+/** Background refreshes due within this long are read together (loadMany). */
+const REFRESH_GATHER_MS = 50;
 
 /** Whether a fresh entry should be read again in the background: past half its life. Pure. */
 export function needsRefresh(entry: { expiresAt: number }, now: number, ttlMs: number): boolean {
@@ -105,8 +108,8 @@ export class KeyCache {
   /**
    * Reads a key again in the background. A failed refresh changes nothing: the
    * entry expires as it would have, and a later lookup reads. With loadMany,
-   * the refreshes due in one turn are one statement (1,000 tenants' keys in
-   * turn made ~200 single reads a second at the 5 s TTL).
+   * the refreshes due within REFRESH_GATHER_MS are one statement (1,000
+   * tenants' keys in turn made ~200 single reads a second at the 5 s TTL).
    */
   private refreshAhead(hash: string): void {
     const loadMany = this.opts.loadMany;
@@ -117,7 +120,9 @@ export class KeyCache {
     if (this.refreshDue.has(hash)) return;
     this.refreshDue.add(hash);
     if (this.refreshDue.size > 1) return; // a flush is already scheduled
-    setImmediate(() => {
+    // Not urgent (the entry answers for half a TTL more): gather for a while, so that keys in turn
+    // are refreshed in a few statements a second, not one per turn of a busy event loop.
+    setTimeout(() => {
       const hashes = [...this.refreshDue];
       this.refreshDue = new Set();
       const epoch = this.epoch;
@@ -136,7 +141,7 @@ export class KeyCache {
             if (this.pending.get(h)?.promise === promise) this.pending.delete(h);
           });
       }
-    });
+    }, Math.min(REFRESH_GATHER_MS, this.opts.ttlMs / 4)).unref();
   }
 
   /** One database read of a key (shared by concurrent lookups of the same epoch); stores its answer unless a notice came meanwhile. */
