@@ -179,8 +179,10 @@ describe('KeyCache (in process, a database read stubbed by a map of keys)', () =
       loadMany: async (hs) => (batches.push([...hs]), new Map(hs.flatMap((h) => (keys.has(h) ? [[h, keys.get(h)!] as const] : [])))),
       now: () => now,
     });
-    await cache.lookup(hashSecret('k1'));
-    await cache.lookup(hashSecret('k2'));
+    await Promise.all([cache.lookup(hashSecret('k1')), cache.lookup(hashSecret('k2')), cache.lookup(hashSecret('k1'))]);
+    assert.equal(batches.length, 1); // the misses of one turn: one read
+    assert.equal(cache.loads, 1);
+    batches.length = 0;
     now = 60;
     keys.delete(hashSecret('k2')); // revoked (its notice is another test's business)
     await cache.lookup(hashSecret('k1'));
