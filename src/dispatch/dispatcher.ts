@@ -136,8 +136,6 @@ export class Dispatcher {
   private readonly loops: Promise<void>[] = [];
   private readonly inFlight = new Set<Promise<void>>();
   private readonly wakers = new Set<() => void>();
-  /** Loops waiting for tokens: only time brings tokens, so a poke (new work, a settle) does not wake them; stop does. */
-  private readonly tokenSleepers = new Set<() => void>();
   private unlisten: (() => Promise<void>) | null = null;
   readonly latency = new Map<string, LatencyTracker>();
   /** Tenants one of this process's loops is leasing right now: the other loops pick someone else. */
@@ -185,7 +183,6 @@ export class Dispatcher {
     if (!this.running) return { unsettled: 0 };
     this.running = false;
     this.poke();
-    for (const wake of this.tokenSleepers) wake();
     const graceMs = opts.graceMs ?? 30_000;
     let timer: NodeJS.Timeout | undefined;
     const graceOver = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), graceMs)));
@@ -250,27 +247,23 @@ export class Dispatcher {
     for (const wake of this.wakers) wake();
   }
 
-  private async sleep(ms: number, pokeable = true): Promise<void> {
+  private async sleep(ms: number): Promise<void> {
     let timer: NodeJS.Timeout | undefined;
     let wake!: () => void;
-    const set = pokeable ? this.wakers : this.tokenSleepers;
     await new Promise<void>((resolve) => {
       wake = resolve;
-      set.add(wake);
+      this.wakers.add(wake);
       timer = setTimeout(resolve, Math.max(1, ms));
     });
     clearTimeout(timer);
-    set.delete(wake);
+    this.wakers.delete(wake);
   }
 
   private async windowLoop(w: WindowSpec): Promise<void> {
     while (this.running) {
       try {
-        const loop = { tokenWait: false };
-        const wait = await this.dispatchOnce(w, loop);
-        // Every submission group's notice pokes every loop; one waiting for tokens would only read
-        // the window again and find none (a read per loop per group at the front door's pace).
-        if (wait > 0) await this.sleep(wait, !loop.tokenWait);
+        const wait = await this.dispatchOnce(w);
+        if (wait > 0) await this.sleep(wait);
       } catch (err) {
         if (err instanceof LostRace) continue;
         this.o.log.error({ err, window: w.name }, 'dispatch failed');
@@ -280,7 +273,7 @@ export class Dispatcher {
   }
 
   /** Makes one decision on this window; returns how long to wait before the next (0 = at once). */
-  private async dispatchOnce(w: WindowSpec, loop: { tokenWait: boolean } = { tokenWait: false }): Promise<number> {
+  private async dispatchOnce(w: WindowSpec): Promise<number> {
     const [state] = await sched.readWindows(this.o.sql, [w.name]);
     if (!state) throw new Error(`window ${w.name} is not in the database`);
     // Credits exhausted: nothing leaves on any window until the renewal or an admin resumes.
@@ -289,10 +282,7 @@ export class Dispatcher {
     const room = pool - state.inFlight;
     if (room <= 0) return Math.min(this.o.idlePollMs, 50); // a settle here pokes; another node's does not
     const tokens = takeable(state, state.dbNow);
-    if (tokens < 1) {
-      loop.tokenWait = true;
-      return Math.min(this.o.idlePollMs, Math.max(1, msUntilTokens(state, state.dbNow, 1)));
-    }
+    if (tokens < 1) return Math.min(this.o.idlePollMs, Math.max(1, msUntilTokens(state, state.dbNow, 1)));
     const maxTake = Math.min(room, tokens, this.o.leaseMax);
     const candidates = await sched.loadCandidates(this.o.sql, w.classes, 32);
     const order = classOrder(w.classes, this.oldestWaitMs, this.o.maxWaitMs);
