@@ -175,7 +175,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     // Tenant keys, cached per process; the sluice_auth notice (sent in the changing transaction) and
     // the changing process itself invalidate them (tenants/key-cache.ts).
     const tenantStore = new TenantStore(db, { authChanged: (id) => apiKeys.invalidate(id) });
-    const apiKeys = new KeyCache({ ttlMs: env.AUTH_CACHE_TTL_MS, load: (hash) => tenantStore.byKeyHash(hash) });
+    const apiKeys = new KeyCache({ ttlMs: env.AUTH_CACHE_TTL_MS, load: (hash) => tenantStore.byKeyHash(hash), loadMany: (hashes) => tenantStore.byKeyHashes(hashes) });
     await apiKeys.start(sql);
     cleanups.push(() => apiKeys.stop());
     const services: Services = {

@@ -11,7 +11,7 @@ import assert from 'node:assert/strict';
 import { createTestDatabase } from './helpers/db.ts';
 import { startNode, type NodeProcess } from './helpers/processes.ts';
 import { ADMIN_TOKEN, eventually } from './helpers/app.ts';
-import { KeyCache, isFresh } from '../src/tenants/key-cache.ts';
+import { KeyCache, isFresh, needsRefresh } from '../src/tenants/key-cache.ts';
 import type { TenantRecord } from '../src/tenants/policy.ts';
 import { hashSecret } from '../src/tenants/keys.ts';
 
@@ -138,6 +138,63 @@ describe('KeyCache (in process, a database read stubbed by a map of keys)', () =
     assert.equal(await cache.lookup(hashSecret('nope')), null);
     assert.equal(cache.loads, 4);
     assert.equal(isFresh(undefined, 0), false);
+  });
+
+  test('a key in use past half its TTL is read again in the background; the entry answers meanwhile', async () => {
+    let now = 0;
+    let hold: Promise<void> | null = null;
+    let release!: () => void;
+    const keys = new Map([[hashSecret('k1'), record('t1')]]);
+    const cache = new KeyCache({ ttlMs: 100, load: async (h) => {
+      const found = keys.get(h) ?? null;
+      if (hold) await hold;
+      return found;
+    }, now: () => now });
+    await cache.lookup(hashSecret('k1'));
+    now = 40;
+    await cache.lookup(hashSecret('k1'));
+    assert.equal(cache.loads, 1); // not half way yet
+    now = 60;
+    hold = new Promise<void>((r) => (release = r));
+    keys.set(hashSecret('k1'), record('t1-changed'));
+    assert.equal((await cache.lookup(hashSecret('k1')))?.id, 't1'); // answered at once, though the read hangs
+    assert.equal((await cache.lookup(hashSecret('k1')))?.id, 't1');
+    assert.equal(cache.loads, 2); // one refresh at a time
+    release();
+    await new Promise((r) => setImmediate(r));
+    now = 105; // past the first entry's life, early in the refreshed one's
+    assert.equal((await cache.lookup(hashSecret('k1')))?.id, 't1-changed');
+    assert.equal(cache.loads, 2);
+    assert.equal(needsRefresh({ expiresAt: 100 }, 49, 100), false);
+    assert.equal(needsRefresh({ expiresAt: 100 }, 51, 100), true);
+  });
+
+  test('background refreshes due within a short while are one read (loadMany); a key revoked meanwhile is dropped', async () => {
+    let now = 0;
+    const keys = new Map([[hashSecret('k1'), record('t1')], [hashSecret('k2'), record('t2')]]);
+    const batches: string[][] = [];
+    const cache = new KeyCache({
+      ttlMs: 100,
+      load: async (h) => keys.get(h) ?? null,
+      loadMany: async (hs) => (batches.push([...hs]), new Map(hs.flatMap((h) => (keys.has(h) ? [[h, keys.get(h)!] as const] : [])))),
+      now: () => now,
+    });
+    await Promise.all([cache.lookup(hashSecret('k1')), cache.lookup(hashSecret('k2')), cache.lookup(hashSecret('k1'))]);
+    assert.equal(batches.length, 1); // the misses of one turn: one read
+    assert.equal(cache.loads, 1);
+    batches.length = 0;
+    now = 60;
+    keys.delete(hashSecret('k2')); // revoked (its notice is another test's business)
+    await cache.lookup(hashSecret('k1'));
+    await new Promise((r) => setImmediate(r)); // a later turn, still gathered
+    await Promise.all([cache.lookup(hashSecret('k2')), cache.lookup(hashSecret('k1'))]);
+    await new Promise((r) => setTimeout(r, 80));
+    assert.equal(batches.length, 1);
+    assert.deepEqual(batches[0]!.sort(), [hashSecret('k1'), hashSecret('k2')].sort());
+    assert.equal(cache.size, 1);
+    now = 105;
+    assert.equal((await cache.lookup(hashSecret('k1')))?.id, 't1');
+    assert.equal(await cache.lookup(hashSecret('k2')), null);
   });
 
   test('a read that began before an invalidation does not store its answer', async () => {

@@ -5,9 +5,9 @@
  * O(queues) reconciliation runs only when a check would refuse.
  *
  * Lock order of a submitting transaction (documented in ARCHITECTURE.md):
- *   admission_totals (all rows, class order) → jobs insert (its depth trigger
- *   updates the tenants' sched_queues rows) → pgboss.job → sched_queues
- *   (ready_at) → admission_totals (already held).
+ *   admission_totals (all rows, class order) → jobs and pgboss.job inserts (one
+ *   statement; its depth trigger updates the tenants' sched_queues rows at the
+ *   statement's end) → sched_queues (ready_at) → admission_totals (already held).
  * Only submissions take admission_totals, and they take it first, so it can
  * close no deadlock cycle with dispatch or settlement.
  */
@@ -64,7 +64,10 @@ export async function readTenants(tx: Tx, tenants: ReadonlyArray<{ id: string; p
         + (select coalesce(sum(r.jobs), 0) from admission_reservations r where r.tenant_id = t.tenant_id))::int as depth,
       coalesce((select l.billed + l.reserved from tenant_ledger l where l.tenant_id = t.tenant_id and l.period_start = x.period_start), 0)::bigint as credits_used
     from unnest(${ids}::uuid[], ${periods}::timestamptz[]) as x(tenant_id, period_start)
-    join sched_tenants t on t.tenant_id = x.tenant_id`;
+    join sched_tenants t on t.tenant_id = x.tenant_id
+    -- The group's tenants by id (an index lookup each): joined with the unnest alone, the planner
+    -- guesses a few rows and hashes, reading every tenant's row: O(tenants) per group.
+    where t.tenant_id = any(${ids}::uuid[])`;
   return new Map(
     rows.map((r) => [r.tenant_id as string, { depth: r.depth as number, quotaBlocked: r.quota_blocked as boolean, suspended: r.suspended as boolean, creditsUsed: Number(r.credits_used) }]),
   );

@@ -18,8 +18,7 @@ import type { Sql } from '../db/client.ts';
 import { SluiceError } from '../errors.ts';
 import { publishJobEvents } from '../events/bus.ts';
 import { inTransaction, lockBossJob, queueName, type JobClass } from '../queue/boss.ts';
-import { insertQueueJobs } from '../queue/insert.ts';
-import { cancelQueuedJob, getJob, insertJobRows, jobClassOf, originalsByIdempotencyKey, type JobState, type NewJob, type NewJobRow } from './store.ts';
+import { cancelQueuedJob, getJob, insertJobsQueued, jobClassOf, originalsByIdempotencyKey, type JobState, type NewJob, type NewJobRow } from './store.ts';
 import { validateSubmission, type JobInput, type ParamLimits } from './validate.ts';
 import type { CommitGate } from '../http/deadline.ts';
 import { databaseUnavailable } from '../db/availability.ts';
@@ -286,18 +285,15 @@ export class JobService {
    */
   private async write(tx: postgres.TransactionSql, accepted: readonly NewJobRow[], also: ReadonlyArray<Promise<unknown>> = []): Promise<void> {
     const queues = new Map(accepted.map((j) => [`${j.tenantId}:${j.priority}`, { tenantId: j.tenantId, jobClass: j.priority }]));
-    const [inserted] = await Promise.all([
-      insertJobRows(tx, accepted),
-      insertQueueJobs(
-        tx,
-        accepted.map((j) => ({ id: j.id, name: queueName(j.tenantId, j.priority), data: { tenantId: j.tenantId, api: j.api, params: j.params } })),
-      ),
+    const [stored] = await Promise.all([
+      insertJobsQueued(tx, accepted),
       markManyQueuesReady(tx, [...queues.values()]),
       tx`select pg_notify(${WORK_CHANNEL}, ${workPayload(accepted.map((j) => j.tenantId))})`,
       ...also,
     ]);
     // The gate serializes every writer of idempotency keys, so a skipped row means something is badly wrong.
-    if (inserted.size !== accepted.length) throw new Error(`stored ${inserted.size} of ${accepted.length} jobs`);
+    if (stored.jobs !== accepted.length) throw new Error(`stored ${stored.jobs} of ${accepted.length} jobs`);
+    if (stored.queued !== accepted.length) throw new Error(`pg-boss insert stored ${stored.queued} of ${accepted.length} jobs (a queue is missing or an id repeats)`);
   }
 
   /**

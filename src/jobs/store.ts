@@ -8,8 +8,9 @@
  */
 import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
-import type { JobClass } from '../queue/boss.ts';
+import { queueName, type JobClass } from '../queue/boss.ts';
 import type { ValidJob } from './validate.ts';
+import { BOSS_QUEUE_DEFAULTS } from '../queue/insert.ts';
 
 export const JOB_STATES = ['QUEUED', 'WAITING_QUOTA', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'] as const;
 export type JobState = (typeof JOB_STATES)[number];
@@ -83,6 +84,50 @@ export async function insertJobRows(tx: Tx, jobs: readonly NewJobRow[]): Promise
     on conflict (tenant_id, idempotency_key) where idempotency_key is not null do nothing
     returning id`;
   return new Set(rows.map((r) => r.id as string));
+}
+
+/**
+ * Accepted jobs of any tenants into BOTH tables in ONE statement: our `jobs`
+ * rows and their pg-boss jobs (`pgboss.job`, what `insertQueueJobs` in
+ * queue/insert.ts writes: the queue's policies, pg-boss's clock), from one JSON
+ * parameter. The pg-boss row is built in SQL from the jobs row just inserted
+ * (queue name `t.<tenant>.<class>`, data `{tenantId, api, params}`), so the
+ * jobs are serialised, sent and parsed once, not twice; a job whose idempotency
+ * key its tenant already used is skipped in both. The statement-level triggers
+ * on `jobs` (depth) fire at the end of the statement, after both inserts.
+ * Returns how many jobs rows and how many pg-boss rows were written: the
+ * caller refuses to commit unless both are every job (a missing queue must not
+ * be acknowledged).
+ */
+export async function insertJobsQueued(tx: Tx, jobs: readonly NewJobRow[]): Promise<{ jobs: number; queued: number }> {
+  if (jobs.length === 0) return { jobs: 0, queued: 0 };
+  const payload = jobs.map((j) => ({ id: j.id, tenant_id: j.tenantId, api: j.api, params: j.params, priority: j.priority, state: j.state, idempotency_key: j.idempotencyKey }));
+  const d = BOSS_QUEUE_DEFAULTS;
+  const names = [...new Set(jobs.map((j) => queueName(j.tenantId, j.priority)))];
+  const [row] = await tx`
+    with j as (
+      insert into jobs (id, tenant_id, api, params, priority, state, idempotency_key)
+      select x.id, x.tenant_id, x.api, x.params, x.priority, x.state, x.idempotency_key
+      from jsonb_to_recordset(${tx.json(payload as never)}::jsonb)
+        as x(id uuid, tenant_id uuid, api text, params jsonb, priority text, state text, idempotency_key text)
+      on conflict (tenant_id, idempotency_key) where idempotency_key is not null do nothing
+      returning id, tenant_id, api, params, priority
+    ), b as (
+      insert into pgboss.job (id, name, data, priority, start_after, created_on, expire_seconds, deletion_seconds, keep_until,
+        retry_limit, retry_delay, retry_backoff, retry_delay_max, policy, dead_letter, heartbeat_seconds)
+      select j.id, q.name, jsonb_build_object('tenantId', j.tenant_id, 'api', j.api, 'params', j.params), 0, pgboss.job_now(), pgboss.job_now(),
+        coalesce(q.expire_seconds, ${d.expireSeconds}), coalesce(q.deletion_seconds, ${d.deletionSeconds}),
+        pgboss.job_now() + coalesce(q.retention_seconds, ${d.retentionSeconds}) * interval '1s',
+        coalesce(q.retry_limit, ${d.retryLimit}), coalesce(q.retry_delay, ${d.retryDelay}), coalesce(q.retry_backoff, false),
+        q.retry_delay_max, q.policy, q.dead_letter, q.heartbeat_seconds
+      from j join pgboss.queue q on q.name = 't.' || j.tenant_id || '.' || lower(j.priority)
+      -- The group's queues by name (an index lookup each): without it the join reads every queue.
+      where q.name = any(${names}::text[])
+      on conflict do nothing
+      returning 1
+    )
+    select (select count(*) from j)::int as jobs, (select count(*) from b)::int as queued`;
+  return { jobs: row!.jobs as number, queued: row!.queued as number };
 }
 
 /** One tenant's jobs (see insertJobRows). */

@@ -10,7 +10,7 @@ import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
 
 /** pg-boss 12's defaults (plans.js QUEUE_DEFAULTS), for a queue row that leaves a policy null. */
-const DEFAULTS = { expireSeconds: 900, deletionSeconds: 604_800, retentionSeconds: 1_209_600, retryLimit: 2, retryDelay: 0 };
+export const BOSS_QUEUE_DEFAULTS = { expireSeconds: 900, deletionSeconds: 604_800, retentionSeconds: 1_209_600, retryLimit: 2, retryDelay: 0 };
 
 export interface QueueJob {
   id: string;
@@ -30,9 +30,9 @@ export async function insertQueueJobs(tx: Sql | postgres.TransactionSql, jobs: r
       insert into pgboss.job (id, name, data, priority, start_after, created_on, expire_seconds, deletion_seconds, keep_until,
         retry_limit, retry_delay, retry_backoff, retry_delay_max, policy, dead_letter, heartbeat_seconds)
       select x.id, x.name, x.data, 0, pgboss.job_now(), pgboss.job_now(),
-        coalesce(q.expire_seconds, ${DEFAULTS.expireSeconds}), coalesce(q.deletion_seconds, ${DEFAULTS.deletionSeconds}),
-        pgboss.job_now() + coalesce(q.retention_seconds, ${DEFAULTS.retentionSeconds}) * interval '1s',
-        coalesce(q.retry_limit, ${DEFAULTS.retryLimit}), coalesce(q.retry_delay, ${DEFAULTS.retryDelay}), coalesce(q.retry_backoff, false),
+        coalesce(q.expire_seconds, ${BOSS_QUEUE_DEFAULTS.expireSeconds}), coalesce(q.deletion_seconds, ${BOSS_QUEUE_DEFAULTS.deletionSeconds}),
+        pgboss.job_now() + coalesce(q.retention_seconds, ${BOSS_QUEUE_DEFAULTS.retentionSeconds}) * interval '1s',
+        coalesce(q.retry_limit, ${BOSS_QUEUE_DEFAULTS.retryLimit}), coalesce(q.retry_delay, ${BOSS_QUEUE_DEFAULTS.retryDelay}), coalesce(q.retry_backoff, false),
         q.retry_delay_max, q.policy, q.dead_letter, q.heartbeat_seconds
       from jsonb_to_recordset(${tx.json(jobs as never)}::jsonb) as x(id uuid, name text, data jsonb)
       join pgboss.queue q on q.name = x.name

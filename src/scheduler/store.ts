@@ -66,6 +66,8 @@ export async function markManyQueuesReady(tx: Tx, queues: ReadonlyArray<{ tenant
       ready_at = least(coalesce(q.ready_at, 'infinity'), coalesce(${at}::timestamptz, now()))
     from sched_classes c, jsonb_to_recordset(${tx.json(queues.map((x) => ({ t: x.tenantId, c: x.jobClass })) as never)}::jsonb) as r(t uuid, c text)
     where q.tenant_id = r.t and q.class = r.c and c.class = q.class
+      -- The queues' tenants by id: an index lookup each, where the join alone reads every queue.
+      and q.tenant_id = any(${[...new Set(queues.map((x) => x.tenantId))]}::uuid[])
       -- A queue already ready (by now and by \`at\`) would be rewritten unchanged: skip it. Every
       -- submission group marks its queues, and a busy queue is nearly always ready already, so this
       -- saves a row version (and WAL) per queue per group. An UPDATE evaluates this on the row's

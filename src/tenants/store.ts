@@ -2,7 +2,7 @@
  * Owns the tenants and tenant_api_keys tables.
  */
 import { randomUUID } from 'node:crypto';
-import { and, asc, eq, isNull, sql } from 'drizzle-orm';
+import { and, asc, eq, inArray, isNull, sql } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
 import { tenantApiKeys, tenants } from '../db/schema.ts';
 import type { TierName } from '../config/tiers.ts';
@@ -126,6 +126,17 @@ export class TenantStore {
   async list(): Promise<TenantRecord[]> {
     const rows = await this.db.select().from(tenants).orderBy(asc(tenants.createdAt), asc(tenants.id));
     return rows.map(toRecord);
+  }
+
+  /** byKeyHash for many keys in one statement (the key cache's background refreshes): hash → tenant, absent when no live key has it. */
+  async byKeyHashes(keyHashes: readonly string[]): Promise<Map<string, TenantRecord>> {
+    if (keyHashes.length === 0) return new Map();
+    const rows = await this.db
+      .select({ keyHash: tenantApiKeys.keyHash, tenant: tenants })
+      .from(tenantApiKeys)
+      .innerJoin(tenants, eq(tenants.id, tenantApiKeys.tenantId))
+      .where(and(inArray(tenantApiKeys.keyHash, [...keyHashes]), isNull(tenantApiKeys.revokedAt)));
+    return new Map(rows.map((r) => [r.keyHash, toRecord(r.tenant)]));
   }
 
   /** The tenant whose live (unrevoked) key has this hash, or null. Read through the key cache (key-cache.ts). */
