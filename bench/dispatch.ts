@@ -128,7 +128,7 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
     const activity = sampleActivity(sql);
     const tFork = Date.now();
     // Every worker counts the SQL statements its pools send (SLUICE_COUNT_SQL: postgres.js's debug hook).
-    const workerEnv = { ...env, SLUICE_ROLE: 'worker', SLUICE_COUNT_SQL: '1' };
+    const workerEnv = { ...env, SLUICE_ROLE: 'worker', SLUICE_COUNT_SQL: '1', METRICS_PORT: '0' };
     worker = await startSluiceFor(workerEnv, o.inproc ? 'inproc' : 'child');
     const extraWorkers: SluiceHandle[] = [];
     for (let i = 1; i < workers; i++) extraWorkers.push(await startSluiceFor(workerEnv, o.inproc ? 'inproc' : 'child'));
