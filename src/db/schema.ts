@@ -147,9 +147,8 @@ export const schedQueues = pgTable(
   },
   (t) => [
     primaryKey({ columns: [t.tenantId, t.jobClass] }),
-    // Busy queues by virtual time: a decision never reads idle tenants.
-    index('sched_queues_busy_idx').on(t.jobClass, t.vtime).where(sql`${t.readyAt} is not null`),
-    // The lease's fair order (sluice_lease, migration 0013): walked in order, ties by tenant id.
+    // Busy queues by virtual time, ties by tenant id: the lease's fair order (sluice_lease, 0013)
+    // walks it, so a decision never reads idle tenants (0016 dropped its (class, vtime) prefix twin).
     index('sched_queues_fair_idx').on(t.jobClass, t.vtime, t.tenantId).where(sql`${t.readyAt} is not null`),
   ],
 );
