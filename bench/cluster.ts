@@ -154,7 +154,8 @@ async function config(pg: BenchPostgres, apis: number, workers: number, o: { ten
 export async function run(pg: BenchPostgres, flags: FlagReader) {
   const o = {
     tenants: flags.number('tenants', 40),
-    jobs: flags.number('jobs', 500),
+    // 1,500: with the one-call lease a 40 x 500 backlog drained inside the window.
+    jobs: flags.number('jobs', 1500),
     submitters: flags.number('submitters', 16),
     warmupS: flags.number('warmup', 3),
     windowS: flags.number('window', 15),
