@@ -14,6 +14,8 @@ import { planSettlement, retryDelaySeconds } from '../src/dispatch/retry.ts';
 import { authorize } from '../src/graphql/auth-plugin.ts';
 import { bearerToken } from '../src/tenants/keys.ts';
 import { closedAncestor } from '../src/db/embedded.ts';
+import { pickSettleUnits } from '../src/dispatch/settle-groups.ts';
+import fc from 'fast-check';
 import type { CallOutcome } from '../src/provider/types.ts';
 
 function code(fn: () => unknown): string {
@@ -146,5 +148,40 @@ describe('embedded Postgres as root', () => {
     assert.equal(closedAncestor('/tmp', modeOf), null);
     modes['/tmp/x'] = 0o40711;
     assert.equal(closedAncestor('/tmp/x/y', modeOf), null, 'the execute bit is enough to pass through');
+  });
+});
+
+describe('settlement groups', () => {
+  const u = (size: number, ...tenants: string[]) => ({ size, tenants });
+  test('pickSettleUnits: queue order, skips units whose tenant another flusher holds, stops at the group size', () => {
+    const q = [u(3, 'a'), u(2, 'b'), u(4, 'a', 'c'), u(1, 'd'), u(30, 'e'), u(1, 'f')];
+    assert.deepEqual(pickSettleUnits(q, new Set(), 32, false), [0, 1, 2, 3], 'the 30-attempt unit does not fit after 10');
+    assert.deepEqual(pickSettleUnits(q, new Set(['a']), 32, false), [1, 3], 'units of a held tenant wait (and 3 + 30 does not fit)');
+    assert.deepEqual(pickSettleUnits(q, new Set(['a']), 40, false), [1, 3, 4, 5]);
+    assert.deepEqual(pickSettleUnits(q, new Set(['a', 'b', 'd', 'e', 'f']), 32, false), [], 'nothing free: the holders come back for them');
+    assert.deepEqual(pickSettleUnits(q, new Set(['a']), 32, true), [1], 'after a failure, one unit at a time');
+    assert.deepEqual(pickSettleUnits([u(40, 'a'), u(1, 'b')], new Set(), 32, false), [0], 'a first unit always fits');
+  });
+  test('pickSettleUnits: never a held tenant, at most max attempts unless one unit, and something whenever a unit is free', () => {
+    const tenant = fc.constantFrom('a', 'b', 'c', 'd', 'e');
+    fc.assert(
+      fc.property(
+        fc.array(fc.record({ size: fc.integer({ min: 1, max: 40 }), tenants: fc.uniqueArray(tenant, { minLength: 1, maxLength: 2 }) }), { maxLength: 20 }),
+        fc.uniqueArray(tenant, { maxLength: 5 }),
+        fc.integer({ min: 1, max: 64 }),
+        fc.boolean(),
+        (units, held, max, one) => {
+          const busy = new Set(held);
+          const picked = pickSettleUnits(units, busy, max, one);
+          assert.deepEqual(picked, [...picked].sort((x, y) => x - y));
+          for (const i of picked) assert.ok(units[i]!.tenants.every((t) => !busy.has(t)));
+          const total = picked.reduce((s, i) => s + units[i]!.size, 0);
+          if (picked.length > 1) assert.ok(!one && total <= max);
+          const anyFree = units.some((x) => x.tenants.every((t) => !busy.has(t)));
+          assert.equal(picked.length > 0, anyFree);
+        },
+      ),
+      { numRuns: 300 },
+    );
   });
 });

@@ -47,6 +47,7 @@ import type { WindowSpec } from '../scheduler/windows.ts';
 import { errorCodeFor, planSettlement } from './retry.ts';
 import { BreakerOpen, type Breakers } from './breakers.ts';
 import { dedupKey } from './batching.ts';
+import { pickSettleUnits } from './settle-groups.ts';
 import type { Metrics } from '../metrics.ts';
 
 export interface DispatcherOptions {
@@ -160,6 +161,8 @@ export class Dispatcher {
   private refreshing = false;
   /** Settlements waiting to land, in order; a flusher applies them in groups and retries until they land. */
   private readonly settleQueue: PendingSettle[] = [];
+  /** Tenants whose settlement a flusher of this process has under way (pickSettleUnits). */
+  private readonly settlingTenants = new Set<string>();
   /** Flushers running now (at most SETTLE_FLUSHERS). */
   private flushers = 0;
   /** Stopped past its grace: open attempts are left to their leases, nothing more is written. */
@@ -522,12 +525,14 @@ export class Dispatcher {
       while (this.settleQueue.length > 0 && !this.abandoned) {
         const interval = this.o.settleIntervalMs ?? 2;
         if (failures === 0 && interval > 0) await new Promise((r) => setTimeout(r, interval));
-        let n = 0;
-        let count = 0;
-        if (failures > 0) n = Math.min(1, this.settleQueue.length);
-        else while (n < this.settleQueue.length && (n === 0 || count + this.settleQueue[n]!.items.length <= SETTLE_GROUP_MAX)) count += this.settleQueue[n++]!.items.length;
-        const units = this.settleQueue.splice(0, n);
-        if (units.length === 0) break;
+        const shapes = this.settleQueue.map((u) => ({ tenants: [...new Set(u.items.map((x) => x.a.job.data.tenantId))], size: u.items.length }));
+        const take = pickSettleUnits(shapes, this.settlingTenants, SETTLE_GROUP_MAX, failures > 0);
+        // Nothing this flusher may take: the flushers holding those tenants look again when done.
+        if (take.length === 0) break;
+        const units = take.map((i) => this.settleQueue[i]!);
+        for (let k = take.length - 1; k >= 0; k--) this.settleQueue.splice(take[k]!, 1);
+        const held = take.flatMap((i) => shapes[i]!.tenants);
+        for (const t of held) this.settlingTenants.add(t);
         try {
           await this.applySettlements(units);
           for (const u of units) {
@@ -544,7 +549,10 @@ export class Dispatcher {
             break;
           }
           this.settleQueue.push(...units);
+          for (const t of held) this.settlingTenants.delete(t);
           await new Promise((r) => setTimeout(r, Math.min(5_000, 50 * 2 ** Math.min(failures, 7))));
+        } finally {
+          for (const t of held) this.settlingTenants.delete(t);
         }
       }
     } finally {
