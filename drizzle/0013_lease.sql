@@ -19,6 +19,53 @@
 -- first, holding nothing; then SKIP LOCKED) → pgboss.job
 -- (SKIP LOCKED) → jobs → sched_queues → tenant_ledger → reservations (new rows) → sched_classes →
 -- windows.
+-- No per-call hot row: a settlement gives its pool slots back by appending a row here instead of
+-- updating its window's row (every settlement group of every node did, each holding that one row
+-- until its commit: the top wait of bench dispatch). The lease, which holds its window's try-lock,
+-- counts these as free and folds them into windows.in_flight when it writes the row (once per call);
+-- readers add the unfolded rows (readWindows). Negative n: slots given back.
+CREATE TABLE "window_slot_deltas" (
+	"window" text NOT NULL,
+	"n" integer NOT NULL
+);
+--> statement-breakpoint
+CREATE INDEX "window_slot_deltas_idx" ON "window_slot_deltas" USING btree ("window");
+--> statement-breakpoint
+-- sluice_settle (0006) as it was, but the window's slots go back as deltas (above), not by updating
+-- the window's row.
+CREATE OR REPLACE FUNCTION sluice_settle(outcomes jsonb) RETURNS SETOF uuid LANGUAGE plpgsql AS $$
+DECLARE
+  settled jsonb;
+BEGIN
+  WITH s AS (
+    UPDATE reservations r SET settled_at = clock_timestamp(),
+      billed = least(r.credits, greatest(0, (o->>'billed')::int)), outcome = o->>'outcome'
+    FROM jsonb_array_elements(outcomes) o
+    WHERE r.id = (o->>'id')::uuid AND r.settled_at IS NULL
+    RETURNING r.id, r.tenant_id, r.period_start, r."window", r.credits, r.billed, r.window_slot)
+  SELECT coalesce(jsonb_agg(s), '[]'::jsonb) INTO settled FROM s;
+  IF jsonb_array_length(settled) = 0 THEN
+    RETURN;
+  END IF;
+  PERFORM 1 FROM sched_tenants t
+    WHERE t.tenant_id IN (SELECT (x->>'tenant_id')::uuid FROM jsonb_array_elements(settled) x)
+    ORDER BY t.tenant_id FOR UPDATE;
+  UPDATE sched_tenants t SET in_flight = greatest(0, t.in_flight - d.n)
+    FROM (SELECT (x->>'tenant_id')::uuid AS tenant_id, count(*)::int AS n FROM jsonb_array_elements(settled) x GROUP BY 1) d
+    WHERE t.tenant_id = d.tenant_id;
+  UPDATE tenant_ledger l SET reserved = l.reserved - d.credits, billed = l.billed + d.billed,
+      refunded = l.refunded + d.credits - d.billed
+    FROM (SELECT (x->>'tenant_id')::uuid AS tenant_id, (x->>'period_start')::timestamptz AS period_start,
+            sum((x->>'credits')::int) AS credits, sum((x->>'billed')::int) AS billed
+          FROM jsonb_array_elements(settled) x GROUP BY 1, 2) d
+    WHERE l.tenant_id = d.tenant_id AND l.period_start = d.period_start;
+  -- The window's pool slots: appended, never a row lock.
+  INSERT INTO window_slot_deltas ("window", n)
+    SELECT x->>'window', -count(*)::int FROM jsonb_array_elements(settled) x
+    WHERE (x->>'window_slot')::boolean GROUP BY 1;
+  RETURN QUERY SELECT (x->>'id')::uuid FROM jsonb_array_elements(settled) x;
+END $$;
+--> statement-breakpoint
 CREATE INDEX "sched_queues_fair_idx" ON "sched_queues" USING btree ("class", "vtime", "tenant_id") WHERE "ready_at" IS NOT NULL;
 --> statement-breakpoint
 -- The quota period containing now (tenants/policy.ts quotaPeriod): monthly from the anchor, in UTC,
@@ -90,6 +137,7 @@ DECLARE
   fetched int;
   batch_fetch boolean;
   holding boolean := false;
+  pending int;
 BEGIN
   -- One lease per window at a time, without waiting: a call that finds another under way returns at
   -- once (SL423) and its loop leases again on the next poke. Two calls at once would each read the
@@ -107,7 +155,9 @@ BEGIN
   END IF;
   now_tokens := w.now_tokens;
   tok := CASE WHEN now_tokens IS NULL THEN 2147483647 ELSE floor(now_tokens + 1e-9)::int END;
-  room := p_pool - w.in_flight;
+  -- Slots settlements gave back since the last lease (window_slot_deltas, below) count as free.
+  SELECT coalesce(sum(d.n), 0)::int INTO pending FROM window_slot_deltas d WHERE d."window" = p_window;
+  room := p_pool - greatest(0, w.in_flight + pending);
 
   WHILE taken < p_max AND slots < room AND tokens_used < tok LOOP
     found_q := false;
@@ -340,15 +390,19 @@ BEGIN
     FROM jsonb_array_elements(out_rows) o;
   -- Each class's clock: the largest virtual time served (no credit for idle time).
   UPDATE sched_classes k SET clock = greatest(k.clock, (served->>k.class)::float8), served_at = now() WHERE served ? k.class;
+  -- The slot releases settlements appended since the last lease fold into the row here (only this
+  -- call can run on the window now: its try-lock), so settlements never write the hot row.
+  WITH f AS (DELETE FROM window_slot_deltas d WHERE d."window" = p_window RETURNING d.n)
+  SELECT coalesce(sum(f.n), 0)::int INTO pending FROM f;
   -- The hot row, once per call and last: only if the tokens and slots are still there.
   UPDATE windows x SET
       tokens = CASE WHEN x.rate_per_minute IS NULL THEN 0 ELSE least(x.burst, x.tokens + greatest(0, extract(epoch FROM (clock_timestamp() - x.refilled_at))) * x.rate_per_minute / 60.0) - tokens_used END,
-      refilled_at = clock_timestamp(), in_flight = x.in_flight + slots
+      refilled_at = clock_timestamp(), in_flight = greatest(0, x.in_flight + pending) + slots
     WHERE x.name = p_window
       AND (x.paused_until IS NULL OR x.paused_until <= clock_timestamp())
       AND NOT EXISTS (SELECT 1 FROM account_state a WHERE a.dispatch_stopped_until > clock_timestamp())
       AND (x.rate_per_minute IS NULL OR least(x.burst, x.tokens + greatest(0, extract(epoch FROM (clock_timestamp() - x.refilled_at))) * x.rate_per_minute / 60.0) >= tokens_used - 1e-9)
-      AND x.in_flight + slots <= p_pool;
+      AND greatest(0, x.in_flight + pending) + slots <= p_pool;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'sluice_lease: window % changed under the lease', p_window USING ERRCODE = 'SL409';
   END IF;

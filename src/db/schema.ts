@@ -336,3 +336,10 @@ export const usageDeltas = pgTable(
   { id: bigserial('id', { mode: 'number' }).primaryKey(), ...usageColumns },
   (t) => [index('usage_deltas_tenant_hour_idx').on(t.tenantId, t.hour)],
 );
+
+/** Pool slots settlements gave back (negative n), appended instead of updating the window's hot row; the lease folds them (0013). */
+export const windowSlotDeltas = pgTable(
+  'window_slot_deltas',
+  { window: text('window').notNull(), n: integer('n').notNull() },
+  (t) => [index('window_slot_deltas_idx').on(t.window)],
+);

@@ -427,7 +427,10 @@ export interface WindowRow extends BucketState {
 
 export async function readWindows(sql: Tx, names?: readonly string[]): Promise<WindowRow[]> {
   const rows = await sql`
-    select w.*, clock_timestamp() as db_now, a.dispatch_stopped_until from windows w
+    select w.*, clock_timestamp() as db_now, a.dispatch_stopped_until,
+      -- slots settlements gave back that the next lease has not folded yet (window_slot_deltas)
+      greatest(0, w.in_flight + coalesce((select sum(d.n) from window_slot_deltas d where d."window" = w.name), 0))::int as in_flight_now
+    from windows w
     left join account_state a on a.id = 1
     where ${names ? sql`w.name = any(${names as string[]}::text[])` : sql`true`} order by w.name`;
   return rows.map((r) => ({
@@ -438,7 +441,7 @@ export async function readWindows(sql: Tx, names?: readonly string[]): Promise<W
     refilledAt: (r.refilled_at as Date).getTime(),
     pausedUntil: r.paused_until ? (r.paused_until as Date).getTime() : null,
     pauseReason: r.pause_reason as string | null,
-    inFlight: r.in_flight as number,
+    inFlight: r.in_flight_now as number,
     poolSize: r.pool_size as number,
     latencyP50Ms: r.latency_p50_ms as number | null,
     latencyP95Ms: r.latency_p95_ms as number | null,
