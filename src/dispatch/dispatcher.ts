@@ -109,6 +109,9 @@ interface PendingSettle {
   /** The account-level reactions to the call's signals (one per kind). */
   reactions: CallOutcome[];
   done: () => void;
+  /** The tenants of its items and how many there are (fixed at enqueue; pickSettleUnits reads them). */
+  tenants: string[];
+  size: number;
 }
 
 /** Most attempts settled in one transaction: small enough that a group holds its tenants' rows briefly. */
@@ -370,7 +373,8 @@ export class Dispatcher {
       batchQuantum: this.o.batchQuantum,
     });
     const out: Leased = { singles: [], batches: [] };
-    const turns = new Map<number, BatchAttempt>();
+    // Per batch turn: the call and its items by input (dedupKey), so a duplicate finds its item at once.
+    const turns = new Map<number, { call: BatchAttempt; byKey: Map<string, BatchAttempt['items'][number]> }>();
     const perClass = new Map<JobClass, number>();
     for (const r of rows) {
       const a: Attempt = {
@@ -391,15 +395,19 @@ export class Dispatcher {
       }
       let b = turns.get(r.turn);
       if (!b) {
-        b = { api: r.data.api, items: [] };
+        b = { call: { api: r.data.api, items: [] }, byKey: new Map() };
         turns.set(r.turn, b);
-        out.batches.push(b);
+        out.batches.push(b.call);
       }
       // Duplicates ride on the first job with their input (only that one is sent and billed).
       const key = dedupKey(r.data.api, r.data.params);
-      const item = b.items.find((it) => dedupKey(it.attempts[0]!.job.data.api, it.attempts[0]!.job.data.params) === key);
+      const item = b.byKey.get(key);
       if (item) item.attempts.push(a);
-      else b.items.push({ attempts: [a] });
+      else {
+        const fresh = { attempts: [a] };
+        b.byKey.set(key, fresh);
+        b.call.items.push(fresh);
+      }
     }
     for (const [jobClass, n] of perClass) this.o.metrics?.dispatched(w.name, jobClass, n);
     return out;
@@ -500,7 +508,7 @@ export class Dispatcher {
   private enqueueSettle(w: WindowSpec, items: PendingSettle['items'], reactions: CallOutcome[]): Promise<void> {
     if (this.abandoned) return Promise.resolve();
     return new Promise<void>((done) => {
-      this.settleQueue.push({ w, items, reactions, done });
+      this.settleQueue.push({ w, items, reactions, done, tenants: [...new Set(items.map((x) => x.a.job.data.tenantId))], size: items.length });
       void this.flush();
     });
   }
@@ -525,16 +533,20 @@ export class Dispatcher {
       while (this.settleQueue.length > 0 && !this.abandoned) {
         const interval = this.o.settleIntervalMs ?? 2;
         if (failures === 0 && interval > 0) await new Promise((r) => setTimeout(r, interval));
-        const shapes = this.settleQueue.map((u) => ({ tenants: [...new Set(u.items.map((x) => x.a.job.data.tenantId))], size: u.items.length }));
-        const take = pickSettleUnits(shapes, this.settlingTenants, SETTLE_GROUP_MAX, failures > 0);
+        const take = pickSettleUnits(this.settleQueue, this.settlingTenants, SETTLE_GROUP_MAX, failures > 0);
         // Nothing this flusher may take: the flushers holding those tenants look again when done.
         if (take.length === 0) break;
         const units = take.map((i) => this.settleQueue[i]!);
         for (let k = take.length - 1; k >= 0; k--) this.settleQueue.splice(take[k]!, 1);
-        const held = take.flatMap((i) => shapes[i]!.tenants);
+        const held = units.flatMap((u) => u.tenants);
         for (const t of held) this.settlingTenants.add(t);
         try {
-          await this.applySettlements(units);
+          try {
+            await this.applySettlements(units);
+          } finally {
+            // The transaction is over: its tenants' rows are free for the other flushers.
+            for (const t of held) this.settlingTenants.delete(t);
+          }
           for (const u of units) {
             for (const x of u.items) this.open.delete(x.a.reservationId);
             u.done();
@@ -549,10 +561,7 @@ export class Dispatcher {
             break;
           }
           this.settleQueue.push(...units);
-          for (const t of held) this.settlingTenants.delete(t);
           await new Promise((r) => setTimeout(r, Math.min(5_000, 50 * 2 ** Math.min(failures, 7))));
-        } finally {
-          for (const t of held) this.settlingTenants.delete(t);
         }
       }
     } finally {
