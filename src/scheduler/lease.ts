@@ -28,7 +28,8 @@
  *   the largest virtual time served.
  */
 import type { ApiCatalog } from '../config/apis.ts';
-import { batchSpec } from '../dispatch/batching.ts';
+import { batchSpec, batchTake, stableStringify } from '../dispatch/batching.ts';
+import { fitCount } from './ledger.ts';
 import type { JobClass } from '../queue/boss.ts';
 
 /** Credits per API for the lease (unknown APIs cost 1). */
@@ -117,13 +118,6 @@ export interface LeasePicks {
 
 const INT_MAX = 2147483647;
 
-/** Identical inputs (jsonb equality: key order does not matter). */
-function inputKey(params: Record<string, unknown>): string {
-  const norm = (v: unknown): unknown =>
-    v === null || typeof v !== 'object' ? v : Array.isArray(v) ? v.map(norm) : Object.fromEntries(Object.keys(v as object).sort().map((k) => [k, norm((v as Record<string, unknown>)[k])]));
-  return JSON.stringify(norm(params));
-}
-
 /** The picks of one lease call (pure; see the module comment). */
 export function planPicks(input: LeaseInput): LeasePicks {
   const tenants = new Map(input.tenants.map((t) => [t.tenantId, { ...t }]));
@@ -163,8 +157,8 @@ export function planPicks(input: LeaseInput): LeasePicks {
       const spec = head === undefined ? undefined : input.batch[head];
       if (spec) {
         batched = true;
-        const batchTake = Math.max(take, Math.min(tok - out.tokens, input.batchMax, spec[0], capFree), 1);
-        take = Math.max(take, Math.min(batchTake, input.batchQuantum * t.weight), 1);
+        const batchMost = batchTake({ tokens: tok - out.tokens, batchMax: input.batchMax, apiMaxSize: spec[0], capFree, singleTake: take });
+        take = Math.max(take, Math.min(batchMost, input.batchQuantum * t.weight), 1);
         take = Math.min(take, input.max - taken);
       }
     }
@@ -175,16 +169,12 @@ export function planPicks(input: LeaseInput): LeasePicks {
       skip.add(key);
       continue;
     }
-    if (batched && new Set(jobs.map((j) => inputKey(j.params))).size < input.batch[head!]![1]) batched = false;
+    if (batched && new Set(jobs.map((j) => stableStringify(j.params))).size < input.batch[head!]![1]) batched = false;
     if (!batched) jobs = jobs.slice(0, Math.min(input.room - out.slots, tok - out.tokens));
     const costs = jobs.map((j) => input.costs[j.api] ?? 1);
-    let used = t.used;
-    let fit = 0;
-    for (const cost of costs) {
-      if (used + cost > t.quota) break;
-      used += cost;
-      fit++;
-    }
+    // t.used is billed + reserved: the quota's prefix rule (ledger.ts), as the SQL applies it.
+    const fit = fitCount(t.used, 0, t.quota, costs);
+    const used = t.used + costs.slice(0, fit).reduce((a, b) => a + b, 0);
     if (fit < jobs.length) {
       const over = jobs[fit]!;
       if (t.quotaPolicy === 'FAIL') {
@@ -208,7 +198,7 @@ export function planPicks(input: LeaseInput): LeasePicks {
     taken += jobs.length;
     if (batched) {
       out.slots += 1;
-      out.tokens += new Set(jobs.map((j) => inputKey(j.params))).size;
+      out.tokens += new Set(jobs.map((j) => stableStringify(j.params))).size;
     } else {
       out.slots += jobs.length;
       out.tokens += jobs.length;
