@@ -6,8 +6,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import postgres from 'postgres';
-import { buildCatalog } from '../src/config/apis.ts';
-import { batchTake, dedupKey, planLease, stableStringify } from '../src/dispatch/batching.ts';
+import { batchTake, dedupKey, stableStringify } from '../src/dispatch/batching.ts';
 import { startSimulator, type Simulator } from '../src/simulator/index.ts';
 import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
 import { createTestDatabase } from './helpers/db.ts';
@@ -36,7 +35,6 @@ async function bigTenant(t: TestApp, name: string, tier: 'PRO' | 'ENTERPRISE' = 
 }
 
 describe('batching decisions (pure)', () => {
-  const catalog = buildCatalog('', 'dnslookup');
   test('dedup key: same API and params in any key order are one input', () => {
     assert.equal(stableStringify({ b: 1, a: { d: [1, { y: 2, x: 1 }], c: null } }), '{"a":{"c":null,"d":[1,{"x":1,"y":2}]},"b":1}');
     assert.equal(dedupKey('exchangerate', { currency1: 'USD', currency2: 'EUR' }), dedupKey('exchangerate', { currency2: 'EUR', currency1: 'USD' }));
@@ -50,38 +48,6 @@ describe('batching decisions (pure)', () => {
     assert.equal(batchTake({ tokens: 500, batchMax: 200, apiMaxSize: 200, capFree: 12, singleTake: 8 }), 12);
     assert.equal(batchTake({ tokens: 1, batchMax: 200, apiMaxSize: 200, capFree: 12, singleTake: 1 }), 1);
     assert.equal(batchTake({ tokens: Number.POSITIVE_INFINITY, batchMax: 30, apiMaxSize: 200, capFree: 1000, singleTake: 8 }), 30);
-  });
-  test('planLease: groups by API, dedups, respects minSize, maxSize, non-batching APIs and the room', () => {
-    const j = (api: string, p: Record<string, unknown>) => ({ api, params: p });
-    const jobs = [
-      j('exchangerate', { currency1: 'USD', currency2: 'EUR' }),
-      j('dnslookup', { domain: 'a.example' }),
-      j('exchangerate', { currency2: 'EUR', currency1: 'USD' }),
-      j('exchangerate', { currency1: 'USD', currency2: 'GBP' }),
-      j('emailvalidator', { email: 'x@example.com' }),
-      j('dnslookup', { domain: 'b.example' }),
-    ];
-    const plan = planLease(jobs, catalog, 10, 200);
-    assert.deepEqual(plan.batches, [{ api: 'exchangerate', items: [{ key: dedupKey('exchangerate', { currency1: 'USD', currency2: 'EUR' }), jobs: [0, 2] }, { key: dedupKey('exchangerate', { currency1: 'USD', currency2: 'GBP' }), jobs: [3] }] }]);
-    assert.deepEqual(plan.singles, [1, 4, 5], 'dnslookup does not batch; one emailvalidator is below minSize');
-    assert.equal(plan.tokens, 2 + 3, 'one token per item sent');
-    assert.equal(plan.slots, 1 + 3, 'one pool slot per batch');
-    assert.deepEqual(plan.back, []);
-    // Only the duplicates of one input: one distinct item is below minSize, so they go one by one.
-    const dupes = planLease([jobs[0]!, jobs[2]!], catalog, 10, 200);
-    assert.deepEqual(dupes.batches, []);
-    assert.deepEqual(dupes.singles, [0, 1]);
-    // Room for two units: the batch (first job 0) and the single at 1; the rest go back.
-    const tight = planLease(jobs, catalog, 2, 200);
-    assert.deepEqual(tight.singles, [1]);
-    assert.equal(tight.batches.length, 1);
-    assert.deepEqual(tight.back, [4, 5]);
-    // maxSize (BATCH_MAX here) splits a group into several batches.
-    const many = Array.from({ length: 5 }, (_, i) => j('exchangerate', { currency1: 'USD', currency2: CURRENCIES[i] }));
-    const split = planLease(many, catalog, 10, 2);
-    assert.deepEqual(split.batches.map((b) => b.items.length), [2, 2, 1]);
-    // BATCH_MAX=1: batching off, everything is a single call.
-    assert.equal(planLease(many, catalog, 10, 1).singles.length, 5);
   });
 });
 
