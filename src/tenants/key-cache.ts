@@ -128,22 +128,8 @@ export class KeyCache {
     setTimeout(() => {
       const hashes = [...this.refreshDue];
       this.refreshDue = new Set();
-      const epoch = this.epoch;
-      this.loads++;
-      const batch = loadMany(hashes);
-      for (const h of hashes) {
-        const promise = batch.then((found) => {
-          const tenant = found.get(h) ?? null;
-          if (epoch === this.epoch) this.store(h, tenant);
-          return tenant;
-        });
-        this.pending.set(h, { epoch, promise });
-        promise
-          .catch(() => null)
-          .finally(() => {
-            if (this.pending.get(h)?.promise === promise) this.pending.delete(h);
-          });
-      }
+      // Reloads started in one turn: readSoon makes them one loadMany statement.
+      for (const h of hashes) if (!this.pending.has(h)) this.reload(h).catch(() => {});
     }, Math.min(REFRESH_GATHER_MS, this.opts.ttlMs / 4)).unref();
   }
 
