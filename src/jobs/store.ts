@@ -88,8 +88,8 @@ export async function insertJobRows(tx: Tx, jobs: readonly NewJobRow[]): Promise
 
 /**
  * Accepted jobs of any tenants into BOTH tables in ONE statement: our `jobs`
- * rows and their pg-boss jobs (`pgboss.job`, what `insertQueueJobs` in
- * queue/insert.ts writes: the queue's policies, pg-boss's clock), from one JSON
+ * rows and their pg-boss jobs (`pgboss.job`, as `boss.insert()` writes them:
+ * the queue's policies, pg-boss's clock; queue/insert.ts), from one JSON
  * parameter. The pg-boss row is built in SQL from the jobs row just inserted
  * (queue name `t.<tenant>.<class>`, data `{tenantId, api, params}`), so the
  * jobs are serialised, sent and parsed once, not twice; a job whose idempotency
