@@ -15,12 +15,9 @@
  */
 import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
-import { FINAL_STATES, jobRowJsonSql, type JobRow } from '../jobs/store.ts';
+import type { JobRow } from '../jobs/store.ts';
 
 export const JOB_EVENTS_CHANNEL = 'sluice_job_events';
-
-/** Postgres refuses a NOTIFY payload of 8000 bytes or more (NOTIFY_PAYLOAD_MAX_LENGTH). */
-export const NOTIFY_PAYLOAD_MAX_BYTES = 7_999;
 
 export interface JobEvent {
   jobId: string;
@@ -49,15 +46,9 @@ type Listener = (event: JobEvent | typeof RESYNC) => void;
 export async function publishJobEvents(tx: Sql | postgres.TransactionSql, events: readonly JobEvent[]): Promise<void> {
   if (events.length === 0) return;
   const ids = events.map((e) => ({ jobId: e.jobId, tenantId: e.tenantId, state: e.state }));
-  await tx.unsafe(
-    `select pg_notify($1, case when p.full is not null and octet_length(p.full) <= ${NOTIFY_PAYLOAD_MAX_BYTES} then p.full else p.base::text end)
-     from (
-       select e as base, (e || jsonb_build_object('job', r.row))::text as full
-       from jsonb_array_elements($2::text::jsonb) as e
-       left join lateral (select ${jobRowJsonSql("(e->>'jobId')::uuid")} as row where e->>'state' in (${FINAL_STATES.map((f) => `'${f}'`).join(', ')})) r on r.row is not null
-     ) p`,
-    [JOB_EVENTS_CHANNEL, JSON.stringify(ids)],
-  );
+  // sluice_job_events (migration 0019): the one place the payload is made, so a settlement's
+  // events sent from inside its SQL function are the same as these.
+  await tx`select sluice_job_events(${JSON.stringify(ids)}::text::jsonb)`;
 }
 
 /**

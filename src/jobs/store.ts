@@ -39,6 +39,7 @@ export interface JobRow {
   creditsBilled: number;
 }
 
+/** A job row as reads return it; sluice_job_json (migration 0019) gives the same shape for events. */
 const JOB_COLUMNS = `
   j.id, j.tenant_id as "tenantId", j.api, j.params, j.priority, j.state,
   j.idempotency_key as "idempotencyKey", j.attempts, j.created_at as "createdAt",
@@ -46,16 +47,6 @@ const JOB_COLUMNS = `
   j.started_at as "startedAt", j.finished_at as "finishedAt",
   r.data as result, r.error_code as "errorCode", r.error_message as "errorMessage",
   r.http_status as "httpStatus", coalesce(r.credits_billed, 0) as "creditsBilled"`;
-
-/**
- * SQL for one job's row as JSON in the JobRow shape (JOB_COLUMNS' names; dates
- * as ISO text, `jobFromJson` in src/events/bus.ts turns them back), or null
- * when the job is gone. `idExpr` is an SQL expression for the job's id. The
- * job event of a final state carries it in its NOTIFY, so delivery needs no read.
- */
-export function jobRowJsonSql(idExpr: string): string {
-  return `(select to_jsonb(x) from (select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id where j.id = ${idExpr}) x)`;
-}
 
 export interface NewJob extends ValidJob {
   id: string;
@@ -245,13 +236,13 @@ export interface FinishedJob {
 }
 
 /**
- * finishJob, its result (upsertResult) and its pg-boss ack for many jobs in
- * ONE statement (sluice_finish_jobs, migration 0013), each fenced by its
- * attempt. Returns the ids it finished; the others had moved on.
+ * A final state as sluice_finish_jobs (migration 0013) takes it: the job
+ * finished, its result stored and its pg-boss ack, fenced by its attempt, for
+ * many jobs in one statement (the settlement calls it through
+ * sluice_settle_group).
  */
-export async function finishJobs(tx: Tx, jobs: readonly FinishedJob[]): Promise<Set<string>> {
-  if (jobs.length === 0) return new Set();
-  const items = jobs.map((j) => ({
+export function finishItem(j: FinishedJob) {
+  return {
     id: j.id,
     attempt: j.attempt,
     state: j.state,
@@ -262,9 +253,7 @@ export async function finishJobs(tx: Tx, jobs: readonly FinishedJob[]): Promise<
     http_status: j.result.httpStatus,
     billed: j.result.creditsBilled,
     attempts: j.result.attempts,
-  }));
-  const rows = await tx`select sluice_finish_jobs(${tx.json(items as never)}::jsonb) as id`;
-  return new Set(rows.map((r) => r.id as string));
+  };
 }
 
 /**

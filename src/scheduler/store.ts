@@ -16,6 +16,7 @@
  */
 import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
+import { finishItem, type FinishedJob } from '../jobs/store.ts';
 import { CLASSES, type JobClass } from '../queue/boss.ts';
 import { effectiveLimits, type TenantRecord } from '../tenants/policy.ts';
 import type { BucketState } from './pacer.ts';
@@ -284,6 +285,29 @@ export interface SettleRow {
 export async function settleReservations(tx: Tx, rows: readonly SettleRow[]): Promise<Set<string>> {
   if (rows.length === 0) return new Set();
   const out = await tx`select sluice_settle(${tx.json(rows as never)}::jsonb) as id`;
+  return new Set(out.map((r) => r.id as string));
+}
+
+/** One attempt of a settlement group: its reservation's bill, and its final state unless the caller requeued it. */
+export interface SettleGroupItem extends SettleRow {
+  tenantId: string;
+  finish?: FinishedJob;
+}
+
+/**
+ * A settlement group in ONE statement (sluice_settle_group, migration 0019):
+ * locks the reservations still open and their tenants (the lock order),
+ * finishes the jobs of those with a final state (result and pg-boss ack
+ * with it, I6), settles the reservations (sluice_settle) and sends the
+ * events of the jobs it finished. Returns the reservations it settled; the
+ * others were settled already (a superseded attempt changes nothing). With
+ * `sql` outside a transaction this is the whole settlement: one round trip,
+ * no transaction held open between round trips.
+ */
+export async function settleGroup(sql: Tx, items: readonly SettleGroupItem[]): Promise<Set<string>> {
+  if (items.length === 0) return new Set();
+  const rows = items.map((x) => ({ rid: x.id, tenant: x.tenantId, billed: x.billed, outcome: x.outcome, ...(x.finish ? { finish: finishItem(x.finish) } : {}) }));
+  const out = await sql`select sluice_settle_group(${sql.json(rows as never)}::jsonb) as id`;
   return new Set(out.map((r) => r.id as string));
 }
 
