@@ -52,7 +52,7 @@ export async function publishJobEvents(tx: Sql | postgres.TransactionSql, events
 }
 
 /**
- * A job row from its NOTIFY JSON (see jobRowJsonSql): the same JobRow a read
+ * A job row from its NOTIFY JSON (see sluice_job_json, migration 0019): the same JobRow a read
  * gives, dates back to Date. Null when the JSON is not a job row.
  */
 export function jobFromJson(json: unknown): JobRow | null {
