@@ -448,11 +448,21 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
     registeredResults.push(r);
   }
   // More worker processes on one Postgres: the few-tenant shape again with 2 and 4 (1 is the run above).
-  const scaling: Array<{ workers: number; jobsPerSecond: number }> = [{ workers: 1, jobsPerSecond: fewResult.drain.jobsPerSecond }];
+  // Each with what Postgres was doing (waits, statements) and the machine's load, to show where more workers stop helping.
+  const scalingRow = (n: number, r: typeof fewResult) => ({
+    workers: n,
+    jobsPerSecond: r.drain.jobsPerSecond,
+    machineCpuBusy: r.noise.machineCpuBusy,
+    cpuSecondsPerJob: { sluiceProcesses: r.cpuSecondsPerJob.sluiceProcesses, postgresBackends: r.cpuSecondsPerJob.postgresBackends },
+    sqlStatementsPerJob: r.sqlStatementsPerJob.value,
+    activeBackendsMean: r.postgresActivity.activeBackendsMean,
+    byWait: r.postgresActivity.byWait,
+  });
+  const scaling = [scalingRow(1, fewResult)];
   for (const n of workerCounts.filter((n) => n !== 1)) {
     const r = await sluiceScenario(pg, few, { ...opts, workers: n });
     progress(`[dispatch] ${r.shape}: ${r.drain.jobsPerSecond} jobs/s`);
-    scaling.push({ workers: n, jobsPerSecond: r.drain.jobsPerSecond });
+    scaling.push(scalingRow(n, r));
   }
   let control: Awaited<ReturnType<typeof baselineOnce>> | null = null;
   if (controlQueues > 0) {
