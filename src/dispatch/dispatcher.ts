@@ -114,8 +114,14 @@ interface PendingSettle {
   size: number;
 }
 
-/** Most attempts settled in one transaction: small enough that a group holds its tenants' rows briefly. */
-const SETTLE_GROUP_MAX = 32;
+/**
+ * Most attempts settled in one group (one statement, sluice_settle_group). Every group's commit
+ * queues on Postgres's global NOTIFY lock (its events) and on its tenants' rows, so fewer, larger
+ * groups cost less per job: bench dispatch, 10 x 2,000, Postgres CPU per job 1.07 -> 0.82 ms with
+ * 1 worker and 1.25 -> 0.90 ms with 4 going from 32 to 128, and commits waiting on the NOTIFY lock
+ * fell from 10-14% of busy backends to under 1%. One statement of 128 holds its rows for a few ms.
+ */
+const SETTLE_GROUP_MAX = 128;
 /**
  * Settlement transactions of one process at once (each a group): a slow one does not hold the
  * others' slots. With hundreds of calls in flight (long latencies) fewer left settled calls
