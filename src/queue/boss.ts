@@ -171,10 +171,14 @@ export async function reinsertJobs(
 
 /**
  * Locks a waiting job's pg-boss row before its jobs row (the lock order for
- * waiting jobs, the one a lease follows: fetch, then claim).
+ * waiting jobs, the one a lease follows: fetch, then claim). Only a waiting
+ * row (pg-boss's states before `active`): a running job's row belongs to its
+ * settlement, which takes its tenant's row after it (sluice_settle_group), so
+ * a cancel holding the tenant must never wait for it (that was a deadlock);
+ * a running job is not cancellable anyway.
  */
 export async function lockBossJob(tx: postgres.TransactionSql, queue: string, id: string): Promise<void> {
-  await tx`select 1 from pgboss.job where name = ${queue} and id = ${id} for update`;
+  await tx`select 1 from pgboss.job where name = ${queue} and id = ${id} and state < 'active' for update`;
 }
 
 /**
