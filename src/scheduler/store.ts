@@ -234,7 +234,7 @@ export interface LeaseRequest {
 }
 
 /**
- * The lease in ONE round trip (sluice_lease, migration 0013; pure model:
+ * The lease in ONE round trip (sluice_lease, migrations 0013 and 0017; pure model:
  * lease.ts planPicks): fair order across tenants, caps, quotas, the window's
  * tokens and pool, pg-boss activation, claims and reservations, in one call.
  */
