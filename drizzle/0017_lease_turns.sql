@@ -90,6 +90,9 @@ DECLARE
   -- Each class's walk cursor: the last queue of the index passed for good in this call.
   cur_v float8[];
   cur_t uuid[];
+  -- Each class's lower bound on the virtual times of its served queues still eligible: the merge
+  -- query runs only when one of them could come before the walk's second.
+  m_low float8[];
   -- The walk's candidates (at most 2) and the served queues' (merged).
   w_t uuid[];
   w_v float8[];
@@ -136,6 +139,7 @@ BEGIN
   room := p_pool - greatest(0, w.in_flight + pending);
   cur_v := array_fill('-infinity'::float8, ARRAY[cardinality(p_classes)]);
   cur_t := array_fill('00000000-0000-0000-0000-000000000000'::uuid, ARRAY[cardinality(p_classes)]);
+  m_low := array_fill('infinity'::float8, ARRAY[cardinality(p_classes)]);
 
   WHILE taken < p_max AND slots < room AND tokens_used < tok LOOP
     found_q := false;
@@ -157,13 +161,16 @@ BEGIN
       -- virtual times): the eligible ones that come before the walk's second.
       m_t := '{}';
       m_v := '{}';
-      IF cardinality(sv_key) > 0 THEN
+      IF cardinality(sv_key) > 0 AND (cardinality(w_t) < 2 OR m_low[ci] <= w_v[2]) THEN
         SELECT coalesce(array_agg(m.mt ORDER BY m.mv, m.mt), '{}'), coalesce(array_agg(m.mv ORDER BY m.mv, m.mt), '{}') INTO m_t, m_v
         FROM unnest(sv_key, sv_t, sv_c, sv_v) m(mk, mt, mc, mv)
         WHERE m.mc = c AND (cardinality(w_t) < 2 OR (m.mv, m.mt) < (w_v[2], w_t[2])) AND NOT (m.mk = ANY (skip))
           AND coalesce((SELECT st.in_flight + coalesce(tn_add[array_position(tn_id, st.tenant_id)], 0) < st.cap
                 AND NOT st.quota_blocked AND NOT st.suspended AND st.weight > 0
               FROM sched_tenants st WHERE st.tenant_id = m.mt), false);
+        -- None before the walk's second: every eligible served queue of the class is at or after
+        -- it (virtual times only grow within the call).
+        IF cardinality(m_t) = 0 AND cardinality(w_t) = 2 THEN m_low[ci] := w_v[2]; END IF;
       END IF;
       -- Merge: the pick and the next of both lists (both in (vtime, tenant_id) order).
       q_tenant := NULL;
@@ -345,6 +352,7 @@ BEGIN
       sv_v[sv_i] := q.vtime;
     END IF;
     sv_v[sv_i] := sv_v[sv_i] + claimed::float8 / t.weight;
+    m_low[q_ci] := least(m_low[q_ci], sv_v[sv_i]);
     IF tn_i IS NULL THEN
       tn_i := cardinality(tn_id) + 1;
       tn_id[tn_i] := q.tenant_id;
