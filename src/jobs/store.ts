@@ -39,7 +39,7 @@ export interface JobRow {
   creditsBilled: number;
 }
 
-/** A job row as reads return it; sluice_job_json (migration 0019) gives the same shape for events. */
+/** A job row as reads return it; sluice_job_json (migration 0018) gives the same shape for events. */
 const JOB_COLUMNS = `
   j.id, j.tenant_id as "tenantId", j.api, j.params, j.priority, j.state,
   j.idempotency_key as "idempotencyKey", j.attempts, j.created_at as "createdAt",

@@ -1,9 +1,16 @@
 /**
  * The lease's decisions, as a pure model: which jobs of which queues one
  * lease call takes, in which turns. Postgres makes these decisions for real
- * in ONE call (`sluice_lease`, drizzle/0013_lease.sql); this model states the
- * same rules in TypeScript, and test/lease-differential.test.ts checks that
- * the two pick the same jobs for the same inputs.
+ * in ONE call (`sluice_lease`, drizzle/0013_lease.sql, as replaced by
+ * 0017_lease_turns.sql); this model states the same rules in TypeScript, and
+ * test/lease-differential.test.ts checks that the two pick the same jobs for
+ * the same inputs.
+ *
+ * Not modelled (the model has no other transactions): the SQL never waits
+ * for a queue's row, and a queue whose row another transaction holds (a
+ * submission's depth trigger) sits out the call, as if skipped before its
+ * first turn; and a queue that becomes ready while the call runs waits for
+ * the next call. test/lease-queue-locks.test.ts covers the first.
  *
  * One turn at a time, until the call's job budget, the window's room (pool
  * slots) or its tokens run out, or no queue is eligible:

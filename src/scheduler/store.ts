@@ -235,7 +235,7 @@ export interface LeaseRequest {
 }
 
 /**
- * The lease in ONE round trip (sluice_lease, migration 0013; pure model:
+ * The lease in ONE round trip (sluice_lease, migrations 0013 and 0017; pure model:
  * lease.ts planPicks): fair order across tenants, caps, quotas, the window's
  * tokens and pool, pg-boss activation, claims and reservations, in one call.
  */
@@ -295,7 +295,7 @@ export interface SettleGroupItem extends SettleRow {
 }
 
 /**
- * A settlement group in ONE statement (sluice_settle_group, migration 0019):
+ * A settlement group in ONE statement (sluice_settle_group, migration 0018):
  * locks the reservations still open and their tenants (the lock order),
  * finishes the jobs of those with a final state (result and pg-boss ack
  * with it, I6), settles the reservations (sluice_settle) and sends the
