@@ -19,6 +19,7 @@ import { SluiceError } from '../errors.ts';
 import { publishJobEvents } from '../events/bus.ts';
 import { inTransaction, lockBossJob, queueName, type JobClass } from '../queue/boss.ts';
 import { cancelQueuedJob, getJob, insertJobsQueued, jobClassOf, originalsByIdempotencyKey, type JobState, type NewJob, type NewJobRow } from './store.ts';
+import { newJobIds } from './ids.ts';
 import { validateSubmission, type JobInput, type ParamLimits } from './validate.ts';
 import type { CommitGate } from '../http/deadline.ts';
 import { databaseUnavailable } from '../db/availability.ts';
@@ -147,7 +148,8 @@ export class JobService {
 
   async submit(tenant: TenantRecord, inputs: readonly JobInput[], opts: { bulk?: boolean; gate?: CommitGate } = {}): Promise<SubmittedJob[]> {
     const valid = validateSubmission(inputs, this.deps.catalog, this.deps.maxJobsPerSubmission, this.deps.paramLimits);
-    const sub: Submission = { tenant, jobs: valid.map((j) => ({ ...j, id: randomUUID() })), bulk: opts.bulk ?? inputs.length > 1, gate: opts.gate };
+    const ids = newJobIds(valid.length);
+    const sub: Submission = { tenant, jobs: valid.map((j, i) => ({ ...j, id: ids[i]! })), bulk: opts.bulk ?? inputs.length > 1, gate: opts.gate };
     let outcome: Outcome;
     try {
       if (sub.jobs.length === 1 && this.group) {
