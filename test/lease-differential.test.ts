@@ -52,7 +52,7 @@ const tenantArb = fc.record({
   quota: fc.integer({ min: 0, max: 40 }),
   used: fc.integer({ min: 0, max: 40 }),
   fail: fc.boolean(),
-  blocked: fc.boolean().map((b) => b && Math.random() < 0.3),
+  blocked: fc.integer({ min: 0, max: 19 }).map((n) => n < 3), // ~15%: rarely already blocked
   suspended: fc.constantFrom(false, false, false, false, true),
   queues: fc.array(
     fc.record({
@@ -191,7 +191,9 @@ test('sluice_lease picks what planPicks picks (100 generated states)', async () 
       const active = (await sql`select count(*)::int as n from pgboss.job where name like 't.%' and state = 'active'`)[0]!.n as number;
       assert.equal(active, rows.length, 'pg-boss jobs activated');
     }),
-    { numRuns: 100 },
+    // A fixed seed keeps CI deterministic (the coverage check below cannot flake);
+    // LEASE_DIFF_SEED=<n> explores other states.
+    { numRuns: 100, seed: Number(process.env.LEASE_DIFF_SEED ?? 20261203) },
   );
   // The generator reaches the interesting cases, not only empty leases.
   for (const [k, n] of Object.entries(seen)) assert.ok(n >= 3, `${k}: ${n} of 100 runs`);
