@@ -85,6 +85,8 @@ export const jobs = pgTable(
     index('jobs_queued_idx').on(t.tenantId, t.priority, t.runAfter).where(sql`${t.state} = 'QUEUED'`),
     index('jobs_queued_age_idx').on(t.priority, t.createdAt).where(sql`${t.state} = 'QUEUED'`),
     index('jobs_tenant_queued_age_idx').on(t.tenantId, t.priority, t.createdAt).where(sql`${t.state} in ('QUEUED', 'WAITING_QUOTA')`),
+    // Retention's walk over finished jobs (migration 0009).
+    index('jobs_finished_idx').on(t.finishedAt).where(sql`${t.state} in ('SUCCEEDED', 'FAILED', 'CANCELLED')`),
     check('jobs_priority_check', sql`${t.priority} in ('INTERACTIVE', 'STANDARD', 'BULK')`),
     check('jobs_state_check', sql`${t.state} in ('QUEUED', 'WAITING_QUOTA', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED')`),
   ],
