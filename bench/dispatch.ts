@@ -12,7 +12,7 @@
  *      pg-boss's own create_queue());
  *   3. jobs: submitJobs through GraphQL, in parallel, up to --graphql-tenants
  *      tenants; beyond that a bulk fill with the submit path's own statements
- *      (insertJobs, pg-boss insert, markQueuesReady), see --fill;
+ *      (insertJobsQueued, markManyQueuesReady), see --fill;
  *   4. the API process stops and a worker process (SLUICE_ROLE=worker) starts
  *      on the filled queues; the drain is measured from the first claim
  *      (min jobs.started_at) for --window seconds (or to the end with --full),
@@ -27,9 +27,10 @@
 import { randomUUID } from 'node:crypto';
 import postgres from 'postgres';
 import type { PgBoss } from 'pg-boss';
-import { insertJobs, type NewJob } from '../src/jobs/store.ts';
-import { CLASSES, inTransaction, queueName, startBoss } from '../src/queue/boss.ts';
-import { markQueuesReady } from '../src/scheduler/store.ts';
+import { newJobIds } from '../src/jobs/ids.ts';
+import { insertJobsQueued, type NewJobRow } from '../src/jobs/store.ts';
+import { CLASSES, queueName, startBoss } from '../src/queue/boss.ts';
+import { markManyQueuesReady } from '../src/scheduler/store.ts';
 import { startSimulator, type Simulator } from '../src/simulator/index.ts';
 import { generateSecret, hashSecret, TENANT_KEY_PREFIX } from '../src/tenants/keys.ts';
 import { effectiveLimits } from '../src/tenants/policy.ts';
@@ -193,7 +194,7 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
       submission: {
         how: viaGraphql
           ? `GraphQL submitJobs, one per tenant, ${Math.min(o.submitConcurrency, keys.length)} at a time`
-          : 'bulk fill in the bench process with the submit path\'s own statements per tenant (jobs/store.ts insertJobs, pg-boss insert into the tenant\'s class queue, scheduler markQueuesReady), 1,000 tenants per transaction; skips GraphQL, auth and admission (--fill graphql to submit through GraphQL)',
+          : 'bulk fill in the bench process with the submit path\'s own statements (jobs/store.ts insertJobsQueued: jobs and pg-boss rows in one statement; scheduler markManyQueuesReady), 1,000 tenants per transaction and statement; skips GraphQL, auth and admission (--fill graphql to submit through GraphQL)',
         seconds: round(submitS, 2),
         jobsPerSecond: round(total / submitS, 1),
         apiProcessCpu: apiCpu,
@@ -275,26 +276,32 @@ async function bulkTenants(url: string, n: number, limits: { weight: number; con
   }
 }
 
-/** Queued jobs for many tenants: what JobService.submit writes, with its own statements, many tenants per transaction. */
+/** Queued jobs for many tenants: what JobService.submit writes, with its own statements (insertJobsQueued, markManyQueuesReady), 1,000 tenants per transaction. */
 async function bulkFill(url: string, tenantIds: readonly string[], perTenant: number) {
   const sql = postgres(url, { max: 2, onnotice: () => {}, transform: { undefined: null } });
-  const boss = await startBoss(url, { max: 2, supervise: false });
   try {
     const chunks: string[][] = [];
     for (let i = 0; i < tenantIds.length; i += 1000) chunks.push(tenantIds.slice(i, i + 1000));
     await mapLimit(chunks, 2, (chunk) =>
       sql.begin(async (tx) => {
-        const db = inTransaction(tx);
-        for (const tenantId of chunk) {
-          const jobs: NewJob[] = Array.from({ length: perTenant }, (_, i) => ({ api: 'exchangerate', params: { currency1: 'USD', currency2: i % 2 ? 'EUR' : 'GBP' }, priority: 'STANDARD', idempotencyKey: null, id: randomUUID() }));
-          await insertJobs(tx, tenantId, jobs);
-          await boss.insert(queueName(tenantId, 'STANDARD'), jobs.map((j) => ({ id: j.id, data: { tenantId, api: j.api, params: j.params } })), { db });
-          await markQueuesReady(tx, tenantId, ['STANDARD']);
-        }
+        const ids = newJobIds(chunk.length * perTenant);
+        const jobs: NewJobRow[] = chunk.flatMap((tenantId, t) =>
+          Array.from({ length: perTenant }, (_, i) => ({
+            tenantId,
+            state: 'QUEUED' as const,
+            api: 'exchangerate',
+            params: { currency1: 'USD', currency2: i % 2 ? 'EUR' : 'GBP' },
+            priority: 'STANDARD' as const,
+            idempotencyKey: null,
+            id: ids[t * perTenant + i]!,
+          })),
+        );
+        const stored = await insertJobsQueued(tx, jobs);
+        if (stored.jobs !== jobs.length || stored.queued !== jobs.length) throw new Error(`bulk fill stored ${stored.jobs} jobs and ${stored.queued} pg-boss jobs of ${jobs.length}`);
+        await markManyQueuesReady(tx, chunk.map((tenantId) => ({ tenantId, jobClass: 'STANDARD' as const })));
       }),
     );
   } finally {
-    await boss.stop({ graceful: false, close: true });
     await sql.end();
   }
 }

@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import postgres from 'postgres';
 import { startTestApp, type TestApp } from './helpers/app.ts';
-import { insertJobs } from '../src/jobs/store.ts';
+import { insertJobsQueued } from '../src/jobs/store.ts';
 import { newJobIds } from '../src/jobs/ids.ts';
 
 let t: TestApp;
@@ -23,6 +23,9 @@ after(async () => {
 });
 
 const job = (id: string) => ({ id, api: 'dnslookup', params: { domain: 'example.org' }, priority: 'BULK' as const, idempotencyKey: null });
+/** The submit path's insert (jobs and pg-boss rows in one statement) of one tenant's jobs. */
+const insertJobs = (tx: postgres.Sql | postgres.TransactionSql, tenantId: string, jobs: ReturnType<typeof job>[]) =>
+  insertJobsQueued(tx, jobs.map((j) => ({ ...j, tenantId, state: 'QUEUED' as const })));
 
 test('a job naming no tenant is refused with 23503 and nothing of its statement is stored', async () => {
   const tenant = await t.createTenant('fk-a');

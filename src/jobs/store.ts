@@ -59,25 +59,6 @@ export interface NewJobRow extends NewJob {
 }
 
 /**
- * Inserts jobs of any tenants in ONE statement, skipping any whose idempotency
- * key its tenant already used. Returns the ids actually inserted. One JSON
- * parameter, so 10,000 jobs are one statement and far below Postgres's
- * 65,535-parameter limit; the depth trigger then runs once for the statement.
- */
-export async function insertJobRows(tx: Tx, jobs: readonly NewJobRow[]): Promise<Set<string>> {
-  if (jobs.length === 0) return new Set();
-  const payload = jobs.map((j) => ({ id: j.id, tenant_id: j.tenantId, api: j.api, params: j.params, priority: j.priority, state: j.state, idempotency_key: j.idempotencyKey }));
-  const rows = await tx`
-    insert into jobs (id, tenant_id, api, params, priority, state, idempotency_key)
-    select x.id, x.tenant_id, x.api, x.params, x.priority, x.state, x.idempotency_key
-    from jsonb_to_recordset(${tx.json(payload as never)}::jsonb)
-      as x(id uuid, tenant_id uuid, api text, params jsonb, priority text, state text, idempotency_key text)
-    on conflict (tenant_id, idempotency_key) where idempotency_key is not null do nothing
-    returning id`;
-  return new Set(rows.map((r) => r.id as string));
-}
-
-/**
  * Accepted jobs of any tenants into BOTH tables in ONE statement: our `jobs`
  * rows and their pg-boss jobs (`pgboss.job`, as `boss.insert()` writes them:
  * the queue's policies, pg-boss's clock; queue/insert.ts), from one JSON
@@ -119,11 +100,6 @@ export async function insertJobsQueued(tx: Tx, jobs: readonly NewJobRow[]): Prom
     )
     select (select count(*) from j)::int as jobs, (select count(*) from b)::int as queued`;
   return { jobs: row!.jobs as number, queued: row!.queued as number };
-}
-
-/** One tenant's jobs (see insertJobRows). */
-export async function insertJobs(tx: Tx, tenantId: string, jobs: readonly NewJob[], state: 'QUEUED' | 'WAITING_QUOTA' = 'QUEUED'): Promise<Set<string>> {
-  return insertJobRows(tx, jobs.map((j) => ({ ...j, tenantId, state })));
 }
 
 export interface OriginalJob {
