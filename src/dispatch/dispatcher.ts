@@ -576,12 +576,13 @@ export class Dispatcher {
   }
 
   /**
-   * One settlement group, in the lock order: the reservations still open
-   * (the fence: a superseded attempt changes nothing), their tenants in id
-   * order, each job's state, result and pg-boss ack (I6: the ack commits with
-   * the stored result), the reservations' bills and slots (ledger, then the
+   * One settlement group: the reservations still open (the fence: a
+   * superseded attempt changes nothing), each job's state, result and pg-boss
+   * ack (I6: the ack commits with the stored result), the events, the
+   * reservations' bills and slots (their tenants' rows, the ledger, the
    * window's slot deltas), then the account reactions (a rate-limit 429
-   * pauses the window on every node, I2) and the events.
+   * pauses the window on every node, I2). docs/ARCHITECTURE.md "Lock order"
+   * says why the tenants' rows may come after the jobs' here.
    *
    * Nearly every group holds final states only (complete or fail): it is ONE
    * statement, sluice_settle_group, outside any transaction, so no tenant row

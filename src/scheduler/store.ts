@@ -296,10 +296,11 @@ export interface SettleGroupItem extends SettleRow {
 
 /**
  * A settlement group in ONE statement (sluice_settle_group, migration 0018):
- * locks the reservations still open and their tenants (the lock order),
- * finishes the jobs of those with a final state (result and pg-boss ack
- * with it, I6), settles the reservations (sluice_settle) and sends the
- * events of the jobs it finished. Returns the reservations it settled; the
+ * locks the reservations still open, finishes the jobs of those with a final
+ * state (result and pg-boss ack with it, I6), queues the events of the jobs
+ * it finished, then settles the reservations (sluice_settle: their tenants'
+ * rows, taken last so they are held only to the commit; the ledger; the
+ * window's slot deltas). Returns the reservations it settled; the
  * others were settled already (a superseded attempt changes nothing). With
  * `sql` outside a transaction this is the whole settlement: one round trip,
  * no transaction held open between round trips.
