@@ -86,7 +86,7 @@ export const envSchema = z.object({
   /** The account's concurrent-call limit, when it differs from the plan's. */
   APIVERVE_CONCURRENT_CALLS: z.coerce.number().int().min(1).optional(),
 
-  /** Pacer: the share of each window's limit Sluice uses, and the bucket size (default max(1, limit/20)). */
+  /** Pacer: the share of each window's limit Sluice uses, and the bucket size (default max(1, limit × PACE_FRACTION / 20): three seconds at the paced rate). */
   PACE_FRACTION: z.coerce.number().gt(0).max(1).default(0.9),
   PACER_BURST: z.coerce.number().int().min(1).optional(),
   /** Class-to-window map, e.g. `INTERACTIVE=sub1,BULK=sub2`; default: INTERACTIVE on sub1 when a sub-key exists. */

@@ -19,7 +19,7 @@ export function pacedRate(limitPerMinute: number | null, fraction: number): numb
   return limitPerMinute === null ? null : limitPerMinute * fraction;
 }
 
-/** Default burst: max(1, limit / 20), i.e. three seconds' worth at the limit. */
+/** Default burst: max(1, rate / 20), i.e. three seconds' worth at that rate (windows.ts passes the paced rate). */
 export function defaultBurst(limitPerMinute: number | null): number {
   return limitPerMinute === null ? 0 : Math.max(1, Math.floor(limitPerMinute / 20));
 }

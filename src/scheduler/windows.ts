@@ -76,7 +76,13 @@ export function planWindows(c: WindowConfig): WindowSpec[] {
     ...w,
     limitPerMinute: limit,
     pacedPerMinute: pacedRate(limit, c.paceFraction),
-    burst: c.burst ?? defaultBurst(limit),
+    // Three seconds at the PACED rate, not at the limit: the provider counts a call when it
+    // arrives, Sluice when it leases it, and transit jitter J between the two lets up to
+    // paced rate x J calls land in a shorter span than they were leased in. Over long spans the
+    // pace's headroom absorbs that; right after a burst has emptied both buckets only burst
+    // headroom can (seen: 2 rate-limit 429s in 2 of 4 fairness runs with the provider's full burst,
+    // each pausing every node). Also, the provider's bucket size is not published (PROVIDER.md).
+    burst: c.burst ?? defaultBurst(pacedRate(limit, c.paceFraction)),
     concurrentLimit: share,
   }));
 }
