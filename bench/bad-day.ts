@@ -21,7 +21,7 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
   const up = r.upstream as { utilization: number | null; utilizationInclStart: number; rateLimited429: number; observedLatencyMs: { p50: number; p95: number; mean: number } | null; callsPerSecond: number[] };
   const pacedPerS = (cfg.ratePerMinute * cfg.paceFraction) / 60;
   const meanS = (up.observedLatencyMs?.mean ?? cfg.latencyMs) / 1000;
-  const late = r.late as { completionS: number | null; idealS: number };
+  const late = r.late as { completionS: number | null; idealS: number; idealOwnLatencyS: number | null };
   const ratio = (r.tenants as { ratio: unknown }).ratio;
   const summary = {
     utilization: up.utilization,
@@ -37,6 +37,7 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
     observedLatencyMs: up.observedLatencyMs,
     bCompletionS: late.completionS,
     bIdealS: late.idealS,
+    bIdealOwnLatencyS: late.idealOwnLatencyS,
     aToC: ratio,
   };
   return { summary, targets, runs: { badDay: { ...r, targets } } };

@@ -160,7 +160,7 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
   });
 
   const ok = (r: Record<string, unknown> | undefined) => (r && !('error' in r) ? r : undefined);
-  const fair = ok(runs.fair) as undefined | { upstream: { utilization: number | null; utilizationInclStart: number; rateLimited429: number }; late: { completionS: number | null; idealS: number }; tenants: { ratio: { steadyWindow: number | null; expected: number }; callsInSteadyWindow: Record<string, number> }; window: unknown };
+  const fair = ok(runs.fair) as undefined | { upstream: { utilization: number | null; utilizationInclStart: number; rateLimited429: number }; late: { completionS: number | null; idealS: number; idealOwnLatencyS: number | null; vsIdealOwnLatency: number | null }; tenants: { ratio: { steadyWindow: number | null; expected: number }; callsInSteadyWindow: Record<string, number> }; window: unknown };
   const caps = ok(runs.caps) as undefined | { upstream: { utilization: number | null }; tenants: { callsInSteadyWindow: Record<string, number>; ratio: { steadyWindow: number | null } }; capsAnalysis: unknown };
   const fifo = ok(runs.fifo) as undefined | { upstream: { utilization: number | null }; late: { completionS: number | null; estimated: boolean; note?: string; completionAtFullPacedRateS?: number } };
   const summary = {
@@ -171,6 +171,9 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
       bCompletionS: fair.late.completionS,
       bIdealS: fair.late.idealS,
       bVsIdeal: fair.late.completionS === null ? null : round(fair.late.completionS / fair.late.idealS, 3),
+      bIdealOwnLatencyS: fair.late.idealOwnLatencyS,
+      bVsIdealOwnLatency: fair.late.vsIdealOwnLatency,
+      bJudgedOn: 'bVsIdealOwnLatency (its fair dispatch slots plus its calls\' own latencies); bVsIdeal (one median latency) is reported, not judged',
       aToC: fair.tenants.ratio.steadyWindow,
       aToCExpected: fair.tenants.ratio.expected,
       callsByTenant: fair.tenants.callsInSteadyWindow,

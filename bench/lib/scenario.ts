@@ -122,7 +122,7 @@ export interface ScenarioResult {
 
 export async function runScenario(pg: BenchPostgres, cfg: ScenarioConfig): Promise<ScenarioResult> {
   const pacedPerSec = (cfg.ratePerMinute * cfg.paceFraction) / 60;
-  const burst = Math.max(1, Math.floor(cfg.ratePerMinute / 20)); // Sluice's default PACER_BURST
+  const burst = Math.max(1, Math.floor((cfg.ratePerMinute * cfg.paceFraction) / 20)); // Sluice's default PACER_BURST (3 s at the paced rate)
   const db = await freshDatabase(pg.adminUrl, cfg.label);
   let sim: Simulator | null = null;
   let sluice: Awaited<ReturnType<typeof startSluiceFor>> | null = null;
@@ -381,6 +381,18 @@ export async function runScenario(pg: BenchPostgres, cfg: ScenarioConfig): Promi
       lateNote = `extrapolated: ${before - dispatched} of the ${before} jobs ahead of and including B's last were still to dispatch at t=${(endMs / 1000).toFixed(1)}s, at the measured drain rate ${round(rate, 2)}/s, plus one median latency`;
     }
     const lateCalls = calls.filter((c) => c.tag === cfg.lateTag);
+    // The ideal above adds ONE median latency, but B is done when its slowest call is: the max of
+    // 50 log-normal draws spread over its dispatch span. A perfect scheduler (B's share from the
+    // instant it submits, no front door) would miss 1.2x that ideal most of the time (Monte Carlo
+    // with this simulator's distribution: median 1.44x, within 1.2x in ~12% of runs), so it judged
+    // the simulator's tail, not Sluice. This ideal gives each of B's calls, in dispatch order, its
+    // fair slot ((i+1) / (paced rate x share) after B's submission) plus the latency that call
+    // really had: Sluice's front door and fair order are then all that separate the two.
+    const lateIdealOwnLatencyS = (() => {
+      if (!lateSub || lateCalls.length === 0 || lateCalls.some((c) => c.settled === null)) return null;
+      const gapMs = 1000 / (pacedPerSec * lateShare);
+      return Math.max(...lateCalls.map((c, i) => (i + 1) * gapMs + (c.settled! - c.at))) / 1000;
+    })();
     const lateActive = lateCalls.length ? { from: lateCalls[0]!.at, to: lateCalls[lateCalls.length - 1]!.at } : null;
     const lateWindow = (() => {
       if (!lateActive || lateActive.to <= lateActive.from) return null;
@@ -474,6 +486,10 @@ export async function runScenario(pg: BenchPostgres, cfg: ScenarioConfig): Promi
         ...(lateNote ? { note: lateNote } : {}),
         ...(lateAtPacedRateS !== null ? { completionAtFullPacedRateS: round(lateAtPacedRateS, 1) } : {}),
         idealS: round(idealS, 3),
+        idealOwnLatencyS: lateIdealOwnLatencyS === null ? null : round(lateIdealOwnLatencyS, 3),
+        idealOwnLatencyFormula: `max over ${cfg.lateTag}'s calls in dispatch order of (i+1) / (${round(pacedPerSec, 2)}/s × ${round(lateShare, 4)}) + that call's observed latency (dispatch → settlement); judged`,
+        vsIdeal: lateCompletionS === null ? null : round(lateCompletionS / idealS, 3),
+        vsIdealOwnLatency: lateCompletionS === null || lateIdealOwnLatencyS === null ? null : round(lateCompletionS / lateIdealOwnLatencyS, 3),
         idealFormula: `${lateJobs} / (${round(pacedPerSec, 2)}/s × ${round(lateShare, 4)} weighted share) + ${cfg.latencyMs / 1000} s median latency`,
         expectedShare: round(lateShare, 4),
         calls: lateCalls.length,
@@ -505,15 +521,18 @@ export async function runScenario(pg: BenchPostgres, cfg: ScenarioConfig): Promi
 /** Targets of one fairness-style run, with pass/fail. */
 export function judge(r: ScenarioResult, opts: { utilizationTarget: number; judgeLate: boolean; judgeRatio: boolean }): Record<string, Check> {
   const up = r.upstream as { utilization: number | null; rateLimited429: number };
-  const late = r.late as { completionS: number | null; idealS: number; estimated: boolean };
+  const late = r.late as { completionS: number | null; idealS: number; idealOwnLatencyS: number | null; estimated: boolean };
   const ratio = (r.tenants as { ratio: { expected: number; steadyWindow: number | null } }).ratio;
   const out: Record<string, Check> = {
     utilization: check(up.utilization, `>= ${opts.utilizationTarget}`, up.utilization === null ? null : up.utilization >= opts.utilizationTarget),
     rateLimited429: check(up.rateLimited429, '== 0', up.rateLimited429 === 0),
   };
   if (opts.judgeLate) {
-    const rel = late.completionS === null ? null : late.completionS / late.idealS;
-    out.lateCompletionVsIdeal = check(rel, '<= 1.2 (B done within 1.2x its ideal)', rel === null ? null : rel <= 1.2, late.estimated ? 'estimated' : undefined);
+    // Judged against the ideal with B's own call latencies (see idealOwnLatencyS); the median-latency
+    // ideal's ratio is reported beside it (late.vsIdeal), not judged.
+    const ideal = late.idealOwnLatencyS ?? late.idealS;
+    const rel = late.completionS === null ? null : late.completionS / ideal;
+    out.lateCompletionVsIdeal = check(rel, '<= 1.2 (B done within 1.2x its ideal: its fair dispatch slots plus its calls\' own latencies)', rel === null ? null : rel <= 1.2, late.estimated ? 'estimated' : undefined);
   }
   if (opts.judgeRatio) {
     const dev = ratio.steadyWindow === null ? null : Math.abs(ratio.steadyWindow / ratio.expected - 1);
