@@ -15,6 +15,7 @@ import fc from 'fast-check';
 import { CLASSES, type JobClass } from '../src/queue/boss.ts';
 import { activationVtime, advance, classOrder, eligible, pickQueue, type Pick, type QueueCandidate } from '../src/scheduler/fair.ts';
 import { msUntilTokens, takeable, tokensAt, type BucketState } from '../src/scheduler/pacer.ts';
+import { planWindows } from '../src/scheduler/windows.ts';
 import { LatencyTracker, poolSize } from '../src/scheduler/pool.ts';
 import { billedCredits, fitCount } from '../src/scheduler/ledger.ts';
 import { planSettlement, retryDelaySeconds } from '../src/dispatch/retry.ts';
@@ -767,6 +768,18 @@ function replayPacer(b0: { ratePerMinute: number; burst: number; fill: number },
 }
 
 describe('the pacer (token bucket)', () => {
+  test('the default burst is three seconds at the PACED rate, so it keeps the pace\'s headroom below the provider\'s bucket', () => {
+    fc.assert(
+      fc.property(fc.integer({ min: 1, max: 100_000 }), fc.double({ min: 0.05, max: 1, noNaN: true }), (limit, pace) => {
+        const [w] = planWindows({ plan: 'PRO', ratePerMinute: limit, paceFraction: pace, primaryKey: 'k', subKeys: [], classWindows: {} });
+        assert.equal(w!.burst, Math.max(1, Math.floor((limit * pace) / 20)));
+        // Never more than the provider's own three seconds at its limit (the simulator's bucket).
+        assert.ok(w!.burst <= Math.max(1, Math.round(limit / 20)));
+      }),
+    );
+    const [explicit] = planWindows({ plan: 'PRO', ratePerMinute: 6000, paceFraction: 0.9, burst: 7, primaryKey: 'k', subKeys: [], classWindows: {} });
+    assert.equal(explicit!.burst, 7, 'PACER_BURST overrides the default');
+  });
   test('I1: calls taken in any interval [t0, t1] ≤ burst + rate × (t1 − t0); I2: none during a pause', () => {
     fc.assert(
       fc.property(bucketArb, fc.array(pacerEventArb, { minLength: 1, maxLength: 80 }), (b0, events) => {
