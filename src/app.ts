@@ -26,7 +26,7 @@ import type { Services } from './graphql/context.ts';
 import { JobService } from './jobs/service.ts';
 import type { Logger } from './log.ts';
 import { createProviderClient } from './provider/client.ts';
-import { BossMaintenance, TENANT_QUEUE_RETENTION_SECONDS, applyFinishedJobRetention, disableBossHeartbeats, ensureTenantQueues, extendTenantQueueRetention, startBoss } from './queue/boss.ts';
+import { BossMaintenance, TENANT_QUEUE_RETENTION_SECONDS, alignTenantQueues, ensureTenantQueues, startBoss } from './queue/boss.ts';
 import { createOpsServer, type OpsOptions } from './http/ops.ts';
 import { SubscriptionRegistry } from './events/subscriptions.ts';
 import { Retention } from './retention/retention.ts';
@@ -104,10 +104,10 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     cleanups.push(() => connection.end());
     const boss = await startBoss(databaseUrl, { supervise: false, max: poolSizes(env.DB_POOL_MAX).boss });
     cleanups.push(() => boss.stop({ graceful: false, close: true }));
-    await disableBossHeartbeats(sql);
-    // Queues created before retention was set keep waiting jobs only 14 days (pg-boss's default): extend them.
-    const extended = await extendTenantQueueRetention(sql);
-    if (extended > 0) log.info({ queues: extended, retentionDays: TENANT_QUEUE_RETENTION_SECONDS / 86_400 }, 'extended the retention of existing tenant queues');
+    // Queues created before the attempt lease keep a pg-boss heartbeat, before retention was set only 14
+    // days of waiting (pg-boss's default), or another finished-job deletion: bring them in line, once per set of values.
+    const extended = await alignTenantQueues(sql, env.JOB_RETENTION_SECONDS);
+    if (extended) log.info({ queues: extended, retentionDays: TENANT_QUEUE_RETENTION_SECONDS / 86_400 }, 'extended the retention of existing tenant queues');
     // pg-boss's maintenance runs on one process at a time, a bounded page of queues per pass.
     const maintenance = new BossMaintenance(boss, sql, env.BOSS_SUPERVISE_INTERVAL_SECONDS * 1000, (err) => log.warn({ err }, 'pg-boss maintenance failed'), env.BOSS_MAINTENANCE_PAGE);
     maintenance.start();
@@ -169,7 +169,6 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       await bus.start(sql);
       cleanups.push(() => bus.stop());
     }
-    await applyFinishedJobRetention(sql, env.JOB_RETENTION_SECONDS);
     const queuePolicy = {
       deleteAfterSeconds: env.JOB_RETENTION_SECONDS,
       retryLimit: 10, // pg-boss's own retries only cover crash redelivery; Sluice counts upstream attempts itself

@@ -9,7 +9,7 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import postgres from 'postgres';
 import type { PgBoss } from 'pg-boss';
-import { TENANT_QUEUE_RETENTION_SECONDS, extendTenantQueueRetention, queueName, startBoss } from '../src/queue/boss.ts';
+import { QUEUE_POLICY_SETTING, TENANT_QUEUE_RETENTION_SECONDS, alignTenantQueues, extendTenantQueueRetention, queueName, startBoss } from '../src/queue/boss.ts';
 import { LOST_JOB_CODE } from '../src/scheduler/reconcile.ts';
 import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
 
@@ -56,6 +56,26 @@ describe('a job waiting past the queue retention', () => {
     const [job] = await sql`select keep_until > now() + interval '300 days' as long from pgboss.job where name = ${queue} and id = ${id}`;
     assert.equal(job!.long, true, "the waiting job's deadline moved out too");
     assert.equal(await extendTenantQueueRetention(sql as never), 0, 'idempotent');
+  });
+
+  test('the queue migrations run at start once per set of values, not on every start (each scans every queue)', async () => {
+    const tenant = await t.createTenant('aligned', 'PRO');
+    const queue = queueName(tenant.id, 'STANDARD');
+    // The app's start ran them and left its marker: a second start with the same values skips them.
+    const [marker] = await sql`select value from settings where key = ${QUEUE_POLICY_SETTING}`;
+    assert.ok(marker, 'the start recorded the values it applied');
+    const [before] = await sql`select deletion_seconds from pgboss.queue where name = ${queue}`;
+    await sql`update pgboss.queue set heartbeat_seconds = 30, retention_seconds = 14 * 86400 where name = ${queue}`;
+    const seconds = Number(before!.deletion_seconds);
+    assert.equal(await alignTenantQueues(sql as never, seconds), null, 'same values: skipped, no queue scanned');
+    const [untouched] = await sql`select heartbeat_seconds from pgboss.queue where name = ${queue}`;
+    assert.equal(untouched!.heartbeat_seconds, 30, 'skipped means nothing was rewritten');
+    // Another finished-job retention (a changed JOB_RETENTION_SECONDS): all three run, and the marker follows.
+    assert.ok(((await alignTenantQueues(sql as never, seconds + 60)) ?? 0) >= 1, 'the short retention was extended again');
+    const [q] = await sql`select heartbeat_seconds, retention_seconds, deletion_seconds from pgboss.queue where name = ${queue}`;
+    assert.deepEqual({ hb: q!.heartbeat_seconds, ret: q!.retention_seconds, del: q!.deletion_seconds }, { hb: null, ret: TENANT_QUEUE_RETENTION_SECONDS, del: seconds + 60 });
+    assert.equal(await alignTenantQueues(sql as never, seconds + 60), null, 'and the next start with those values skips them');
+    assert.equal(await alignTenantQueues(sql as never, seconds), 0, 'back to the configured value for the tests that follow');
   });
 
   test('a quota-WAIT job whose pg-boss job was deleted by maintenance is put back, and runs once quota returns', async () => {

@@ -120,6 +120,30 @@ export async function applyFinishedJobRetention(sql: Sql, seconds: number): Prom
 }
 
 /**
+ * The three tenant-queue migrations above (heartbeats off, the long retention, finished-job
+ * deletion), run at a process's start only when the settings row says they have not yet run for
+ * these values. Each one scans every row of pgboss.queue (`name like 't.%'` cannot use its key):
+ * with 100,000 tenants (300,000 queues) that was most of a worker's 14 s start, on every start of
+ * every process, though queues Sluice creates already carry these values (ensureTenantQueues).
+ * The marker is written after they ran, so a crash in between only means they run again; a
+ * different JOB_RETENTION_SECONDS changes the marker and runs them again. Returns the queues whose
+ * retention was extended, or null when skipped.
+ */
+export async function alignTenantQueues(sql: Sql, finishedJobRetentionSeconds: number): Promise<number | null> {
+  const marker = `v1 retention=${TENANT_QUEUE_RETENTION_SECONDS} deletion=${finishedJobRetentionSeconds} heartbeat=off`;
+  const [row] = await sql`select value from settings where key = ${QUEUE_POLICY_SETTING}`;
+  if (row?.value === marker) return null;
+  await disableBossHeartbeats(sql);
+  const extended = await extendTenantQueueRetention(sql);
+  await applyFinishedJobRetention(sql, finishedJobRetentionSeconds);
+  await sql`insert into settings (key, value) values (${QUEUE_POLICY_SETTING}, ${marker}) on conflict (key) do update set value = excluded.value`;
+  return extended;
+}
+
+/** The settings row recording which tenant-queue policy values every queue was last brought to. */
+export const QUEUE_POLICY_SETTING = 'tenant_queue_policy';
+
+/**
  * Postgres array literal for a JS array. pg-boss passes id lists as plain
  * arrays (pg serializes them); postgres.js has no serializer for e.g. uuid[]
  * parameters, but the server parses a literal into any array type.
