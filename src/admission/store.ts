@@ -111,7 +111,7 @@ export interface ReservedRoom {
 
 /**
  * Holds room for a submission whose jobs are written after the gate is given
- * back (a large submitJobs). Called under the gate, after the jobs were
+ * back (a large keyless submitJobs). Called under the gate, after the jobs were
  * admitted and added to the gate's counts (addAdmitted), so the global
  * estimate already holds them; the tenant bound counts the rows (openGate).
  */
@@ -123,30 +123,15 @@ export async function reserveRoom(tx: Tx, id: string, room: readonly ReservedRoo
 }
 
 /**
- * Records the keys of a keyed submission's reservation, each with the job id it will get (migration
- * 0020). Under the gate, with reserveRoom: from its commit on, any decider sees these keys as
- * taken (jobs/store.ts originalsByIdempotencyKey) until the jobs replace them.
- */
-export async function reserveKeys(tx: Tx, id: string, keys: ReadonlyArray<{ tenantId: string; key: string; jobId: string }>): Promise<void> {
-  if (keys.length === 0) return;
-  await tx`
-    insert into admission_reserved_keys (tenant_id, idempotency_key, reservation_id, job_id)
-    select x.t, x.k, ${id}::uuid, x.j
-    from jsonb_to_recordset(${tx.json(keys.map((k) => ({ t: k.tenantId, k: k.key, j: k.jobId })) as never)}::jsonb) as x(t uuid, k text, j uuid)`;
-}
-
-/**
  * Takes a reservation for the transaction that writes its jobs: deletes its
  * rows (locked until that transaction ends, so the sweeper skips them) and
  * returns how many jobs it held; 0 when it is gone (reclaimed after expiry),
  * and then the jobs must not be written: their room was given back.
  */
 export async function claimRoom(tx: Tx, id: string): Promise<number> {
-  // Its keys go in the same statement: the jobs written next in this transaction replace them at commit.
   const [row] = await tx`
-    with gone as (delete from admission_reservations where id = ${id} returning jobs),
-      keys as (delete from admission_reserved_keys where reservation_id = ${id} returning 1)
-    select coalesce(sum(jobs), 0)::int as jobs, (select count(*) from keys)::int as keys from gone`;
+    with gone as (delete from admission_reservations where id = ${id} returning jobs)
+    select coalesce(sum(jobs), 0)::int as jobs from gone`;
   return row!.jobs as number;
 }
 
@@ -158,15 +143,11 @@ export async function claimRoom(tx: Tx, id: string): Promise<number> {
  * which only happens when a check would refuse.
  */
 export async function reclaimExpiredRooms(sql: Tx, limit = 500): Promise<number> {
-  // Their keys with them (a keyed submission's, migration 0020): free for the next submission.
-  const [row] = await sql`
-    with gone as (
-      delete from admission_reservations r using (
-        select id, class from admission_reservations where expires_at < now()
-        order by expires_at limit ${limit} for update skip locked) x
-      where r.id = x.id and r.class = x.class
-      returning r.id
-    ), keys as (delete from admission_reserved_keys k where k.reservation_id in (select id from gone) returning 1)
-    select (select count(*) from gone)::int as n, (select count(*) from keys)::int as keys`;
-  return row!.n as number;
+  const rows = await sql`
+    delete from admission_reservations r using (
+      select id, class from admission_reservations where expires_at < now()
+      order by expires_at limit ${limit} for update skip locked) x
+    where r.id = x.id and r.class = x.class
+    returning r.id`;
+  return rows.length;
 }

@@ -178,7 +178,7 @@ export const admissionTotals = pgTable('admission_totals', {
   reconciledAt: timestamp('reconciled_at', { withTimezone: true }).notNull().defaultNow(),
 });
 
-/** Room a large submission was admitted into, until its jobs are written or it expires (0012). */
+/** Room a large keyless submission was admitted into, until its jobs are written or it expires (0012). */
 export const admissionReservations = pgTable(
   'admission_reservations',
   {
@@ -192,18 +192,6 @@ export const admissionReservations = pgTable(
     expiresAt: timestamp('expires_at', { withTimezone: true }).notNull(),
   },
   (t) => [primaryKey({ columns: [t.id, t.jobClass] }), index('admission_reservations_tenant_idx').on(t.tenantId), index('admission_reservations_expires_idx').on(t.expiresAt)],
-);
-
-/** The keys of a keyed bulk submission between its admission and its insert (migration 0020). */
-export const admissionReservedKeys = pgTable(
-  'admission_reserved_keys',
-  {
-    tenantId: uuid('tenant_id').notNull(),
-    idempotencyKey: text('idempotency_key').notNull(),
-    reservationId: uuid('reservation_id').notNull(),
-    jobId: uuid('job_id').notNull(),
-  },
-  (t) => [primaryKey({ columns: [t.tenantId, t.idempotencyKey] }), index('admission_reserved_keys_reservation_idx').on(t.reservationId)],
 );
 
 /** One upstream rate window (key): its pacer bucket, pause and in-flight count, shared by every node. */

@@ -26,7 +26,7 @@ import { databaseUnavailable } from '../db/availability.ts';
 import postgres from 'postgres';
 import { retryAfterSeconds, tenantDrainRate, type Refusal } from '../admission/rules.ts';
 import { planGroup, type SubmissionPlan } from '../admission/plan.ts';
-import { addAdmitted, claimRoom, lockGate, readTenants, reconcileGate, reserveKeys, reserveRoom, type ReservedRoom, type TenantAdmissionState } from '../admission/store.ts';
+import { addAdmitted, claimRoom, lockGate, readTenants, reconcileGate, reserveRoom, type ReservedRoom, type TenantAdmissionState } from '../admission/store.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
 import { busyWeights, lockTenants, markManyQueuesReady, readWindows, tenantSchedState } from '../scheduler/store.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../tenants/policy.ts';
@@ -45,18 +45,17 @@ export function workPayload(tenantIds: readonly string[]): string {
   return text.length <= 7_000 ? text : '';
 }
 
-/** Submissions of at least this many jobs reserve their room (and keys) and write outside the gate. */
+/** Keyless submissions of at least this many jobs reserve their room and write outside the gate. */
 export const BULK_RESERVE_MIN = 500;
 
 /**
  * Whether a submission takes the reservation path: large enough that holding
- * the gate while it writes would stall other admissions. Keyed ones too: the
- * reservation records their keys (migration 0020), which every decider reads
- * with the stored ones, so the gate need not be held while they are written.
- * Pure.
+ * the gate while it writes would stall other admissions, and keyless (keyed
+ * jobs need the gate while their keys are written: the gate is what
+ * serializes idempotency). Pure.
  */
 export function reservesRoom(jobs: ReadonlyArray<{ idempotencyKey: string | null }>, min: number): boolean {
-  return jobs.length >= min;
+  return jobs.length >= min && jobs.every((j) => j.idempotencyKey === null);
 }
 
 /** Accepted jobs per class (the gate's counts). Pure. */
@@ -76,26 +75,6 @@ function roomOf(jobs: ReadonlyArray<{ tenantId: string; priority: JobClass }>): 
     room.set(key, r);
   }
   return [...room.values()];
-}
-
-/**
- * A submission naming a key that a keyed bulk submission has reserved but not yet stored: refused,
- * retryable. Answering it as a replay would name a job that may never be stored (the bulk insert
- * can still fail); once it is stored, the same request is a replay. Pure.
- */
-function keyInProgress(sub: { tenant: { id: string }; jobs: ReadonlyArray<{ idempotencyKey: string | null }>; bulk: boolean }, reserved: ReadonlySet<string>): SluiceError | null {
-  if (reserved.size === 0) return null;
-  const index = sub.jobs.findIndex((j) => j.idempotencyKey !== null && reserved.has(`${sub.tenant.id}:${j.idempotencyKey}`));
-  if (index < 0) return null;
-  const key = sub.jobs[index]!.idempotencyKey!;
-  const where = sub.bulk ? `jobs[${index}]: ` : '';
-  return new SluiceError(
-    'IDEMPOTENCY_IN_PROGRESS',
-    `${where}idempotencyKey "${key}" belongs to a submission that is being stored right now: send it again in a moment (it will then be answered as a replay)`,
-    { idempotencyKey: key, retryable: true, retryAfterSeconds: 1, ...(sub.bulk ? { index } : {}) },
-    409,
-    { 'Retry-After': '1' },
-  );
 }
 
 export interface SubmittedJob {
@@ -240,7 +219,7 @@ export class JobService {
   /**
    * The whole group in one transaction: the gate, the decision, the writes.
    * The gate is held until commit, so inserting 10,000 jobs here would hold
-   * every other admission for as long: large submissions (keyed or not) take
+   * every other admission for as long: large keyless submissions take
    * `submitBulk` instead.
    */
   private async decideAndWrite(tx: postgres.TransactionSql, subs: readonly Submission[]): Promise<Outcome[]> {
@@ -264,14 +243,14 @@ export class JobService {
     // them in order, each with its own snapshot taken when it starts, so the reads see everything
     // the previous gate holder committed (a read folded into the locking statement would not).
     const keyed = subs.flatMap((s) => s.jobs.filter((j) => j.idempotencyKey !== null).map((j) => ({ tenantId: s.tenant.id, key: j.idempotencyKey! })));
-    const [gate, tenants, { originals, reserved }] = await Promise.all([
+    const [gate, tenants, originals] = await Promise.all([
       lockGate(tx),
       readTenants(tx, subs.map((s) => ({ id: s.tenant.id, periodStart: quotaPeriod(s.tenant.periodAnchor, now).start }))),
       originalsByIdempotencyKey(tx, keyed),
     ]);
 
     // Refusals that do not depend on the queues: one place for the tenant's own state.
-    const early = subs.map((s) => this.tenantRefusal(s, tenants.get(s.tenant.id), now) ?? keyInProgress(s, reserved));
+    const early = subs.map((s) => this.tenantRefusal(s, tenants.get(s.tenant.id), now));
     const open = subs.map((s, i) => ({ s, i })).filter(({ i }) => early[i] === null);
     const plan = (globalDepth: number) =>
       planGroup({
@@ -333,7 +312,7 @@ export class JobService {
   }
 
   /**
-   * A large submitJobs (keyed too: its keys are reserved with its room) without holding the gate while it writes:
+   * A large keyless submitJobs without holding the gate while it writes:
    *  1. a short transaction under the gate decides it (same rules, same
    *     plan) and, if admitted, adds its jobs to the gate's counts and reserves
    *     the room (admission_reservations), then commits: other admissions go on;
@@ -350,12 +329,7 @@ export class JobService {
     const decided = await this.inTransaction(async (tx) => {
       const { out, accepted } = await this.decide(tx, [sub]);
       if (accepted.length > 0) {
-        const keys = accepted.flatMap((j) => (j.idempotencyKey === null ? [] : [{ tenantId: j.tenantId, key: j.idempotencyKey, jobId: j.id }]));
-        await Promise.all([
-          addAdmitted(tx, perClass(accepted)),
-          reserveRoom(tx, reservation, roomOf(accepted), this.deps.reservationSeconds ?? 30),
-          reserveKeys(tx, reservation, keys),
-        ]);
+        await Promise.all([addAdmitted(tx, perClass(accepted)), reserveRoom(tx, reservation, roomOf(accepted), this.deps.reservationSeconds ?? 30)]);
       }
       return { outcome: out[0]!, accepted };
     });

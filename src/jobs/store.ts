@@ -109,28 +109,16 @@ export interface OriginalJob {
   params: Record<string, unknown>;
 }
 
-/**
- * `${tenantId}:${key}` → the job first submitted under it, with what it asked for (to tell a replay
- * from a conflict); and the keys a keyed bulk submission has reserved but not yet stored
- * (migration 0020). ONE statement, so one snapshot: the transaction storing a reservation's jobs
- * deletes its key rows, so at any snapshot a key is seen either reserved or stored, never neither.
- */
-export async function originalsByIdempotencyKey(tx: Tx, pairs: ReadonlyArray<{ tenantId: string; key: string }>): Promise<{ originals: Map<string, OriginalJob>; reserved: Set<string> }> {
-  if (pairs.length === 0) return { originals: new Map(), reserved: new Set() };
+/** `${tenantId}:${key}` → the job first submitted under it, with what it asked for (to tell a replay from a conflict). */
+export async function originalsByIdempotencyKey(tx: Tx, pairs: ReadonlyArray<{ tenantId: string; key: string }>): Promise<Map<string, OriginalJob>> {
+  if (pairs.length === 0) return new Map();
   const rows = await tx`
-    with x as (select * from jsonb_to_recordset(${tx.json(pairs.map((p) => ({ t: p.tenantId, k: p.key })) as never)}::jsonb) as x(t uuid, k text))
-    select j.id, j.state, j.api, j.params, j.tenant_id, j.idempotency_key, false as reserved from jobs j
-    join x on j.tenant_id = x.t and j.idempotency_key = x.k
-    union all
-    select r.job_id, null, null, null, r.tenant_id, r.idempotency_key, true from admission_reserved_keys r
-    join x on r.tenant_id = x.t and r.idempotency_key = x.k`;
-  const key = (r: postgres.Row) => `${r.tenant_id}:${r.idempotency_key}`;
-  return {
-    originals: new Map(
-      rows.filter((r) => !r.reserved).map((r) => [key(r), { id: r.id as string, state: r.state as JobState, api: r.api as string, params: r.params as Record<string, unknown> }]),
-    ),
-    reserved: new Set(rows.filter((r) => r.reserved).map(key)),
-  };
+    select j.id, j.state, j.api, j.params, j.tenant_id, j.idempotency_key from jobs j
+    join jsonb_to_recordset(${tx.json(pairs.map((p) => ({ t: p.tenantId, k: p.key })) as never)}::jsonb) as x(t uuid, k text)
+      on j.tenant_id = x.t and j.idempotency_key = x.k`;
+  return new Map(
+    rows.map((r) => [`${r.tenant_id}:${r.idempotency_key}`, { id: r.id as string, state: r.state as JobState, api: r.api as string, params: r.params as Record<string, unknown> }]),
+  );
 }
 
 export async function getJob(sql: Tx, tenantId: string | null, id: string): Promise<JobRow | null> {
