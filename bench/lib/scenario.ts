@@ -18,6 +18,7 @@
  */
 import postgres from 'postgres';
 import { mulberry32, sampleLatencyMs } from '../../src/simulator/random.ts';
+import { defaultBurst, pacedRate } from '../../src/scheduler/pacer.ts';
 import { readWindows } from '../../src/scheduler/store.ts';
 import { startSimulator, type Simulator } from '../../src/simulator/index.ts';
 import { createTenant, gql, gqlRaw, submitBody, type JobSpec } from './gql.ts';
@@ -123,7 +124,7 @@ export interface ScenarioResult {
 
 export async function runScenario(pg: BenchPostgres, cfg: ScenarioConfig): Promise<ScenarioResult> {
   const pacedPerSec = (cfg.ratePerMinute * cfg.paceFraction) / 60;
-  const burst = Math.max(1, Math.floor((cfg.ratePerMinute * cfg.paceFraction) / 20)); // Sluice's default PACER_BURST (3 s at the paced rate)
+  const burst = defaultBurst(pacedRate(cfg.ratePerMinute, cfg.paceFraction)); // Sluice's default PACER_BURST, as windows.ts computes it
   const db = await freshDatabase(pg.adminUrl, cfg.label);
   let sim: Simulator | null = null;
   let sluice: Awaited<ReturnType<typeof startSluiceFor>> | null = null;
@@ -389,10 +390,10 @@ export async function runScenario(pg: BenchPostgres, cfg: ScenarioConfig): Promi
     // the simulator's tail, not Sluice. This ideal gives each of B's calls, in dispatch order, its
     // fair slot ((i+1) / (paced rate x share) after B's submission) plus the latency that call
     // really had: Sluice's front door and fair order are then all that separate the two.
+    const lateSlotMs = 1000 / (pacedPerSec * lateShare);
     const lateIdealOwnLatencyS = (() => {
       if (!lateSub || lateCalls.length === 0 || lateCalls.some((c) => c.settled === null)) return null;
-      const gapMs = 1000 / (pacedPerSec * lateShare);
-      return Math.max(...lateCalls.map((c, i) => (i + 1) * gapMs + (c.settled! - c.at))) / 1000;
+      return Math.max(...lateCalls.map((c, i) => (i + 1) * lateSlotMs + (c.settled! - c.at))) / 1000;
     })();
     const lateActive = lateCalls.length ? { from: lateCalls[0]!.at, to: lateCalls[lateCalls.length - 1]!.at } : null;
     const lateWindow = (() => {
@@ -490,7 +491,7 @@ export async function runScenario(pg: BenchPostgres, cfg: ScenarioConfig): Promi
         idealOwnLatencyS: lateIdealOwnLatencyS === null ? null : round(lateIdealOwnLatencyS, 3),
         idealOwnLatencyFormula: `max over ${cfg.lateTag}'s calls in dispatch order of (i+1) / (${round(pacedPerSec, 2)}/s × ${round(lateShare, 4)}) + that call's observed latency (dispatch → settlement); judged`,
         vsIdeal: lateCompletionS === null ? null : round(lateCompletionS / idealS, 3),
-        perfectSchedulerVsIdeal: { ...perfectSchedulerVsMedianIdeal(lateJobs, 1000 / (pacedPerSec * lateShare), cfg.latencyMs, cfg.latencyP95Ms), note: 'a perfect scheduler (fair slots from the instant of submission, simulator latencies, seeded): its median vsIdeal and the share of trials within 1.2x; why vsIdeal is not judged' },
+        perfectSchedulerVsIdeal: { ...perfectSchedulerVsMedianIdeal(lateJobs, lateSlotMs, cfg.latencyMs, cfg.latencyP95Ms), note: 'a perfect scheduler (fair slots from the instant of submission, simulator latencies, seeded): its median vsIdeal and the share of trials within 1.2x; why vsIdeal is not judged' },
         vsIdealOwnLatency: lateCompletionS === null || lateIdealOwnLatencyS === null ? null : round(lateCompletionS / lateIdealOwnLatencyS, 3),
         idealFormula: `${lateJobs} / (${round(pacedPerSec, 2)}/s × ${round(lateShare, 4)} weighted share) + ${cfg.latencyMs / 1000} s median latency`,
         expectedShare: round(lateShare, 4),

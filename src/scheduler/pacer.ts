@@ -20,8 +20,8 @@ export function pacedRate(limitPerMinute: number | null, fraction: number): numb
 }
 
 /** Default burst: max(1, rate / 20), i.e. three seconds' worth at that rate (windows.ts passes the paced rate). */
-export function defaultBurst(limitPerMinute: number | null): number {
-  return limitPerMinute === null ? 0 : Math.max(1, Math.floor(limitPerMinute / 20));
+export function defaultBurst(ratePerMinute: number | null): number {
+  return ratePerMinute === null ? 0 : Math.max(1, Math.floor(ratePerMinute / 20));
 }
 
 /** Tokens in the bucket at `now`: continuous refill, capped at the burst. */
