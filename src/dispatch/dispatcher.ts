@@ -34,7 +34,7 @@ import type { Sql } from '../db/client.ts';
 import { publishJobEvents, type JobEvent } from '../events/bus.ts';
 import { WORK_CHANNEL } from '../jobs/service.ts';
 import { requeueJob, upsertResult, type ResultRecord } from '../jobs/store.ts';
-import { reactionTo, slotPassesOn } from '../provider/classify.ts';
+import { reactionTo } from '../provider/classify.ts';
 import type { BatchOutcome, CallOutcome, ProviderClient } from '../provider/types.ts';
 import { reinsertJobs, type JobClass } from '../queue/boss.ts';
 import { classOrder } from '../scheduler/fair.ts';
@@ -96,8 +96,6 @@ interface Attempt {
   attempt: number;
   reservationId: string;
   credits: number;
-  /** Its reservation carries the call's pool slot (a single call's; a batch's first attempt). */
-  slot: boolean;
   /** Local clock (ms): the lease is surely live until then (the last refresh's send time + the lease). */
   deadline: number;
   /** Aborts the call: the lease could not be refreshed in time, or it was superseded. */
@@ -166,12 +164,6 @@ export class Dispatcher {
   oldestWaitMs: Partial<Record<JobClass, number>> = {};
   /** This process's open attempts by reservation id: their leases are refreshed until they settle. */
   private readonly open = new Map<string, Attempt>();
-  /**
-   * Per window: reservations carrying the slot of a call that has returned, not yet settled. The
-   * next lease may take their slots over (sluice_lease p_handover, migration 0021) instead of
-   * waiting for the settlement to give them back. Removed when the settlement lands.
-   */
-  private readonly handover = new Map<string, Set<string>>();
   /** Windows one of this process's loops is leasing right now. */
   private readonly leasing = new Set<string>();
   private leaseTimer: NodeJS.Timeout | null = null;
@@ -385,7 +377,6 @@ export class Dispatcher {
       batch: batchMax > 1 ? leaseBatchSpecs(catalog) : {},
       batchMax,
       batchQuantum: this.o.batchQuantum,
-      handover: [...(this.handover.get(w.name) ?? [])].slice(0, pool),
     });
     const out: Leased = { singles: [], batches: [] };
     // Per batch turn: the call and its items by input (dedupKey), so a duplicate finds its item at once.
@@ -399,7 +390,6 @@ export class Dispatcher {
         attempt: r.attempt,
         reservationId: r.reservationId,
         credits: r.credits,
-        slot: r.windowSlot,
         deadline,
         abort: new AbortController(),
       };
@@ -454,7 +444,6 @@ export class Dispatcher {
       return;
     }
     if (outcome.httpStatus !== null) this.latency.get(w.name)!.record(outcome.latencyMs);
-    this.handOver(w, [a], [outcome]);
     await this.settle(w, a, outcome);
   }
 
@@ -493,21 +482,7 @@ export class Dispatcher {
       const { id: _id, ...rest } = item;
       return { ...rest, status: call.status, latencyMs: call.latencyMs };
     });
-    this.handOver(w, all, outcomes);
     await this.settleBatch(w, b, outcomes);
-  }
-
-  /**
-   * A call is over: its slot may go to the next lease before its settlement lands, unless an
-   * outcome asks the account to react (a rate limit, credits, the key: the settlement applies the
-   * pause first) or to retry (a failing API slows down, not speeds up).
-   */
-  private handOver(w: WindowSpec, attempts: readonly Attempt[], outcomes: readonly CallOutcome[]): void {
-    if (!outcomes.every((o) => slotPassesOn(reactionTo(o)))) return;
-    let ids = this.handover.get(w.name);
-    if (!ids) this.handover.set(w.name, (ids = new Set()));
-    for (const a of attempts) if (a.slot) ids.add(a.reservationId);
-    this.poke();
   }
 
   /** Settles one attempt: queued for the next settlement group; resolves when it has landed. */
@@ -579,10 +554,7 @@ export class Dispatcher {
             for (const t of held) this.settlingTenants.delete(t);
           }
           for (const u of units) {
-            for (const x of u.items) {
-              this.open.delete(x.a.reservationId);
-              this.handover.get(u.w.name)?.delete(x.a.reservationId);
-            }
+            for (const x of u.items) this.open.delete(x.a.reservationId);
             u.done();
           }
           failures = 0;

@@ -58,17 +58,6 @@ export function reactionTo(outcome: Pick<CallOutcome, 'kind'>): Reaction {
   }
 }
 
-/**
- * Whether a finished call's pool slot may pass straight to the next lease, before its settlement
- * lands (slot handover, migration 0021): yes when the job simply completes or fails. A put-back
- * signal (rate limit, credits, key) must first pause the window or the account, which its
- * settlement does; a retry means the upstream is struggling, and waiting for the settlement is the
- * gentler pace.
- */
-export function slotPassesOn(reaction: Reaction): boolean {
-  return reaction === 'complete' || reaction === 'fail';
-}
-
 const CREDITS_WORDING = /credit|quota/i;
 
 /**

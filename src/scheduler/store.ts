@@ -232,8 +232,6 @@ export interface LeaseRequest {
   batch: Record<string, [number, number]>;
   batchMax: number;
   batchQuantum: number;
-  /** This node's reservations whose calls have returned, unsettled: their slots may be taken over (migration 0021). */
-  handover?: readonly string[];
 }
 
 /**
@@ -247,7 +245,7 @@ export async function leaseJobs(sql: Tx, r: LeaseRequest): Promise<LeaseRow[]> {
     rows = await sql`
       select * from sluice_lease(${r.window}, ${r.nodeId}, ${r.pool}, ${r.max}, ${r.leaseMax}, ${r.classes as string[]}::text[],
         ${r.leaseSeconds}, ${sql.json(r.costs)}::jsonb, ${r.hold as string[]}::text[], ${sql.json(r.batch as never)}::jsonb,
-        ${r.batchMax}, ${r.batchQuantum}, ${(r.handover ?? []) as string[]}::uuid[])`;
+        ${r.batchMax}, ${r.batchQuantum})`;
   } catch (err) {
     const code = (err as { code?: string }).code;
     if (code === 'SL409') throw new LeaseRace();
