@@ -427,7 +427,7 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
   const inproc = flags.bool('inproc');
   const extraEnv = parseEnvFlag(flags.optionalString('env'));
   // ACTIVExJOBS@REGISTERED: registered tenants of which only the active ones have jobs.
-  const registeredShapes = flags.string('registered', '1000x2@1000,1000x2@100000').split(',').filter(Boolean).map(parseShape);
+  const registeredShapes = flags.string('registered', '1000x10@1000,1000x10@100000').split(',').filter(Boolean).map(parseShape);
   const workerCounts = flags.string('workers', '1,2,4').split(',').filter(Boolean).map(Number);
   flags.done();
 

@@ -336,14 +336,15 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
           await retention.maybeRun();
         },
         desiredAlerts: async (tx) => {
-          const [totals, account, windows, breakerRows] = await Promise.all([
-            sched.classTotals(tx),
+          // Only the oldest ages: classTotals' sums read every queue's row, once a second here.
+          const [oldest, account, windows, breakerRows] = await Promise.all([
+            sched.oldestQueuedAgeByClass(tx),
             sched.readAccount(tx),
             sched.readWindows(tx),
             sched.readBreakers(tx),
           ]);
           return desiredAlerts({
-            oldestAgeSeconds: Object.fromEntries(totals.filter((c) => c.oldestAgeSeconds !== null).map((c) => [c.jobClass, c.oldestAgeSeconds!])),
+            oldestAgeSeconds: oldest,
             agePromiseSeconds: Object.fromEntries(Object.entries(agePromises).map(([c, ms]) => [c, ms! / 1000])),
             accountStop: account.dispatchStoppedUntil ? { reason: account.stopReason ?? 'STOPPED', until: account.dispatchStoppedUntil } : null,
             windowsStopped: windows.filter((w) => w.pausedUntil !== null && w.pausedUntil > w.dbNow && w.pauseReason === 'KEY_UNUSABLE').map((w) => ({ name: w.name, reason: w.pauseReason! })),

@@ -95,17 +95,34 @@ export async function oldestWaitByClass(sql: Tx): Promise<Partial<Record<JobClas
   return Object.fromEntries(rows.map((r) => [r.class, Math.max(0, Number(r.wait_ms))]));
 }
 
-/** Per class: waiting jobs (exact, from the depth counters), running jobs, and the oldest queued job's age. */
-export async function classTotals(sql: Tx): Promise<Array<{ jobClass: JobClass; depth: number; running: number; oldestAgeSeconds: number | null }>> {
+/**
+ * Per class: the oldest queued job's age in seconds (null: none queued). One index probe per class
+ * (jobs_queued_age_idx), whatever the number of tenants: the sweeper's alerts read it every round.
+ */
+export async function oldestQueuedAgeByClass(sql: Tx): Promise<Partial<Record<JobClass, number>>> {
   const rows = await sql`
-    select c.class,
-      (select coalesce(sum(depth), 0) from sched_queues q where q.class = c.class)::int as depth,
-      ((select coalesce(sum(running), 0) from sched_queues q where q.class = c.class)
-        + (select coalesce(sum(n), 0) from sched_running_deltas d where d.class = c.class))::int as running,
-      (select extract(epoch from now() - min(created_at)) from (
+    select c.class, (select extract(epoch from now() - min(created_at)) from (
         select created_at from jobs where priority = c.class and state = 'QUEUED' order by created_at limit 1) o) as oldest
     from unnest(${CLASSES as unknown as string[]}::text[]) as c(class)`;
-  return rows.map((r) => ({ jobClass: r.class as JobClass, depth: r.depth as number, running: r.running as number, oldestAgeSeconds: r.oldest === null ? null : Number(r.oldest) }));
+  return Object.fromEntries(rows.filter((r) => r.oldest !== null).map((r) => [r.class, Number(r.oldest)]));
+}
+
+/**
+ * Per class: waiting jobs (exact, from the depth counters), running jobs, and the oldest queued
+ * job's age. The sums read every queue's row (O(registered tenants)): for the status page, not
+ * for anything that runs every round.
+ */
+export async function classTotals(sql: Tx): Promise<Array<{ jobClass: JobClass; depth: number; running: number; oldestAgeSeconds: number | null }>> {
+  const [rows, oldest] = await Promise.all([
+    sql`
+      select c.class,
+        (select coalesce(sum(depth), 0) from sched_queues q where q.class = c.class)::int as depth,
+        ((select coalesce(sum(running), 0) from sched_queues q where q.class = c.class)
+          + (select coalesce(sum(n), 0) from sched_running_deltas d where d.class = c.class))::int as running
+      from unnest(${CLASSES as unknown as string[]}::text[]) as c(class)`,
+    oldestQueuedAgeByClass(sql),
+  ]);
+  return rows.map((r) => ({ jobClass: r.class as JobClass, depth: r.depth as number, running: r.running as number, oldestAgeSeconds: oldest[r.class as JobClass] ?? null }));
 }
 
 /** Per class of one tenant: waiting, running, oldest waiting job's age, quota block, and the tenant's cap state. */
