@@ -1,9 +1,10 @@
 /**
  * Bulk ingest through an admission reservation (jobs/service.ts submitBulk,
- * admission/store.ts): a keyless submitJobs of ≥ BULK_RESERVE_MIN jobs is
+ * admission/store.ts): a submitJobs of ≥ BULK_RESERVE_MIN jobs (keyed or not) is
  * admitted under the gate into `admission_reservations`, then written outside
  * it. Against real processes and a real Postgres:
  *  - whole or nothing, and the reservation is gone once the jobs are written;
+ *  - keyed bulks racing for the same keys store one job per key and answer it alike;
  *  - bounds stay exact with bulks and singles admitted at once on two processes;
  *  - a process killed between the reservation and the insert writes nothing,
  *    its reservation keeps counting against the bound, and the sweeper gives
@@ -65,11 +66,11 @@ describe('bulk ingest through admission reservations', () => {
     await db.drop();
   });
 
-  test('which submissions reserve: keyless and at least the minimum', () => {
+  test('which submissions reserve: at least the minimum, keyed or not', () => {
     const keyless = (n: number) => Array.from({ length: n }, () => ({ idempotencyKey: null }));
     assert.equal(reservesRoom(keyless(500), 500), true);
     assert.equal(reservesRoom(keyless(499), 500), false);
-    assert.equal(reservesRoom([...keyless(600), { idempotencyKey: 'k' }], 500), false, 'a keyed job needs the gate while its key is written');
+    assert.equal(reservesRoom([...keyless(600), { idempotencyKey: 'k' }], 500), true, 'keyed jobs too: the unique index decides a key race, the loser decides again');
   });
 
   test('a bulk submission is written whole, and its reservation is gone once it is', async () => {
@@ -81,6 +82,37 @@ describe('bulk ingest through admission reservations', () => {
     assert.equal(await reserved(t.id), 0);
     const [depth] = await sql`select sum(depth)::int as n from sched_queues where tenant_id = ${t.id}`;
     assert.equal(depth!.n, 800, 'the depth counters agree');
+  });
+
+  test('keyed bulks written outside the gate: concurrent submissions of the same keys get one job per key', async () => {
+    const t = await tenantAt('keyed', 10_000);
+    const keyed = (n: number, from: number) => jobs(n, from).map((j, k) => ({ ...j, idempotencyKey: `k-${from + k}` }));
+    // Two bulks sharing 400 keys, on both processes at once, and singles with keys of either or neither.
+    const first = keyed(600, 0);
+    const second = keyed(600, 200);
+    const singles = [250, 300, 650, 900].map((i) => keyed(1, i)[0]!);
+    const answers = await Promise.all([
+      post(a.url!, SUBMIT_MANY, { i: { jobs: first } }, t.apiKey),
+      post(b.url!, SUBMIT_MANY, { i: { jobs: second } }, t.apiKey),
+      ...singles.map((j, i) => post([a, b][i % 2]!.url!, SUBMIT, { i: j }, t.apiKey)),
+    ]);
+    for (const r of answers) assert.ok(r.body.data, JSON.stringify(r.body.errors));
+    // Every answer names the same job for the same key.
+    const byKey = new Map<string, string>();
+    const note = (key: string, id: string) => {
+      const seen = byKey.get(key);
+      if (seen) assert.equal(id, seen, `key ${key} answered with two jobs`);
+      else byKey.set(key, id);
+    };
+    answers[0]!.body.data.submitJobs.jobs.forEach((j: { id: string }, k: number) => note(first[k]!.idempotencyKey, j.id));
+    answers[1]!.body.data.submitJobs.jobs.forEach((j: { id: string }, k: number) => note(second[k]!.idempotencyKey, j.id));
+    singles.forEach((j, i) => note(j.idempotencyKey, answers[2 + i]!.body.data.submitJob.job.id));
+    assert.equal(byKey.size, 801, 'keys k-0 … k-799 and k-900');
+    assert.equal(await waiting(t.id), 801, 'one stored job per key');
+    assert.equal(await bossRows(t.id), 801);
+    assert.equal(await reserved(t.id), 0, 'every reservation claimed or given back');
+    const [depth] = await sql`select sum(depth)::int as n from sched_queues where tenant_id = ${t.id}`;
+    assert.equal(depth!.n, 801, 'the depth counters agree');
   });
 
   test('bounds stay exact: bulks and singles admitted at once on two processes', async () => {

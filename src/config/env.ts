@@ -149,7 +149,7 @@ export const envSchema = z.object({
   GLOBAL_QUEUE_BOUND: int(1_000_000, 1),
   CLASS_SHARES: classNumbers('BULK=0.7,STANDARD=0.9,INTERACTIVE=1'),
   /**
-   * A keyless submitJobs of at least BULK_RESERVE_MIN jobs is admitted under the gate into a reservation,
+   * A submitJobs of at least BULK_RESERVE_MIN jobs (keyed or not) is admitted under the gate into a reservation,
    * then written outside it; a reservation whose jobs never came (a crash) is reclaimed after this long.
    */
   BULK_RESERVE_MIN: int(500, 1),

@@ -45,18 +45,30 @@ export function workPayload(tenantIds: readonly string[]): string {
   return text.length <= 7_000 ? text : '';
 }
 
-/** Keyless submissions of at least this many jobs reserve their room and write outside the gate. */
+/** Submissions of at least this many jobs reserve their room and write outside the gate. */
 export const BULK_RESERVE_MIN = 500;
 
 /**
  * Whether a submission takes the reservation path: large enough that holding
- * the gate while it writes would stall other admissions, and keyless (keyed
- * jobs need the gate while their keys are written: the gate is what
- * serializes idempotency). Pure.
+ * the gate while it writes would stall other admissions (in every process),
+ * keyed or not. Keys written outside the gate can race a concurrent writer of
+ * the same key; the unique index decides, and the loser decides again
+ * (`KeyRace`). Pure.
  */
 export function reservesRoom(jobs: ReadonlyArray<{ idempotencyKey: string | null }>, min: number): boolean {
-  return jobs.length >= min && jobs.every((j) => j.idempotencyKey === null);
+  return jobs.length >= min;
 }
+
+/**
+ * A write stored fewer jobs than it decided to: another transaction stored one
+ * of its idempotency keys after the decision (a keyed bulk writes outside the
+ * gate). The transaction is rolled back and the submission decided again, when
+ * the other's jobs are visible (replayed, or a conflict).
+ */
+class KeyRace extends Error {}
+
+/** How many times a submission is decided again after losing a key race (then the error surfaces). */
+const KEY_RACE_ATTEMPTS = 4;
 
 /** Accepted jobs per class (the gate's counts). Pure. */
 function perClass(jobs: ReadonlyArray<{ priority: JobClass }>): Partial<Record<JobClass, number>> {
@@ -90,7 +102,7 @@ export interface JobServiceDeps {
   /** MAX_PARAM_KEYS / MAX_PARAMS_BYTES; defaults in validate.ts. */
   paramLimits?: ParamLimits;
   admission: AdmissionConfig;
-  /** Keyless submissions of at least this many jobs reserve room under the gate and write outside it (default 500). */
+  /** Submissions of at least this many jobs reserve room under the gate and write outside it (default 500). */
   bulkReserveMin?: number;
   /** An admission reservation whose jobs never came is reclaimed after this long (ADMISSION_RESERVATION_SECONDS). */
   reservationSeconds?: number;
@@ -151,17 +163,23 @@ export class JobService {
     const ids = newJobIds(valid.length);
     const sub: Submission = { tenant, jobs: valid.map((j, i) => ({ ...j, id: ids[i]! })), bulk: opts.bulk ?? inputs.length > 1, gate: opts.gate };
     let outcome: Outcome;
-    try {
-      if (sub.jobs.length === 1 && this.group) {
-        outcome = await this.group.submit(sub);
-      } else if (reservesRoom(sub.jobs, this.deps.bulkReserveMin ?? BULK_RESERVE_MIN)) {
-        outcome = await this.submitBulk(sub);
-      } else {
-        const [result] = await this.commit([sub]);
-        outcome = (result as { value: Outcome }).value;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        if (sub.jobs.length === 1 && this.group) {
+          outcome = await this.group.submit(sub);
+        } else if (reservesRoom(sub.jobs, this.deps.bulkReserveMin ?? BULK_RESERVE_MIN)) {
+          outcome = await this.submitBulk(sub);
+        } else {
+          const [result] = await this.commit([sub]);
+          outcome = (result as { value: Outcome }).value;
+        }
+        break;
+      } catch (err) {
+        const cause = err instanceof NotCommitted ? err.cause : err;
+        // Rolled back because a concurrent writer stored one of our keys first: decide again.
+        if (cause instanceof KeyRace && attempt < KEY_RACE_ATTEMPTS) continue;
+        throw cause;
       }
-    } catch (err) {
-      throw err instanceof NotCommitted ? err.cause : err;
     }
     // After the group is answered, off its critical path: the next group need not wait for Retry-After estimates.
     return this.answer(sub, outcome);
@@ -219,8 +237,8 @@ export class JobService {
   /**
    * The whole group in one transaction: the gate, the decision, the writes.
    * The gate is held until commit, so inserting 10,000 jobs here would hold
-   * every other admission for as long: large keyless submissions take
-   * `submitBulk` instead.
+   * every other admission for as long: large submissions take `submitBulk`
+   * instead.
    */
   private async decideAndWrite(tx: postgres.TransactionSql, subs: readonly Submission[]): Promise<Outcome[]> {
     const { out, accepted } = await this.decide(tx, subs);
@@ -293,8 +311,9 @@ export class JobService {
       tx`select pg_notify(${WORK_CHANNEL}, ${workPayload(accepted.map((j) => j.tenantId))})`,
       ...also,
     ]);
-    // The gate serializes every writer of idempotency keys, so a skipped row means something is badly wrong.
-    if (stored.jobs !== accepted.length) throw new Error(`stored ${stored.jobs} of ${accepted.length} jobs`);
+    // A skipped row: a concurrent writer (a keyed bulk writes outside the gate) stored one of these
+    // keys after the decision. Rolled back; the submission is decided again (submit).
+    if (stored.jobs !== accepted.length) throw new KeyRace(`stored ${stored.jobs} of ${accepted.length} jobs: an idempotency key was stored meanwhile`);
     if (stored.queued !== accepted.length) throw new Error(`pg-boss insert stored ${stored.queued} of ${accepted.length} jobs (a queue is missing or an id repeats)`);
   }
 
@@ -312,7 +331,7 @@ export class JobService {
   }
 
   /**
-   * A large keyless submitJobs without holding the gate while it writes:
+   * A large submitJobs without holding the gate while it writes:
    *  1. a short transaction under the gate decides it (same rules, same
    *     plan) and, if admitted, adds its jobs to the gate's counts and reserves
    *     the room (admission_reservations), then commits: other admissions go on;
