@@ -70,6 +70,8 @@ DECLARE
   batch_fetch boolean;
   holding boolean := false;
   pending int;
+  -- A class's clock after this call: where its lagging queues are lifted to.
+  lift_to float8;
   -- Each class's walk cursor: the last queue of the index passed for good in this call.
   cur_v float8[];
   cur_t uuid[];
@@ -439,12 +441,12 @@ BEGIN
   -- migration 0022's header). SKIP LOCKED, after every tenant row this call takes: never waits.
   -- Once lifted, a queue still passed over is lifted again only after the clock moves another 8.
   FOR c IN SELECT jsonb_object_keys(served) LOOP
-    UPDATE sched_queues q SET vtime = k.clock
-      FROM sched_classes k, (
-        SELECT l.tenant_id FROM sched_queues l, sched_classes kk
-        WHERE kk.class = c AND l.class = c AND l.ready_at IS NOT NULL AND l.vtime < kk.clock - 8
-        FOR UPDATE OF l SKIP LOCKED) lag
-      WHERE k.class = c AND q.class = c AND q.tenant_id = lag.tenant_id;
+    SELECT k.clock INTO lift_to FROM sched_classes k WHERE k.class = c;
+    UPDATE sched_queues q SET vtime = lift_to
+      WHERE q.class = c AND q.tenant_id IN (
+        SELECT l.tenant_id FROM sched_queues l
+        WHERE l.class = c AND l.ready_at IS NOT NULL AND l.vtime < lift_to - 8
+        FOR UPDATE SKIP LOCKED);
   END LOOP;
   -- The slot releases settlements appended since the last lease fold into the row here (only this
   -- call can run on the window now: its try-lock), so settlements never write the hot row.
