@@ -8,12 +8,10 @@
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { randomUUID } from 'node:crypto';
 import postgres from 'postgres';
-import { newJobIds } from '../src/jobs/ids.ts';
-import { insertJobsQueued, type NewJobRow } from '../src/jobs/store.ts';
-import { foldRunning, leaseJobs, markManyQueuesReady, settleGroup } from '../src/scheduler/store.ts';
+import { foldRunning, settleGroup } from '../src/scheduler/store.ts';
 import { startTestApp, type TestApp } from './helpers/app.ts';
+import { leaseOnce, queueJobs, unlimitedWindow } from './helpers/lease.ts';
 
 const WINDOW = 'index-lookups';
 const HOT = /Seq Scan on (jobs|sched_tenants|sched_queues|tenant_ledger|reservations|job_results|tenants)\s/;
@@ -43,26 +41,16 @@ function scans(from: string[]): string[] {
 test('submission, lease, settlement and fold look their rows up by key', async () => {
   const tenants: string[] = [];
   for (let i = 0; i < 6; i++) tenants.push((await t.createTenant(`lookup-${i}`, 'ENTERPRISE')).id);
-  await sql`insert into windows (name, rate_per_minute, burst, tokens) values (${WINDOW}, null, 0, 0) on conflict do nothing`;
+  await unlimitedWindow(sql, WINDOW);
+  const total = tenants.length * 3;
 
   plans = [];
-  const ids = newJobIds(tenants.length * 3);
-  const jobs: NewJobRow[] = tenants.flatMap((tenantId, k) =>
-    [0, 1, 2].map((i) => ({ id: ids[k * 3 + i]!, tenantId, state: 'QUEUED' as const, api: 'dnslookup', params: { domain: `d${k}-${i}.example` }, priority: 'STANDARD' as const, idempotencyKey: null })),
-  );
-  await sql.begin(async (tx) => {
-    const stored = await insertJobsQueued(tx, jobs);
-    assert.equal(stored.queued, jobs.length);
-    await markManyQueuesReady(tx, tenants.map((tenantId) => ({ tenantId, jobClass: 'STANDARD' as const })));
-  });
+  assert.equal(await queueJobs(sql, tenants, 3, 'd'), total);
   const submitPlans = plans;
 
   plans = [];
-  const leased = await leaseJobs(sql, {
-    window: WINDOW, nodeId: randomUUID(), pool: 50, max: 256, leaseMax: 8, classes: ['INTERACTIVE', 'STANDARD', 'BULK'], leaseSeconds: 30,
-    costs: { dnslookup: 1 }, hold: [], batch: {}, batchMax: 1, batchQuantum: 1,
-  });
-  assert.equal(leased.length, jobs.length, 'the lease took every job');
+  const leased = await leaseOnce(sql, WINDOW);
+  assert.equal(leased.length, total, 'the lease took every job');
   const leasePlans = plans;
 
   plans = [];
@@ -78,7 +66,7 @@ test('submission, lease, settlement and fold look their rows up by key', async (
   const foldPlans = plans;
 
   const [done] = await sql`select count(*)::int as n from jobs where state = 'SUCCEEDED'`;
-  assert.equal(done!.n, jobs.length);
+  assert.equal(done!.n, total);
 
   // The plans were reported (a check that cannot see them would pass vacuously), and the rows
   // were found through an index: the claim's jobs, the settlement's jobs and tenants, the depth.

@@ -7,12 +7,9 @@
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { randomUUID } from 'node:crypto';
 import postgres from 'postgres';
-import { newJobIds } from '../src/jobs/ids.ts';
-import { insertJobsQueued, type NewJobRow } from '../src/jobs/store.ts';
-import { leaseJobs, markManyQueuesReady, type LeaseRow } from '../src/scheduler/store.ts';
 import { startTestApp, type TestApp } from './helpers/app.ts';
+import { leaseOnce, queueJobs, unlimitedWindow } from './helpers/lease.ts';
 
 const WINDOW = 'lagging';
 
@@ -22,7 +19,7 @@ let sql: postgres.Sql;
 before(async () => {
   t = await startTestApp({ SLUICE_ROLE: 'api' });
   sql = postgres(t.databaseUrl, { max: 3, transform: { undefined: null }, onnotice: () => {} });
-  await sql`insert into windows (name, rate_per_minute, burst, tokens) values (${WINDOW}, null, 0, 0) on conflict do nothing`;
+  await unlimitedWindow(sql, WINDOW);
 });
 
 after(async () => {
@@ -30,22 +27,10 @@ after(async () => {
   await t?.stop();
 });
 
-function lease(): Promise<LeaseRow[]> {
-  return leaseJobs(sql, {
-    window: WINDOW, nodeId: randomUUID(), pool: 50, max: 256, leaseMax: 8, classes: ['INTERACTIVE', 'STANDARD', 'BULK'], leaseSeconds: 30,
-    costs: { dnslookup: 1 }, hold: [], batch: {}, batchMax: 1, batchQuantum: 1,
-  });
-}
-
 /** A tenant with `n` STANDARD jobs waiting, its queue at virtual time `vtime`; capped (cannot be served) or not. */
 async function tenantWithJobs(name: string, n: number, vtime: number, capped: boolean): Promise<string> {
   const id = (await t.createTenant(name, 'ENTERPRISE')).id;
-  const ids = newJobIds(n);
-  const jobs: NewJobRow[] = ids.map((jobId, i) => ({ id: jobId, tenantId: id, state: 'QUEUED' as const, api: 'dnslookup', params: { domain: `${name}${i}.example` }, priority: 'STANDARD' as const, idempotencyKey: null }));
-  await sql.begin(async (tx) => {
-    await insertJobsQueued(tx, jobs);
-    await markManyQueuesReady(tx, [{ tenantId: id, jobClass: 'STANDARD' }]);
-  });
+  assert.equal(await queueJobs(sql, [id], n, name), n);
   await sql`update sched_queues set vtime = ${vtime} where tenant_id = ${id} and class = 'STANDARD'`;
   if (capped) await sql`update sched_tenants set in_flight = cap where tenant_id = ${id}`;
   return id;
@@ -72,7 +57,7 @@ test('a lease lifts the queues lagging its new clock by more than 8, keeps the o
     await until;
   });
   await isLocked;
-  const rows = await lease();
+  const rows = await leaseOnce(sql, WINDOW);
   release();
   await holder;
 
