@@ -67,7 +67,7 @@ export function reservesRoom(jobs: ReadonlyArray<{ idempotencyKey: string | null
  */
 class KeyRace extends Error {}
 
-/** How many times a submission is decided again after losing a key race (then the error surfaces). */
+/** How many times a submission is decided after losing key races, before it is answered DATABASE_UNAVAILABLE (retryable). */
 const KEY_RACE_ATTEMPTS = 4;
 
 /** Accepted jobs per class (the gate's counts). Pure. */
@@ -176,8 +176,12 @@ export class JobService {
         break;
       } catch (err) {
         const cause = err instanceof NotCommitted ? err.cause : err;
-        // Rolled back because a concurrent writer stored one of our keys first: decide again.
-        if (cause instanceof KeyRace && attempt < KEY_RACE_ATTEMPTS) continue;
+        // Rolled back because a concurrent writer stored one of our keys first: decide again. Lost
+        // every time: a coded, retryable answer (a resubmission replays what the others stored).
+        if (cause instanceof KeyRace) {
+          if (attempt < KEY_RACE_ATTEMPTS) continue;
+          throw databaseUnavailable('other submissions kept storing the same idempotency keys first; nothing of this one was stored: submit it again');
+        }
         throw cause;
       }
     }
