@@ -93,6 +93,11 @@ export async function freshDatabase(adminUrl: string, label: string): Promise<{ 
     url: url.toString(),
     name,
     async drop() {
+      // BENCH_KEEP_DATABASES=1: leave it for a look afterwards (its name goes to stderr).
+      if (process.env.BENCH_KEEP_DATABASES === '1') {
+        process.stderr.write(`[bench] kept database ${name}\n`);
+        return;
+      }
       const a = postgres(adminUrl, { max: 1, onnotice: () => {} });
       await a.unsafe(`drop database if exists ${name} with (force)`).catch(() => {});
       await a.end();
