@@ -107,6 +107,33 @@ describe('batches against the simulator', () => {
     await assertQuiescent(sql);
   });
 
+  test("several tenants' batch turns go out as one call; an input two tenants share is sent and billed once for each", async () => {
+    // Held until all three have submitted, so one lease sees them together.
+    await sql`update windows set paused_until = now() + interval '1 hour' where name = 'primary'`;
+    const tenants = [];
+    for (const name of ['shared-a', 'shared-b', 'shared-c']) tenants.push(await bigTenant(t, name));
+    const jobs = ['a', 'b', 'c', 'd'].map((d) => ({ api: 'dnslookup', params: { domain: `${d}.example.com` } }));
+    for (const tenant of tenants) await t.gql(SUBMIT_MANY, { i: { jobs } }, tenant.apiKey);
+    sim.resetStats();
+    await sql`update windows set paused_until = null where name = 'primary'`;
+    await sql`select pg_notify('sluice_work', '')`;
+    for (const tenant of tenants) await eventually(async () => (await states(sql, tenant.id)).SUCCEEDED === 4, 15_000, 50);
+    await eventually(async () => (await openReservations(sql)) === 0, 5_000);
+    const key = sim.stats().keys[sim.apiKey]!;
+    assert.equal(key.httpRequests, 1, "one HTTP call for the three tenants' turns");
+    assert.equal(key.calls, 12, "each tenant's 4 inputs sent: inputs never fold across tenants");
+    assert.equal(key.creditsBilled, 12);
+    const ids = tenants.map((x) => x.id);
+    const ledgers = await sql`select tenant_id, billed, refunded from tenant_ledger where tenant_id = any(${ids}::uuid[])`;
+    assert.equal(ledgers.length, 3);
+    for (const l of ledgers) assert.deepEqual([Number(l.billed), Number(l.refunded)], [4, 0], 'each tenant billed for its own items');
+    const [slots] = await sql`select count(*) filter (where window_slot)::int as slots, count(*)::int as n from reservations where tenant_id = any(${ids}::uuid[])`;
+    assert.deepEqual([slots!.slots, slots!.n], [1, 12], 'one pool slot for the call, one reservation per job');
+    await assertJobsAccountedFor(sql);
+    await assertLedgerBalances(sql);
+    await assertQuiescent(sql);
+  });
+
   test('a batch that hits the window part-way: exactly the items beyond it come back and run later', async () => {
     sim.setConditions({ ratePerMinute: 600, burst: 5, cooldownSeconds: 1 });
     sim.resetStats();

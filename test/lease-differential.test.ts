@@ -5,7 +5,8 @@
  * virtual times and readiness; jobs with duplicate inputs, batching and
  * non-batching APIs; the window's tokens and room; the class order, held
  * APIs, LEASE_MAX, BATCH_MAX, BATCH_QUANTUM), both pick the same jobs in the
- * same turns, fail and block the same, and take the same slots. Real
+ * same turns, group batch turns into the same calls (many tenants' turns may
+ * share one), fail and block the same, and take the same slots. Real
  * Postgres, one call per run.
  */
 import { after, before, test } from 'node:test';
@@ -78,6 +79,37 @@ const caseArb = fc.record({
 
 type Case = typeof caseArb extends fc.Arbitrary<infer T> ? T : never;
 
+/**
+ * Batch-heavy states: every queue holds one batching API's jobs, quotas never bind, BATCH_MAX
+ * 200, so several tenants' batch turns of one API meet in one lease, and share a call while their
+ * items fit (exchangerate's 4, dnslookup's 200).
+ */
+const batchCaseArb = fc
+  .record({
+    base: caseArb,
+    queueJobs: fc.array(
+      fc.record({ api: fc.constantFrom('exchangerate', 'dnslookup'), ps: fc.array(fc.integer({ min: 0, max: 4 }), { maxLength: 8 }) }),
+      { minLength: TENANTS * 3, maxLength: TENANTS * 3 },
+    ),
+    room: fc.integer({ min: 1, max: 24 }),
+  })
+  .map(({ base, queueJobs, room }): Case => ({
+    ...base,
+    room,
+    batchMax: 200,
+    hold: [],
+    tenants: base.tenants.map((t, i) => ({
+      ...t,
+      cap: Math.max(t.cap, 8),
+      inFlightShare: 0,
+      quota: 1000,
+      used: 0,
+      blocked: false,
+      suspended: false,
+      queues: t.queues.map((q, k) => ({ ...q, jobs: queueJobs[i * 3 + k]!.ps.map((p) => ({ api: queueJobs[i * 3 + k]!.api, p })) })),
+    })),
+  }));
+
 /** Writes the case into the database; returns the model's input (same state). */
 async function install(c: Case): Promise<LeaseInput> {
   await sql`delete from reservations`;
@@ -146,10 +178,10 @@ async function install(c: Case): Promise<LeaseInput> {
   return input;
 }
 
-test('sluice_lease picks what planPicks picks (100 generated states)', async () => {
-  const seen = { leased: 0, multiTenant: 0, batched: 0, failed: 0, blocked: 0 };
-  await fc.assert(
-    fc.asyncProperty(caseArb, async (c) => {
+type Seen = Record<'leased' | 'multiTenant' | 'batched' | 'sharedCall' | 'failed' | 'blocked', number>;
+
+/** One generated state through both: same turns, calls, failures, blocks, slots, claims. */
+async function sameAsModel(c: Case, seen: Seen): Promise<void> {
       const input = await install(c);
       const expected = planPicks(input);
       const rows = await leaseJobs(sql, {
@@ -166,9 +198,9 @@ test('sluice_lease picks what planPicks picks (100 generated states)', async () 
         batchMax: c.batchMax,
         batchQuantum: c.batchQuantum,
       });
-      const turns = new Map<number, { tenantId: string; jobClass: JobClass; jobIds: string[]; batched: boolean }>();
+      const turns = new Map<number, { tenantId: string; jobClass: JobClass; jobIds: string[]; batched: boolean; call: number | null }>();
       for (const r of rows) {
-        const turn = turns.get(r.turn) ?? { tenantId: r.tenantId, jobClass: r.jobClass, jobIds: [], batched: r.batched };
+        const turn = turns.get(r.turn) ?? { tenantId: r.tenantId, jobClass: r.jobClass, jobIds: [], batched: r.batched, call: r.call };
         turn.jobIds.push(r.jobId);
         turns.set(r.turn, turn);
       }
@@ -177,6 +209,8 @@ test('sluice_lease picks what planPicks picks (100 generated states)', async () 
       if (actual.length > 0) seen.leased++;
       if (new Set(actual.map((x) => x.tenantId)).size > 1) seen.multiTenant++;
       if (actual.some((x) => x.batched)) seen.batched++;
+      // Two tenants' batch turns in one call (one pool slot).
+      if (actual.some((x) => x.call !== null && actual.some((y) => y !== x && y.call === x.call && y.tenantId !== x.tenantId))) seen.sharedCall++;
       if (expected.failed.length > 0) seen.failed++;
       if (expected.blocked.length > 0) seen.blocked++;
       const failed = (await sql`select id from jobs where state = 'FAILED'`).map((r) => r.id as string).sort();
@@ -190,11 +224,21 @@ test('sluice_lease picks what planPicks picks (100 generated states)', async () 
       assert.equal(running, rows.length, 'claimed jobs');
       const active = (await sql`select count(*)::int as n from pgboss.job where name like 't.%' and state = 'active'`)[0]!.n as number;
       assert.equal(active, rows.length, 'pg-boss jobs activated');
-    }),
-    // A fixed seed keeps CI deterministic (the coverage check below cannot flake);
-    // LEASE_DIFF_SEED=<n> explores other states.
-    { numRuns: 100, seed: Number(process.env.LEASE_DIFF_SEED ?? 20261203) },
-  );
+}
+
+const none = (): Seen => ({ leased: 0, multiTenant: 0, batched: 0, sharedCall: 0, failed: 0, blocked: 0 });
+// A fixed seed keeps CI deterministic (the coverage checks cannot flake); LEASE_DIFF_SEED=<n> explores other states.
+const seed = Number(process.env.LEASE_DIFF_SEED ?? 20261203);
+
+test('sluice_lease picks what planPicks picks (100 generated states)', async () => {
+  const seen = none();
+  await fc.assert(fc.asyncProperty(caseArb, (c) => sameAsModel(c, seen)), { numRuns: 100, seed });
   // The generator reaches the interesting cases, not only empty leases.
-  for (const [k, n] of Object.entries(seen)) assert.ok(n >= 3, `${k}: ${n} of 100 runs`);
+  for (const k of ['leased', 'multiTenant', 'batched', 'failed', 'blocked'] as const) assert.ok(seen[k] >= 3, `${k}: ${seen[k]} of 100 runs`);
+});
+
+test('sluice_lease groups batch turns into calls as planPicks does (40 batch-heavy states)', async () => {
+  const seen = none();
+  await fc.assert(fc.asyncProperty(batchCaseArb, (c) => sameAsModel(c, seen)), { numRuns: 40, seed });
+  for (const k of ['leased', 'multiTenant', 'batched', 'sharedCall'] as const) assert.ok(seen[k] >= 3, `${k}: ${seen[k]} of 40 runs`);
 });

@@ -11,7 +11,7 @@
  *      activates their pg-boss jobs, claims them, reserves their credits
  *      against the quota, advances the queues' virtual times, and takes the
  *      window's tokens and pool slots once for all of them,
- *   3. call the provider (a batch turn is one batch call), and settle the
+ *   3. call the provider (a batch call may carry many tenants' batch turns), and settle the
  *      attempts: grouped, many per transaction every SETTLE_INTERVAL_MS,
  *      retried until they land.
  * Every limit is checked by a conditional statement in Postgres, so any number
@@ -356,7 +356,8 @@ export class Dispatcher {
   /**
    * The lease: one call of sluice_lease (cap, fetch, claim, quota, tokens,
    * virtual time, all or nothing, for many tenants), then its rows grouped
-   * into calls: each batch turn is one batch call (items deduplicated), the
+   * into calls: the batched jobs of one `call` (many tenants' batch turns may
+   * share it) are one batch call (each tenant's items deduplicated), the
    * rest single calls.
    */
   private async lease(w: WindowSpec, pool: number, order: readonly JobClass[], hold: readonly string[]): Promise<Leased> {
@@ -379,8 +380,10 @@ export class Dispatcher {
       batchQuantum: this.o.batchQuantum,
     });
     const out: Leased = { singles: [], batches: [] };
-    // Per batch turn: the call and its items by input (dedupKey), so a duplicate finds its item at once.
-    const turns = new Map<number, { call: BatchAttempt; byKey: Map<string, BatchAttempt['items'][number]> }>();
+    // Per batch call (many tenants' turns may share one): the call and its items by tenant and input,
+    // so a duplicate finds its item at once. Inputs fold within a tenant only: each tenant is billed
+    // for its own items (the lease took a token for each), never for another's.
+    const calls = new Map<number, { call: BatchAttempt; byKey: Map<string, BatchAttempt['items'][number]> }>();
     const perClass = new Map<JobClass, number>();
     for (const r of rows) {
       const a: Attempt = {
@@ -399,14 +402,15 @@ export class Dispatcher {
         out.singles.push(a);
         continue;
       }
-      let b = turns.get(r.turn);
+      const callNo = r.call ?? r.turn;
+      let b = calls.get(callNo);
       if (!b) {
         b = { call: { api: r.data.api, items: [] }, byKey: new Map() };
-        turns.set(r.turn, b);
+        calls.set(callNo, b);
         out.batches.push(b.call);
       }
-      // Duplicates ride on the first job with their input (only that one is sent and billed).
-      const key = dedupKey(r.data.api, r.data.params);
+      // A tenant's duplicates ride on its first job with their input (only that one is sent and billed).
+      const key = `${r.tenantId}\u0000${dedupKey(r.data.api, r.data.params)}`;
       const item = b.byKey.get(key);
       if (item) item.attempts.push(a);
       else {

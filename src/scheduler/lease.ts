@@ -2,7 +2,7 @@
  * The lease's decisions, as a pure model: which jobs of which queues one
  * lease call takes, in which turns. Postgres makes these decisions for real
  * in ONE call (`sluice_lease`, drizzle/0013_lease.sql, as replaced by
- * 0017_lease_turns.sql); this model states the same rules in TypeScript, and
+ * 0017_lease_turns.sql, 0022 and 0023); this model states the same rules in TypeScript, and
  * test/lease-differential.test.ts checks that the two pick the same jobs for
  * the same inputs.
  *
@@ -21,9 +21,13 @@
  *   tokens, and the quantum to the next queue (items before its virtual time
  *   passes the next queue's, at least one). When the queue's head job's API
  *   batches, a batch turn instead: up to a batch's worth of that API's jobs
- *   (batching.ts batchTake, at most BATCH_QUANTUM x weight), one pool slot,
- *   one token per distinct input; with fewer distinct inputs than the API's
- *   minimum batch they go as single calls;
+ *   (batching.ts batchTake, at most BATCH_QUANTUM x weight), one token per
+ *   distinct input (per tenant: inputs are never folded across tenants); with
+ *   fewer distinct inputs than the API's minimum batch they go as single
+ *   calls. A batch turn joins the call's open batch of its API while its
+ *   items fit (BATCH_MAX and the API's maxSize), so one batch call (one pool
+ *   slot) carries many tenants' turns; otherwise it opens the API's next
+ *   batch call (a slot);
  * - the quota: the prefix of the jobs whose credits fit on top of what the
  *   period has billed and reserved; the first that does not fit blocks the
  *   tenant (policy WAIT) or fails (policy FAIL), and the queue is done for
@@ -108,8 +112,10 @@ export interface LeaseTurn {
   tenantId: string;
   jobClass: JobClass;
   jobIds: string[];
-  /** One batch call (true) or single calls. */
+  /** Batched (true) or single calls. */
   batched: boolean;
+  /** A batched turn's call: the number (1-based) of the turn that opened it; null for singles. */
+  call: number | null;
 }
 
 export interface LeasePicks {
@@ -133,6 +139,8 @@ export function planPicks(input: LeaseInput): LeasePicks {
   const out: LeasePicks = { turns: [], failed: [], blocked: [], slots: 0, tokens: 0 };
   const tok = input.tokens === Number.POSITIVE_INFINITY ? INT_MAX : Math.floor(input.tokens + 1e-9);
   const skip = new Set<string>();
+  // The call's open batch per API: the call (its first turn's number) and its items so far.
+  const open = new Map<string, { call: number; items: number }>();
   let taken = 0;
   const eligible = (q: (typeof queues)[number]) => {
     const t = tenants.get(q.tenantId);
@@ -198,15 +206,27 @@ export function planPicks(input: LeaseInput): LeasePicks {
     }
     const ids = new Set(jobs.map((j) => j.id));
     left.set(key, left.get(key)!.filter((j) => !ids.has(j.id)));
-    out.turns.push({ tenantId: t.tenantId, jobClass: q.jobClass, jobIds: jobs.map((j) => j.id), batched });
+    const turnNo = out.turns.length + 1;
+    let call: number | null = null;
+    if (batched) {
+      // The call's open batch of this API takes the turn's items while they fit (one call, one
+      // slot, any tenants); else the turn opens a batch call of its own (a slot).
+      const items = new Set(jobs.map((j) => stableStringify(j.params))).size;
+      const b = open.get(head!);
+      if (b && b.items + items <= Math.min(input.batchMax, input.batch[head!]![0])) b.items += items;
+      else {
+        open.set(head!, { call: turnNo, items });
+        out.slots += 1;
+      }
+      call = open.get(head!)!.call;
+      out.tokens += items;
+    }
+    out.turns.push({ tenantId: t.tenantId, jobClass: q.jobClass, jobIds: jobs.map((j) => j.id), batched, call });
     q.vtime = q.vtime + jobs.length / t.weight;
     t.used = used;
     t.inFlight += jobs.length;
     taken += jobs.length;
-    if (batched) {
-      out.slots += 1;
-      out.tokens += new Set(jobs.map((j) => stableStringify(j.params))).size;
-    } else {
+    if (!batched) {
       out.slots += jobs.length;
       out.tokens += jobs.length;
     }

@@ -221,7 +221,7 @@ export class LeaseRace extends Error {}
 export class LeaseBusy extends Error {}
 
 export interface LeaseRow {
-  /** The turn that took it: one queue's jobs; a batched turn is one batch call. */
+  /** The turn that took it: one queue's jobs. */
   turn: number;
   reservationId: string;
   jobId: string;
@@ -233,6 +233,8 @@ export interface LeaseRow {
   credits: number;
   batched: boolean;
   windowSlot: boolean;
+  /** A batched job's call (the turn that opened it: one batch call may carry many tenants' turns); null for a single call. */
+  call: number | null;
 }
 
 export interface LeaseRequest {
@@ -281,6 +283,7 @@ export async function leaseJobs(sql: Tx, r: LeaseRequest): Promise<LeaseRow[]> {
     credits: x.credits as number,
     batched: x.batched as boolean,
     windowSlot: x.window_slot as boolean,
+    call: (x.call as number | null) ?? null,
   }));
 }
 
