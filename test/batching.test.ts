@@ -7,6 +7,7 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import postgres from 'postgres';
 import { batchTake, dedupKey, stableStringify } from '../src/dispatch/batching.ts';
+import { WORK_CHANNEL } from '../src/jobs/service.ts';
 import { startSimulator, type Simulator } from '../src/simulator/index.ts';
 import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
 import { createTestDatabase } from './helpers/db.ts';
@@ -116,7 +117,7 @@ describe('batches against the simulator', () => {
     for (const tenant of tenants) await t.gql(SUBMIT_MANY, { i: { jobs } }, tenant.apiKey);
     sim.resetStats();
     await sql`update windows set paused_until = null where name = 'primary'`;
-    await sql`select pg_notify('sluice_work', '')`;
+    await sql`select pg_notify(${WORK_CHANNEL}, '')`;
     for (const tenant of tenants) await eventually(async () => (await states(sql, tenant.id)).SUCCEEDED === 4, 15_000, 50);
     await eventually(async () => (await openReservations(sql)) === 0, 5_000);
     const key = sim.stats().keys[sim.apiKey]!;

@@ -2,7 +2,7 @@
  * The lease's decisions, as a pure model: which jobs of which queues one
  * lease call takes, in which turns. Postgres makes these decisions for real
  * in ONE call (`sluice_lease`, drizzle/0013_lease.sql, as replaced by
- * 0017_lease_turns.sql, 0022 and 0023); this model states the same rules in TypeScript, and
+ * 0017_lease_turns.sql, 0022, 0023 and 0024); this model states the same rules in TypeScript, and
  * test/lease-differential.test.ts checks that the two pick the same jobs for
  * the same inputs.
  *
@@ -220,16 +220,15 @@ export function planPicks(input: LeaseInput): LeasePicks {
       }
       call = open.get(head!)!.call;
       out.tokens += items;
+    } else {
+      out.slots += jobs.length;
+      out.tokens += jobs.length;
     }
     out.turns.push({ tenantId: t.tenantId, jobClass: q.jobClass, jobIds: jobs.map((j) => j.id), batched, call });
     q.vtime = q.vtime + jobs.length / t.weight;
     t.used = used;
     t.inFlight += jobs.length;
     taken += jobs.length;
-    if (!batched) {
-      out.slots += jobs.length;
-      out.tokens += jobs.length;
-    }
     if (exhausted) skip.add(key);
   }
   return out;
