@@ -532,6 +532,20 @@ export async function lockExpiredReservations(tx: Tx, limit: number): Promise<Ex
   return rows.map((r) => ({ id: r.id as string, jobId: r.job_id as string, attempt: r.attempt as number, tenantId: r.tenant_id as string, credits: r.credits as number }));
 }
 
+/**
+ * How long Postgres has been serving, on its own clock: since the postmaster
+ * started or, after a crash of one backend, since the crash recovery that
+ * restarted its checkpointer (the postmaster's start time does not move then;
+ * a role without pg_read_all_stats sees no backend_start there, and greatest()
+ * then reads the postmaster's alone).
+ */
+export async function databaseUpForMs(sql: Tx): Promise<number> {
+  const [r] = await sql`
+    select extract(epoch from clock_timestamp() - greatest(pg_postmaster_start_time(),
+      (select max(backend_start) from pg_stat_activity where backend_type = 'checkpointer'))) * 1000 as ms`;
+  return Number(r!.ms);
+}
+
 export async function forgetDeadNodes(sql: Tx, timeoutSeconds: number): Promise<void> {
   await sql`
     delete from nodes n where n.heartbeat_at < now() - make_interval(secs => ${timeoutSeconds * 6})
