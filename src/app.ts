@@ -9,7 +9,7 @@ import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { buildCatalog } from './config/apis.ts';
 import { ConfigError, type Env } from './config/env.ts';
-import { connect, ensureDatabase, poolSizes } from './db/client.ts';
+import { connect, connectDedicated, ensureDatabase, poolSizes } from './db/client.ts';
 import { startEmbeddedPostgres, type EmbeddedDatabase } from './db/embedded.ts';
 import { runMigrations, shippedMigrations } from './db/migrate.ts';
 import { resolveAdminToken } from './db/settings.ts';
@@ -89,17 +89,16 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       log.info({ dataDir: path.resolve(env.SLUICE_DATA_DIR) }, 'embedded Postgres is running (set DATABASE_URL to use your own)');
     }
     await runMigrations(databaseUrl);
-    const connection = connect(databaseUrl, {
-      max: env.DB_POOL_MAX,
+    const poolSettings = {
       timeouts: {
         lockTimeoutMs: env.DB_LOCK_TIMEOUT_MS,
         statementTimeoutMs: env.DB_STATEMENT_TIMEOUT_MS,
         idleInTransactionTimeoutMs: env.DB_IDLE_IN_TRANSACTION_TIMEOUT_MS,
       },
-      countStatements: env.SLUICE_COUNT_SQL,
       // A connection attempt gives up within 5 s (and within the request deadline): a request never hangs on a Postgres that is away.
       connectTimeoutSeconds: Math.max(1, Math.min(5, Math.ceil(env.REQUEST_TIMEOUT_MS / 1000))),
-    });
+    };
+    const connection = connect(databaseUrl, { ...poolSettings, max: env.DB_POOL_MAX, countStatements: env.SLUICE_COUNT_SQL });
     const { sql, db } = connection;
     cleanups.push(() => connection.end());
     const boss = await startBoss(databaseUrl, { supervise: false, max: poolSizes(env.DB_POOL_MAX).boss });
@@ -288,8 +287,12 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         intervalSeconds: env.RETENTION_INTERVAL_SECONDS,
         log,
       });
+      // The attempt-lease refresh's own connection: it never waits behind the hot path on `sql`.
+      const leaseSql = connectDedicated(databaseUrl, { ...poolSettings, max: 1 });
+      cleanups.push(() => leaseSql.end({ timeout: 5 }));
       const dispatcher = new Dispatcher({
         sql,
+        leaseSql,
         boss,
         client,
         catalog,
@@ -321,6 +324,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         role: env.SLUICE_ROLE,
         intervalMs: env.SWEEP_INTERVAL_MS,
         nodeTimeoutSeconds: env.NODE_TIMEOUT_SECONDS,
+        leaseSeconds: env.ATTEMPT_LEASE_SECONDS ?? env.NODE_TIMEOUT_SECONDS,
         timeoutBilling: env.TIMEOUT_BILLING,
         log,
         onRound: async () => {

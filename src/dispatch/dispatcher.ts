@@ -48,10 +48,17 @@ import { errorCodeFor, planSettlement } from './retry.ts';
 import { BreakerOpen, type Breakers } from './breakers.ts';
 import { dedupKey } from './batching.ts';
 import { pickSettleUnits } from './settle-groups.ts';
+import { leaseDeadline, leaseLost, refreshedDeadline } from './liveness.ts';
 import type { Metrics } from '../metrics.ts';
 
 export interface DispatcherOptions {
   sql: Sql;
+  /**
+   * The attempt leases' refresh runs here: a connection of its own, so it never queues behind the
+   * hot path's statements on `sql` (a refresh that waits there could let a live lease expire).
+   * Default `sql`.
+   */
+  leaseSql?: Sql;
   boss: PgBoss;
   client: ProviderClient;
   catalog: ApiCatalog;
@@ -96,7 +103,10 @@ interface Attempt {
   attempt: number;
   reservationId: string;
   credits: number;
-  /** Local clock (ms): the lease is surely live until then (the last refresh's send time + the lease). */
+  /**
+   * Monotonic clock (performance.now, ms): the lease is surely live until then (from when the lease
+   * returned, then from each refresh's send time; dispatch/liveness.ts).
+   */
   deadline: number;
   /** Aborts the call: the lease could not be refreshed in time, or it was superseded. */
   abort: AbortController;
@@ -243,20 +253,19 @@ export class Dispatcher {
    * nothing.
    */
   private leaseTick(): void {
-    const now = Date.now();
-    const margin = this.leaseMs() / 4;
-    for (const a of this.open.values()) if (now > a.deadline - margin && !a.abort.signal.aborted) a.abort.abort();
+    const now = performance.now();
+    for (const a of this.open.values()) if (leaseLost(now, a.deadline, this.leaseMs()) && !a.abort.signal.aborted) a.abort.abort();
     if (this.refreshing || this.open.size === 0 || this.abandoned) return;
     this.refreshing = true;
     const ids = [...this.open.keys()];
-    const sentAt = Date.now();
+    const sentAt = performance.now();
     sched
-      .refreshLeases(this.o.sql, ids, this.o.leaseSeconds)
+      .refreshLeases(this.o.leaseSql ?? this.o.sql, ids, this.o.leaseSeconds)
       .then(({ live, settled }) => {
         for (const id of ids) {
           const a = this.open.get(id);
           if (!a) continue;
-          if (live.has(id)) a.deadline = Math.max(a.deadline, sentAt + this.leaseMs());
+          if (live.has(id)) a.deadline = refreshedDeadline(a.deadline, sentAt, this.leaseMs());
           else if (settled.has(id)) a.abort.abort();
         }
       })
@@ -362,8 +371,6 @@ export class Dispatcher {
    */
   private async lease(w: WindowSpec, pool: number, order: readonly JobClass[], hold: readonly string[]): Promise<Leased> {
     const { catalog } = this.o;
-    // The reservations' leases start inside the call, after this instant.
-    const deadline = Date.now() + this.leaseMs();
     const batchMax = this.o.batchMax ?? 1;
     const rows = await sched.leaseJobs(this.o.sql, {
       window: w.name,
@@ -379,6 +386,8 @@ export class Dispatcher {
       batchMax,
       batchQuantum: this.o.batchQuantum,
     });
+    // The reservations' leases start inside the call, after any lock it waited on: count from its return.
+    const deadline = leaseDeadline(performance.now(), this.leaseMs());
     const out: Leased = { singles: [], batches: [] };
     // Per batch call (many tenants' turns may share one): the call and its items by tenant and input,
     // so a duplicate finds its item at once. Inputs fold within a tenant only: each tenant is billed
