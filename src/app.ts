@@ -26,6 +26,7 @@ import type { Services } from './graphql/context.ts';
 import { JobService } from './jobs/service.ts';
 import type { Logger } from './log.ts';
 import { createProviderClient } from './provider/client.ts';
+import type { ProviderClient } from './provider/types.ts';
 import { BossMaintenance, TENANT_QUEUE_RETENTION_SECONDS, alignTenantQueues, ensureTenantQueues, startBoss } from './queue/boss.ts';
 import { createOpsServer, type OpsOptions } from './http/ops.ts';
 import { SubscriptionRegistry } from './events/subscriptions.ts';
@@ -59,6 +60,8 @@ export interface SluiceApp {
 export interface StartOverrides {
   /** Options for the demo-mode simulator, on top of the SIMULATOR_* environment. */
   simulator?: Partial<SimulatorOptions>;
+  /** Wraps the real provider client (tests: a fault on a chosen request, through the real path). */
+  wrapProviderClient?: (client: ProviderClient) => ProviderClient;
 }
 
 export async function startSluice(env: Env, log: Logger, overrides: StartOverrides = {}): Promise<SluiceApp> {
@@ -137,7 +140,8 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       baseUrl = simulator.url;
       log.warn({ simulator: simulator.url }, 'DEMO MODE: no APIVERVE_API_KEY is set, so jobs run against the bundled provider simulator, not the real APIVerve');
     }
-    const client = createProviderClient({ baseUrl, timeoutMs: env.PROVIDER_TIMEOUT_MS, catalog, timeoutBilling: env.TIMEOUT_BILLING });
+    const realClient = createProviderClient({ baseUrl, timeoutMs: env.PROVIDER_TIMEOUT_MS, catalog, timeoutBilling: env.TIMEOUT_BILLING });
+    const client = overrides.wrapProviderClient?.(realClient) ?? realClient;
     cleanups.push(() => client.close());
     const windowSpecs = planWindows({
       plan: env.APIVERVE_PLAN,

@@ -48,7 +48,7 @@ import { errorCodeFor, planSettlement } from './retry.ts';
 import { BreakerOpen, type Breakers } from './breakers.ts';
 import { dedupKey } from './batching.ts';
 import { pickSettleUnits } from './settle-groups.ts';
-import { leaseDeadline, leaseLost, refreshedDeadline } from './liveness.ts';
+import { leaseDeadline, leaseLost, refreshedDeadline, unexpectedOutcome } from './liveness.ts';
 import type { Metrics } from '../metrics.ts';
 
 export interface DispatcherOptions {
@@ -110,6 +110,10 @@ interface Attempt {
   deadline: number;
   /** Aborts the call: the lease could not be refreshed in time, or it was superseded. */
   abort: AbortController;
+  /** The provider client said the request may have left (CallRequest.onSent): a throw after this may have been billed. */
+  sent: boolean;
+  /** Its outcome is queued for settlement (or landed): an unexpected throw after this needs no settling. */
+  settling: boolean;
 }
 
 /** One unit of settlement (one call: a single attempt or a batch's attempts), waiting to land. */
@@ -350,8 +354,8 @@ export class Dispatcher {
     // A probe admitted but not sent must not hold its API's breaker half-open forever.
     const sent = new Set([...leased.singles.map((a) => a.job.data.api), ...leased.batches.map((b) => b.api)]);
     for (const api of probes) if (!sent.has(api)) this.o.breakers.release(api);
-    for (const a of leased.singles) this.track(this.run(w, a));
-    for (const b of leased.batches) this.track(this.runBatch(w, b));
+    for (const a of leased.singles) this.track(w, [a], () => this.run(w, a));
+    for (const b of leased.batches) this.track(w, b.items.flatMap((it) => it.attempts), () => this.runBatch(w, b));
     if (leased.singles.length + leased.batches.length > 0) return 0;
     const [state] = await sched.readWindows(this.o.sql, [w.name]);
     if (!state) throw new Error(`window ${w.name} is not in the database`);
@@ -404,6 +408,8 @@ export class Dispatcher {
         credits: r.credits,
         deadline,
         abort: new AbortController(),
+        sent: false,
+        settling: false,
       };
       this.open.set(a.reservationId, a);
       perClass.set(r.jobClass, (perClass.get(r.jobClass) ?? 0) + 1);
@@ -432,21 +438,57 @@ export class Dispatcher {
     return out;
   }
 
-  private track(p: Promise<void>): void {
-    const tracked = p
-      .catch((err) => this.o.log.error({ err }, 'job run failed'))
-      .finally(() => {
-        this.inFlight.delete(tracked);
-        this.poke();
-      });
+  /**
+   * Runs one call's work and keeps it in `inFlight` until its settlement lands. A throw that
+   * escapes it (a client bug, an unreadable answer the client did not classify, our own code)
+   * must not leave its attempts open, their leases refreshed for the life of the process: each
+   * attempt not yet queued for settlement is settled here (settleUnexpected).
+   */
+  private track(w: WindowSpec, attempts: Attempt[], work: () => Promise<void>): void {
+    const tracked = (async () => {
+      try {
+        await work();
+      } catch (err) {
+        await this.settleUnexpected(w, attempts, err);
+      }
+    })().finally(() => {
+      this.inFlight.delete(tracked);
+      this.poke();
+    });
     this.inFlight.add(tracked);
+  }
+
+  /**
+   * The attempts of a run that threw, not yet queued for settlement: nothing sent, a refunded
+   * put-back (QUEUED again, no attempt used); possibly sent, settled like a timeout (billed per
+   * TIMEOUT_BILLING, retried). Their calls are aborted first, in case the request still runs.
+   * If even that throws, they are dropped from this process's open attempts, so their leases
+   * expire and the sweeper settles them (timeout rule): never open for the life of the process.
+   */
+  private async settleUnexpected(w: WindowSpec, attempts: readonly Attempt[], err: unknown): Promise<void> {
+    const left = attempts.filter((a) => !a.settling && this.open.has(a.reservationId));
+    const message = err instanceof Error ? err.message : String(err);
+    this.o.log.error({ err, jobs: left.map((a) => ({ jobId: a.job.id, sent: a.sent })) }, 'job run failed unexpectedly: its attempts are settled');
+    if (left.length === 0) return;
+    for (const a of left) a.abort.abort();
+    try {
+      await Promise.all(
+        left.map((a) => {
+          const { outcome, putBack } = unexpectedOutcome(a.sent, a.credits, this.o.timeoutBilling, message);
+          return this.settle(w, a, outcome, { putBack });
+        }),
+      );
+    } catch (again) {
+      for (const a of left) if (!a.settling) this.open.delete(a.reservationId);
+      this.o.log.error({ err: again, jobIds: left.map((a) => a.job.id) }, 'could not settle the attempts of a failed run: left to their leases');
+    }
   }
 
   private async run(w: WindowSpec, a: Attempt): Promise<void> {
     let outcome: CallOutcome;
     try {
       outcome = await this.o.breakers.run(a.job.data.api, () =>
-        this.o.client.call({ api: a.job.data.api, params: a.job.data.params, apiKey: w.apiKey, signal: a.abort.signal }),
+        this.o.client.call({ api: a.job.data.api, params: a.job.data.params, apiKey: w.apiKey, signal: a.abort.signal, onSent: () => void (a.sent = true) }),
       );
     } catch (err) {
       if (!(err instanceof BreakerOpen)) throw err;
@@ -474,6 +516,10 @@ export class Dispatcher {
           items: b.items.map((it, i) => ({ id: String(i), params: it.attempts[0]!.job.data.params })),
           apiKey: w.apiKey,
           signal: abort.signal,
+          // Only an item's first attempt is sent; its duplicates ride on it and are never billed.
+          onSent: () => {
+            for (const it of b.items) it.attempts[0]!.sent = true;
+          },
         });
         return batch.call;
       });
@@ -525,6 +571,7 @@ export class Dispatcher {
   }
 
   private enqueueSettle(w: WindowSpec, items: PendingSettle['items'], reactions: CallOutcome[]): Promise<void> {
+    for (const x of items) x.a.settling = true;
     if (this.abandoned) return Promise.resolve();
     return new Promise<void>((done) => {
       this.settleQueue.push({ w, items, reactions, done, tenants: [...new Set(items.map((x) => x.a.job.data.tenantId))], size: items.length });

@@ -76,6 +76,7 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
     body: string | null,
     timeoutMs: number,
     signal: AbortSignal | undefined,
+    onSent: (() => void) | undefined,
   ): Promise<Raw> {
     return new Promise<Raw>((resolve) => {
       let settled = false;
@@ -123,6 +124,8 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
           finish({ ok: true, httpStatus: res.statusCode ?? 0, headers: res.headers, bodyText: Buffer.concat(chunks).toString('utf8') }),
         );
       });
+      // From here bytes may reach the provider (http.request writes nothing before end()).
+      onSent?.();
       req.end(body ?? undefined);
     });
   }
@@ -147,7 +150,7 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
         body = JSON.stringify(req.params);
       }
       const started = performance.now();
-      const raw = await send(method, url, req.apiKey, body, req.timeoutMs ?? opts.timeoutMs, req.signal);
+      const raw = await send(method, url, req.apiKey, body, req.timeoutMs ?? opts.timeoutMs, req.signal, req.onSent);
       const latencyMs = performance.now() - started;
       if (!raw.ok) return classifyFailure({ ...raw, cost, timeoutBilling, latencyMs });
       const outcome = classifyResponse({
@@ -169,7 +172,7 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
       const total = cost * req.items.length;
       const url = new URL(batchPath(req.api), base);
       const started = performance.now();
-      const raw = await send('POST', url, req.apiKey, encodeBatchRequest(req.items), req.timeoutMs ?? opts.timeoutMs, req.signal);
+      const raw = await send('POST', url, req.apiKey, encodeBatchRequest(req.items), req.timeoutMs ?? opts.timeoutMs, req.signal, req.onSent);
       const latencyMs = performance.now() - started;
       if (!raw.ok) return { call: classifyFailure({ ...raw, cost: total, timeoutBilling, latencyMs }), items: [] };
       const observedAt = new Date();

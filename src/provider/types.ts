@@ -90,6 +90,13 @@ export interface CallRequest {
   /** Overrides the client's default timeout. */
   timeoutMs?: number;
   signal?: AbortSignal;
+  /**
+   * Called once, just before the first byte of the request can leave (never after a throw that
+   * came before it). The dispatcher settles a call that threw before it as "nothing sent"
+   * (refunded, put back) and one that threw after it as "maybe billed" (the timeout rule), so a
+   * client (or a wrapper) that sends must call it first.
+   */
+  onSent?: () => void;
 }
 
 export interface ProviderClient {
