@@ -214,3 +214,37 @@ describe('SIGTERM while Postgres is down, with known outcomes pending', () => {
     }
   });
 });
+
+describe('SIGTERM while Postgres stays down past the grace', () => {
+  const { rig, env, killPostgres } = useOutageRig();
+
+  test('the stop gives up once the grace is over, and names the jobs whose known outcomes it abandons', async () => {
+    const node = await startNode('all', env({ SHUTDOWN_GRACE_SECONDS: String(LEASE_SECONDS) }));
+    rig.nodes.push(node);
+    const { createTenant } = await gqlAt(node.url!, CREATE, { i: { name: 'abandoned', tier: 'ENTERPRISE' } });
+    await submitUnique(node.url!, createTenant.apiKey, 'gone', 40);
+    const sql = postgres(rig.databaseUrl, { max: 1, onnotice: () => {} });
+    await eventually(async () => (await openReservations(sql)) >= 5 && rig.counter.inFlight() >= 5, 30_000, 10);
+    await sql.end();
+    const restart = killPostgres();
+    await eventually(async () => rig.counter.inFlight() === 0, 10_000, 20);
+    const exit = new Promise<number | null>((r) => node.child.once('exit', (code) => r(code)));
+    node.child.kill('SIGTERM');
+    assert.equal(await exit, 0, `the process stops once the grace is over:\n${node.logs.slice(-20).join('\n')}`);
+    const line = node.logs.find((l) => l.includes('stop grace over'));
+    assert.ok(line, `the abandonment is logged:\n${node.logs.slice(-20).join('\n')}`);
+    const logged = JSON.parse(line) as { knownOutcomes: string[]; callsAborted: string[] };
+
+    await restart();
+    const check = postgres(rig.databaseUrl, { max: 1, onnotice: () => {} });
+    try {
+      // What the log names is exactly what was left open: the jobs whose calls had answered.
+      const open = await check`select job_id from reservations where settled_at is null order by job_id`;
+      assert.ok(logged.knownOutcomes.length > 0, 'known outcomes were pending');
+      assert.deepEqual([...logged.knownOutcomes].sort(), open.map((r) => r.job_id as string), 'the log names every abandoned job');
+      assert.deepEqual(logged.callsAborted, [], 'no call was in flight (they had all answered)');
+    } finally {
+      await check.end();
+    }
+  });
+});

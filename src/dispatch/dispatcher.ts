@@ -48,7 +48,7 @@ import { errorCodeFor, planSettlement } from './retry.ts';
 import { BreakerOpen, type Breakers } from './breakers.ts';
 import { dedupKey } from './batching.ts';
 import { pickSettleUnits } from './settle-groups.ts';
-import { leaseDeadline, leaseLost, refreshedDeadline, unexpectedOutcome } from './liveness.ts';
+import { leaseDeadline, leaseLost, refreshedDeadline, settleRetryDelayMs, unexpectedOutcome } from './liveness.ts';
 import type { Metrics } from '../metrics.ts';
 
 export interface DispatcherOptions {
@@ -234,8 +234,14 @@ export class Dispatcher {
     const unsettled = clean ? 0 : this.open.size;
     if (!clean) {
       this.abandoned = true;
-      this.o.log.warn({ open: this.open.size }, 'stop grace over: open attempts are left to their leases');
-      for (const a of this.open.values()) a.abort.abort();
+      // Past the grace: what is still open is left to its lease. Say which jobs, and whether their
+      // outcome was known (it will be settled by the timeout rule, and the job called again).
+      const open = [...this.open.values()];
+      this.o.log.warn(
+        { open: open.length, knownOutcomes: open.filter((a) => a.settling).map((a) => a.job.id), callsAborted: open.filter((a) => !a.settling).map((a) => a.job.id) },
+        'stop grace over: open attempts are abandoned to their leases (known outcomes not stored)',
+      );
+      for (const a of open) a.abort.abort();
       for (const u of this.settleQueue.splice(0)) u.done();
     }
     if (this.leaseTimer) clearInterval(this.leaseTimer);
@@ -627,7 +633,7 @@ export class Dispatcher {
             break;
           }
           this.settleQueue.push(...units);
-          await new Promise((r) => setTimeout(r, Math.min(5_000, 50 * 2 ** Math.min(failures, 7))));
+          await new Promise((r) => setTimeout(r, settleRetryDelayMs(failures, !this.running)));
         }
       }
     } finally {
