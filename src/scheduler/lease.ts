@@ -41,7 +41,7 @@
 import type { ApiCatalog } from '../config/apis.ts';
 import { batchSpec, batchTake, stableStringify } from '../dispatch/batching.ts';
 import { fitCount } from './ledger.ts';
-import type { JobClass } from '../queue/boss.ts';
+import type { JobClass } from '../config/classes.ts';
 
 /** Credits per API for the lease (unknown APIs cost 1). */
 export function leaseCosts(catalog: ApiCatalog): Record<string, number> {

@@ -17,7 +17,7 @@
 import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
 import { finishItem, type FinishedJob } from '../jobs/store.ts';
-import { CLASSES, type JobClass } from '../queue/boss.ts';
+import { CLASSES, type JobClass } from '../config/classes.ts';
 import { effectiveLimits, type TenantRecord } from '../tenants/policy.ts';
 import type { BucketState } from './pacer.ts';
 import type { WindowSpec } from './windows.ts';
@@ -157,19 +157,6 @@ export async function tenantsQueues(sql: Tx, tenantIds: readonly string[]): Prom
 export async function tenantSchedState(sql: Tx, tenantId: string): Promise<{ inFlight: number; cap: number; weight: number; quotaBlocked: boolean; suspended: boolean } | null> {
   const [r] = await sql`select in_flight, cap, weight, quota_blocked, suspended from sched_tenants where tenant_id = ${tenantId}`;
   return r ? { inFlight: r.in_flight as number, cap: r.cap as number, weight: r.weight as number, quotaBlocked: r.quota_blocked as boolean, suspended: r.suspended as boolean } : null;
-}
-
-/** Locks the tenant's scheduler row (serializing its submissions) and returns its waiting jobs. */
-export async function lockTenantDepth(tx: Tx, tenantId: string): Promise<number> {
-  await tx`select 1 from sched_tenants where tenant_id = ${tenantId} for update`;
-  const [r] = await tx`select coalesce(sum(depth), 0)::int as n from sched_queues where tenant_id = ${tenantId}`;
-  return r!.n as number;
-}
-
-/** Waiting jobs per class across all tenants, from the exact depth counters. */
-export async function globalDepthByClass(sql: Tx): Promise<Partial<Record<JobClass, number>>> {
-  const rows = await sql`select class, sum(depth)::int as n from sched_queues where depth > 0 group by class`;
-  return Object.fromEntries(rows.map((r) => [r.class, r.n as number]));
 }
 
 /**
@@ -330,11 +317,6 @@ export async function settleGroup(sql: Tx, items: readonly SettleGroupItem[]): P
   const rows = items.map((x) => ({ rid: x.id, tenant: x.tenantId, billed: x.billed, outcome: x.outcome, ...(x.finish ? { finish: finishItem(x.finish) } : {}) }));
   const out = await sql`select sluice_settle_group(${sql.json(rows as never)}::jsonb) as id`;
   return new Set(out.map((r) => r.id as string));
-}
-
-/** One reservation; false when it was settled already. */
-export async function settleReservation(tx: Tx, id: string, billed: number, outcome: string): Promise<boolean> {
-  return (await settleReservations(tx, [{ id, billed, outcome }])).has(id);
 }
 
 /**
@@ -559,9 +541,4 @@ export async function unblockQuota(tx: Tx, tenantId: string): Promise<number> {
   const classes = [...new Set(rows.map((r) => r.priority as JobClass))];
   await markQueuesReady(tx, tenantId, classes);
   return rows.length;
-}
-
-export async function isQuotaBlocked(tx: Tx, tenantId: string): Promise<boolean> {
-  const [row] = await tx`select quota_blocked from sched_tenants where tenant_id = ${tenantId}`;
-  return Boolean(row?.quota_blocked);
 }
