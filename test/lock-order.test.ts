@@ -46,6 +46,15 @@ const request = (window: string, pool = 50): LeaseRequest => ({
 /** Only this test's queues are ready: a lease may serve any tenant's, earlier tests' included. */
 const noOtherQueueReady = () => sql`update sched_queues set ready_at = null where ready_at is not null`;
 
+/** A window of the test's own and a tenant with `n` waiting jobs, the only ready queue. */
+async function soleTenant(window: string, name: string, n: number): Promise<string> {
+  await unlimitedWindow(sql, window);
+  const tenant = (await t.createTenant(name)).id;
+  await noOtherQueueReady();
+  await queueJobs(sql, [tenant], n, name);
+  return tenant;
+}
+
 /** Resolves once some backend of the test database waits for a row lock (bounded: 10 s). */
 async function someoneWaitsForALock(): Promise<void> {
   for (let i = 0; i < 1000; i++) {
@@ -175,10 +184,7 @@ test('leases of one window from several connections: a busy window is a result, 
 
 test("a lease whose window is paused while it runs returns 'changed' and writes nothing", async () => {
   const window = 'lock-order-changed';
-  await unlimitedWindow(sql, window);
-  const tenant = (await t.createTenant('changed')).id;
-  await noOtherQueueReady();
-  await queueJobs(sql, [tenant], 3, 'changed');
+  const tenant = await soleTenant(window, 'changed', 3);
   // The lease waits for its first tenant's row (held here) after reading the window; the window is
   // paused meanwhile, so its take at the end finds the window changed.
   const holder = await sql.reserve();
@@ -203,10 +209,7 @@ test("a lease whose window is paused while it runs returns 'changed' and writes 
 
 test('a release of what was never taken raises instead of being clamped at zero', async () => {
   const window = 'lock-order-counters';
-  await unlimitedWindow(sql, window);
-  const tenant = (await t.createTenant('counters')).id;
-  await noOtherQueueReady();
-  await queueJobs(sql, [tenant], 1, 'counters');
+  const tenant = await soleTenant(window, 'counters', 1);
   const { status, rows } = await leaseJobs(sql, request(window));
   assert.deepEqual([status, rows.length], ['leased', 1]);
   // A double release elsewhere already gave the tenant's slot back: settling now would take the

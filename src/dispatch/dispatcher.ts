@@ -301,7 +301,7 @@ export class Dispatcher {
    * to know how long to wait.
    */
   private async dispatchOnce(w: WindowSpec): Promise<number> {
-    // One lease per window at a time (sluice_lease would refuse a second, SL423): this process's
+    // One lease per window at a time (sluice_lease would answer a second 'busy'): this process's
     // other loops wait here, without a round trip, until a settlement or the lease's end pokes them.
     if (this.leasing.has(w.name)) return this.o.idlePollMs;
     this.leasing.add(w.name);
