@@ -80,7 +80,24 @@ function useOutageRig() {
       rig.pg = await startEmbeddedPostgres(rig.dataDir, () => {}, { port: rig.port });
     };
   };
-  return { rig, env, killPostgres };
+  /**
+   * A node with `total` jobs of one tenant (unique inputs tagged `tag`); once calls are in flight,
+   * Postgres is killed. Returns the node, how many calls were in flight then, and the restart.
+   */
+  const killWithCallsInFlight = async (extraEnv: Record<string, string>, tag: string, total: number) => {
+    const node = await startNode('all', env(extraEnv));
+    rig.nodes.push(node);
+    const { createTenant } = await gqlAt(node.url!, CREATE, { i: { name: tag, tier: 'ENTERPRISE' } });
+    await submitUnique(node.url!, createTenant.apiKey, tag, total);
+    const sql = postgres(rig.databaseUrl, { max: 1, onnotice: () => {} });
+    await eventually(async () => (await openReservations(sql)) >= 5 && rig.counter.inFlight() >= 5, 30_000, 10);
+    await sql.end();
+    const restart = killPostgres();
+    const inFlightAtKill = rig.counter.inFlight();
+    debug(`killed with ${inFlightAtKill} calls in flight`);
+    return { node, inFlightAtKill, restart };
+  };
+  return { rig, env, killWithCallsInFlight };
 }
 
 async function submitUnique(url: string, key: string, tag: string, n: number): Promise<string[]> {
@@ -123,21 +140,11 @@ async function assertOnceAndBilledAsProvider(sql: postgres.Sql, counter: CallCou
 }
 
 describe('Postgres down for 3 attempt leases with calls in flight', () => {
-  const { rig, env, killPostgres } = useOutageRig();
+  const { rig, killWithCallsInFlight } = useOutageRig();
 
   test('every known outcome lands after recovery: one call per job, billed as the provider billed', async () => {
-    const node = await startNode('all', env());
-    rig.nodes.push(node);
-    const { createTenant } = await gqlAt(node.url!, CREATE, { i: { name: 'outage-long', tier: 'ENTERPRISE' } });
     const total = 80;
-    await submitUnique(node.url!, createTenant.apiKey, 'long', total);
-
-    const sql = postgres(rig.databaseUrl, { max: 1, onnotice: () => {} });
-    await eventually(async () => (await openReservations(sql)) >= 10 && rig.counter.inFlight() >= 5, 30_000, 10);
-    await sql.end();
-    const restart = killPostgres();
-    const inFlightAtKill = rig.counter.inFlight();
-    debug(`killed with ${inFlightAtKill} calls in flight`);
+    const { node, inFlightAtKill, restart } = await killWithCallsInFlight({}, 'long', total);
     // The calls in flight finish during the outage: their outcomes are known and wait to be stored.
     await eventually(async () => rig.counter.inFlight() === 0, 10_000, 20);
     await new Promise((r) => setTimeout(r, 3 * LEASE_SECONDS * 1000));
@@ -165,20 +172,11 @@ describe('Postgres down for 3 attempt leases with calls in flight', () => {
 });
 
 describe('SIGTERM while Postgres is down, with known outcomes pending', () => {
-  const { rig, env, killPostgres } = useOutageRig();
+  const { rig, env, killWithCallsInFlight } = useOutageRig();
 
   test('the stop keeps retrying them within the grace; they land once Postgres is back; after a restart each job ran once', async () => {
-    const node = await startNode('all', env({ SHUTDOWN_GRACE_SECONDS: '60' }));
-    rig.nodes.push(node);
-    const { createTenant } = await gqlAt(node.url!, CREATE, { i: { name: 'stop-in-outage', tier: 'ENTERPRISE' } });
     const total = 80;
-    await submitUnique(node.url!, createTenant.apiKey, 'stop', total);
-
-    const sql = postgres(rig.databaseUrl, { max: 1, onnotice: () => {} });
-    await eventually(async () => (await openReservations(sql)) >= 10 && rig.counter.inFlight() >= 5, 30_000, 10);
-    await sql.end();
-    const restart = killPostgres();
-    const inFlightAtKill = rig.counter.inFlight();
+    const { node, inFlightAtKill, restart } = await killWithCallsInFlight({ SHUTDOWN_GRACE_SECONDS: '60' }, 'stop', total);
     await eventually(async () => rig.counter.inFlight() === 0, 10_000, 20);
     const callsAtStop = rig.counter.calls.length;
     const exit = new Promise<number | null>((r) => node.child.once('exit', (code) => r(code)));
@@ -216,17 +214,10 @@ describe('SIGTERM while Postgres is down, with known outcomes pending', () => {
 });
 
 describe('SIGTERM while Postgres stays down past the grace', () => {
-  const { rig, env, killPostgres } = useOutageRig();
+  const { rig, killWithCallsInFlight } = useOutageRig();
 
   test('the stop gives up once the grace is over, and names the jobs whose known outcomes it abandons', async () => {
-    const node = await startNode('all', env({ SHUTDOWN_GRACE_SECONDS: String(LEASE_SECONDS) }));
-    rig.nodes.push(node);
-    const { createTenant } = await gqlAt(node.url!, CREATE, { i: { name: 'abandoned', tier: 'ENTERPRISE' } });
-    await submitUnique(node.url!, createTenant.apiKey, 'gone', 40);
-    const sql = postgres(rig.databaseUrl, { max: 1, onnotice: () => {} });
-    await eventually(async () => (await openReservations(sql)) >= 5 && rig.counter.inFlight() >= 5, 30_000, 10);
-    await sql.end();
-    const restart = killPostgres();
+    const { node, restart } = await killWithCallsInFlight({ SHUTDOWN_GRACE_SECONDS: String(LEASE_SECONDS) }, 'gone', 40);
     await eventually(async () => rig.counter.inFlight() === 0, 10_000, 20);
     const exit = new Promise<number | null>((r) => node.child.once('exit', (code) => r(code)));
     node.child.kill('SIGTERM');
