@@ -676,12 +676,13 @@ export class Dispatcher {
     // react() acts on exactly the put-back signals (rate limit, credits, key).
     const oneCall = items.every((x) => x.s.plan.action !== 'requeue') && units.every((u) => u.reactions.every((o) => reactionTo(o) !== 'put_back'));
     if (oneCall) {
-      await sched.settleGroup(this.o.sql, items.map(groupItem));
+      this.noteSuperseded(items, await sched.settleGroup(this.o.sql, items.map(groupItem)));
       return;
     }
     await this.o.sql.begin(async (tx) => {
       const live = await sched.lockOpenReservations(tx, items.map((x) => x.a.reservationId));
       const settling = items.filter((x) => live.has(x.a.reservationId));
+      this.noteSuperseded(items, live);
       await sched.lockTenants(tx, settling.map((x) => x.a.job.data.tenantId));
       const events: JobEvent[] = [];
       // In queue key order (tenant id, class): each requeue moves its queue's depth (the trigger
@@ -700,6 +701,20 @@ export class Dispatcher {
       }
       await publishJobEvents(tx, events);
     });
+  }
+
+  /**
+   * Outcomes this process knew but could not apply: their reservations were settled already, by
+   * their lease's expiry (the sweeper: timeout rule, job queued again) or by an earlier try of this
+   * settlement whose answer was lost. Said, with the job ids, rather than dropped silently.
+   */
+  private noteSuperseded(items: ReadonlyArray<{ a: Attempt; outcome: CallOutcome }>, settled: ReadonlySet<string>): void {
+    const late = items.filter((x) => !settled.has(x.a.reservationId));
+    if (late.length === 0) return;
+    this.o.log.warn(
+      { jobs: late.map((x) => ({ jobId: x.a.job.id, attempt: x.a.attempt, outcome: x.outcome.kind })) },
+      'settlement found its reservation already settled (lease expired, or an earlier try landed): this outcome was not applied',
+    );
   }
 
   /** The plan and the bill of one attempt's outcome (and its metrics). */
