@@ -138,7 +138,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       baseUrl = simulator.url;
       log.warn({ simulator: simulator.url }, 'DEMO MODE: no APIVERVE_API_KEY is set, so jobs run against the bundled provider simulator, not the real APIVerve');
     }
-    const client = createProviderClient({ baseUrl, timeoutMs: env.PROVIDER_TIMEOUT_MS, catalog, timeoutBilling: env.TIMEOUT_BILLING });
+    const client = createProviderClient({ baseUrl, timeoutMs: env.PROVIDER_TIMEOUT_MS, catalog, timeoutBilling: env.TIMEOUT_BILLING, maxResultBytes: env.MAX_RESULT_BYTES });
     cleanups.push(() => client.close());
     const windowSpecs = planWindows({
       plan: env.APIVERVE_PLAN,
