@@ -13,6 +13,8 @@
 export interface SettleUnitShape {
   tenants: readonly string[];
   size: number;
+  /** Settled alone, never in a group: a unit split off a group the database refused (see planSettleFailure). */
+  solo?: boolean;
 }
 
 /** Indices (ascending) of the units to take; `one`: a single unit (a flusher after a failure). */
@@ -22,9 +24,77 @@ export function pickSettleUnits(units: readonly SettleUnitShape[], busy: Readonl
   for (let i = 0; i < units.length; i++) {
     const u = units[i]!;
     if (u.tenants.some((t) => busy.has(t))) continue;
-    if (picked.length > 0 && (one || count + u.size > max)) break;
+    if (picked.length > 0 && (one || u.solo || count + u.size > max)) break;
+    if (u.solo) return [i];
     picked.push(i);
     count += u.size;
   }
   return picked;
+}
+
+/**
+ * What a settlement error says about the settlement, from its SQLSTATE:
+ * - `data`: class 22 (data exception: a value Postgres cannot store, e.g.
+ *   U+0000 in jsonb) or 23 (integrity constraint violation). The same rows
+ *   fail the same way every time: retrying them as they are is pointless.
+ * - `outage`: no SQLSTATE from the server but a connection error (postgres.js
+ *   `CONNECTION_*`/`CONNECT_TIMEOUT`, a Node `E...` errno), or class 08
+ *   (connection exception), 53 (insufficient resources), 57P01-57P03
+ *   (shutdown, cannot connect now), 58 (system error). Retried until the
+ *   database is back: nothing is wrong with the settlement itself.
+ * - `other`: anything else (a deadlock, a lock or statement timeout, an error
+ *   raised by a function, a bug in our code): perhaps passing, perhaps not,
+ *   so retried a bounded number of times (planSettleFailure).
+ */
+export type SettleErrorClass = 'data' | 'outage' | 'other';
+
+/** The SQLSTATE of a Postgres error, or null. */
+export function sqlState(err: unknown): string | null {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code) ? code : null;
+}
+
+export function classifySettleError(err: unknown): SettleErrorClass {
+  const state = sqlState(err);
+  if (state !== null) {
+    if (state.startsWith('22') || state.startsWith('23')) return 'data';
+    if (state.startsWith('08') || state.startsWith('53') || state.startsWith('58') || /^57P0[123]$/.test(state)) return 'outage';
+    return 'other';
+  }
+  const code = (err as { code?: unknown } | null)?.code;
+  if (typeof code === 'string' && (/^CONNECT(ION)?_/.test(code) || /^E[A-Z]+$/.test(code))) return 'outage';
+  return 'other';
+}
+
+/** Non-outage failures a unit may have before it is settled as a failure instead of retried. */
+export const SETTLE_MAX_FAULTS = 5;
+
+/**
+ * The next step for settlement units that just failed together:
+ * - `retry`: the same units back on the queue (with backoff);
+ * - `split`: several units failed together: each goes back alone (solo), so
+ *   the one at fault fails alone and the rest land;
+ * - `split_attempts`: one unit of several attempts (a batch call's) failed:
+ *   one solo unit per attempt, for the same reason;
+ * - `fail_final`: one attempt that the database refuses (a data error at
+ *   once, another error after `maxFaults`): settled again as a final failure
+ *   without its data (RESULT_NOT_STORED), billed as the provider billed;
+ * - `leave_to_lease`: even that failure is refused: this process lets the
+ *   attempt go (stops refreshing its lease), and the sweeper settles it when
+ *   the lease expires, by the timeout rule.
+ * Outages are retried for as long as they last; everything else is bounded.
+ */
+export type SettleFailureStep = 'retry' | 'split' | 'split_attempts' | 'fail_final' | 'leave_to_lease';
+
+export function planSettleFailure(
+  f: { error: SettleErrorClass; units: number; attempts: number; faults: number; final: boolean },
+  maxFaults = SETTLE_MAX_FAULTS,
+): SettleFailureStep {
+  if (f.error === 'outage') return 'retry';
+  if (f.units > 1) return 'split';
+  // `faults` counts this failure too.
+  const exhausted = f.error === 'data' || f.faults >= maxFaults;
+  if (!exhausted) return 'retry';
+  if (f.attempts > 1) return 'split_attempts';
+  return f.final ? 'leave_to_lease' : 'fail_final';
 }
