@@ -1,6 +1,6 @@
 /**
- * Which waiting settlements one settlement flusher takes (pure; the dispatcher's flush loop is the
- * I/O around it).
+ * Which waiting settlements one settlement flusher takes, and what it does when a settlement fails
+ * (pure; the dispatcher's flush loop is the I/O around it).
  *
  * A settlement transaction locks its tenants' sched_tenants rows (the lock order). Two flushers of
  * the same process settling the same tenant would only queue behind each other on those rows, each
@@ -10,6 +10,8 @@
  * `max` attempts (a first unit always fits). A unit it skips waits for the flusher that holds its
  * tenant, which looks at the queue again when its transaction ends.
  */
+import { isDatabaseUnavailable } from '../db/availability.ts';
+
 export interface SettleUnitShape {
   tenants: readonly string[];
   size: number;
@@ -34,35 +36,34 @@ export function pickSettleUnits(units: readonly SettleUnitShape[], busy: Readonl
 
 /**
  * What a settlement error says about the settlement, from its SQLSTATE:
+ * - `outage`: the database is not there right now (db/availability.ts
+ *   isDatabaseUnavailable: connection errors, class 08, 57P01-03, 53300), or
+ *   it lacks resources (the rest of class 53, class 58). Retried until the
+ *   database is back: nothing is wrong with the settlement itself.
  * - `data`: class 22 (data exception: a value Postgres cannot store, e.g.
  *   U+0000 in jsonb) or 23 (integrity constraint violation). The same rows
  *   fail the same way every time: retrying them as they are is pointless.
- * - `outage`: no SQLSTATE from the server but a connection error (postgres.js
- *   `CONNECTION_*`/`CONNECT_TIMEOUT`, a Node `E...` errno), or class 08
- *   (connection exception), 53 (insufficient resources), 57P01-57P03
- *   (shutdown, cannot connect now), 58 (system error). Retried until the
- *   database is back: nothing is wrong with the settlement itself.
  * - `other`: anything else (a deadlock, a lock or statement timeout, an error
  *   raised by a function, a bug in our code): perhaps passing, perhaps not,
  *   so retried a bounded number of times (planSettleFailure).
  */
 export type SettleErrorClass = 'data' | 'outage' | 'other';
 
-/** The SQLSTATE of a Postgres error, or null. */
+/** The SQLSTATE of a Postgres error (or of the error it wraps), or null. */
 export function sqlState(err: unknown): string | null {
-  const code = (err as { code?: unknown } | null)?.code;
-  return typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code) ? code : null;
+  for (let e = err, depth = 0; e && typeof e === 'object' && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code)) return code;
+  }
+  return null;
 }
 
 export function classifySettleError(err: unknown): SettleErrorClass {
+  if (isDatabaseUnavailable(err)) return 'outage';
   const state = sqlState(err);
-  if (state !== null) {
-    if (state.startsWith('22') || state.startsWith('23')) return 'data';
-    if (state.startsWith('08') || state.startsWith('53') || state.startsWith('58') || /^57P0[123]$/.test(state)) return 'outage';
-    return 'other';
-  }
-  const code = (err as { code?: unknown } | null)?.code;
-  if (typeof code === 'string' && (/^CONNECT(ION)?_/.test(code) || /^E[A-Z]+$/.test(code))) return 'outage';
+  if (state === null) return 'other';
+  if (state.startsWith('22') || state.startsWith('23')) return 'data';
+  if (state.startsWith('53') || state.startsWith('58')) return 'outage';
   return 'other';
 }
 
