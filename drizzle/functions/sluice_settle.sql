@@ -3,6 +3,8 @@
 -- (rows locked in id order), the ledger's reserved credits (billed ones added), and the window's
 -- pool slots, appended to window_slot_deltas instead of updating the window's hot row (the next
 -- lease folds them). Returns the reservations it settled.
+-- Counters are not clamped: releasing more than was taken raises (CHECK in_flight >= 0, reserved
+-- >= 0). The bill alone is clamped to [0, credits]: an input from the provider, not a counter.
 -- outcomes: [{"id", "billed", "outcome"}, ...]
 CREATE OR REPLACE FUNCTION sluice_settle(outcomes jsonb)
  RETURNS SETOF uuid
@@ -25,7 +27,7 @@ BEGIN
   PERFORM 1 FROM sched_tenants t
     WHERE t.tenant_id IN (SELECT (x->>'tenant_id')::uuid FROM jsonb_array_elements(settled) x)
     ORDER BY t.tenant_id FOR UPDATE;
-  UPDATE sched_tenants t SET in_flight = greatest(0, t.in_flight - d.n)
+  UPDATE sched_tenants t SET in_flight = t.in_flight - d.n
     FROM (SELECT (x->>'tenant_id')::uuid AS tenant_id, count(*)::int AS n FROM jsonb_array_elements(settled) x GROUP BY 1) d
     WHERE t.tenant_id = d.tenant_id;
   UPDATE tenant_ledger l SET reserved = l.reserved - d.credits, billed = l.billed + d.billed,
