@@ -26,17 +26,19 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import postgres from 'postgres';
 import { freePort, startEmbeddedPostgres, type EmbeddedDatabase } from '../src/db/embedded.ts';
-import { startSimulator, type CallRecord, type Simulator } from '../src/simulator/index.ts';
+import { BAD_ANSWER_KINDS, startSimulator, type BadAnswerKind, type CallRecord, type Simulator } from '../src/simulator/index.ts';
 import type { FlagReader } from './lib/args.ts';
 import {
   attribute,
   creditsPerTenant,
+  faultOfJobs,
   idempotencyKeyFor,
   judgeJobs,
   longestGapSeconds,
   paramsFor,
   recoverySeconds,
   tagOfKey,
+  tagOfParams,
   type JobRecord,
 } from './lib/chaos-judge.ts';
 import { createTenant, gql, submitBody, type JobSpec } from './lib/gql.ts';
@@ -64,6 +66,8 @@ interface FaultRecord {
   recoverySeconds: number | null;
   recovered: boolean;
   detail: Record<string, unknown>;
+  /** Faulty jobs with an upstream call around this fault (chaos-judge faultOfJobs). */
+  caught: { lost: number; doubleBilled: number; perJobMismatches: number };
 }
 
 interface Options {
@@ -81,6 +85,8 @@ interface Options {
   leaseS: number;
   outageS: number;
   badAnswerS: number;
+  badKinds: BadAnswerKind[];
+  badProbability: number;
   drainMaxS: number;
   stallBoundS: number;
   recoveryBoundS: number;
@@ -95,6 +101,13 @@ function parseFaults(text: string): FaultKind[] {
   const kinds = text.split(',').map((s) => s.trim()).filter(Boolean);
   for (const k of kinds) if (!(FAULT_KINDS as readonly string[]).includes(k)) throw new Error(`--faults: unknown fault "${k}" (one of ${FAULT_KINDS.join(', ')}, or none)`);
   return kinds as FaultKind[];
+}
+
+function parseBadKinds(text: string): BadAnswerKind[] {
+  const kinds = text.split(',').map((s) => s.trim()).filter(Boolean);
+  for (const k of kinds) if (!(BAD_ANSWER_KINDS as readonly string[]).includes(k)) throw new Error(`--bad-kinds: unknown kind "${k}" (one of ${BAD_ANSWER_KINDS.join(', ')})`);
+  if (kinds.length === 0) throw new Error('--bad-kinds needs at least one kind');
+  return kinds as BadAnswerKind[];
 }
 
 /** One POST /graphql, classified: answered, worth replaying (the answer may have been lost), or refused for good. */
@@ -119,7 +132,7 @@ async function postGraphQL(url: string, token: string, body: string, timeoutMs: 
 
 export async function run(_pg: BenchPostgres, flags: FlagReader) {
   const o: Options = {
-    durationS: flags.number('duration', 150),
+    durationS: flags.number('duration', 140),
     faults: parseFaults(flags.string('faults', FAULT_KINDS.join(','))),
     firstFaultS: flags.number('first-fault', 12),
     faultGapS: flags.number('fault-gap', 12),
@@ -133,7 +146,9 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
     leaseS: flags.number('lease', 5),
     outageS: flags.number('outage', 13),
     badAnswerS: flags.number('bad-answer-seconds', 10),
-    drainMaxS: flags.number('drain-max', 120),
+    badKinds: parseBadKinds(flags.string('bad-kinds', 'nul,lone-surrogate,html')),
+    badProbability: flags.number('bad-probability', 0.5),
+    drainMaxS: flags.number('drain-max', 60),
     stallBoundS: flags.number('stall-bound', 30),
     recoveryBoundS: flags.number('recovery-bound', 20),
     replayMaxS: flags.number('replay-max', 90),
@@ -149,17 +164,19 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
   chmodSync(pgDir, 0o755); // as root, Postgres runs as `postgres`, which must enter the folder
   const pgPort = await freePort();
   const pgLog = (m: string) => progress(`[chaos pg] ${m}`);
-  let pgServer: EmbeddedDatabase | null = await startEmbeddedPostgres(path.join(pgDir, 'data'), pgLog, { port: pgPort });
-  const admin = postgres(pgServer.url, { max: 1, onnotice: () => {} });
-  await admin.unsafe('create database sluice_chaos');
-  await admin.end();
-  const dbUrl = pgServer.urlFor('sluice_chaos');
-  const sql = postgres(dbUrl, { max: 2, onnotice: () => {}, connect_timeout: 3 });
-
+  let pgServer: EmbeddedDatabase | null = null;
   let sim: Simulator | null = null;
   let api: SluiceHandle | null = null;
   const workers: Array<SluiceHandle | null> = [null, null, null];
+  let sqlClient: postgres.Sql | null = null;
   try {
+    pgServer = await startEmbeddedPostgres(path.join(pgDir, 'data'), pgLog, { port: pgPort });
+    const admin = postgres(pgServer.url, { max: 1, onnotice: () => {} });
+    await admin.unsafe('create database sluice_chaos');
+    await admin.end();
+    const dbUrl = pgServer.urlFor('sluice_chaos');
+    const sql = (sqlClient = postgres(dbUrl, { max: 2, onnotice: () => {}, connect_timeout: 3 }));
+    const pgVersion = String((await sql`select current_setting('server_version') as v`)[0]!.v);
     sim = await startSimulator({
       plan: 'PRO',
       ratePerMinute: o.planRate,
@@ -288,30 +305,32 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
       }
       return best;
     };
-    let badAnswerSupported: boolean | null = null;
-    const setBadAnswers = async (on: boolean): Promise<boolean> => {
-      // The seam for the simulator's unstorable-answer condition (src/simulator/options.ts).
+    /** The simulator's badAnswer condition on one API, over its admin endpoint like any operator; null clears it. */
+    const setBadAnswers = async (kind: BadAnswerKind | null): Promise<void> => {
       const res = await fetch(`${sim!.adminUrl}/conditions`, {
         method: 'POST',
         headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ apis: { [BAD_ANSWER_API]: on ? { badAnswer: 'nul' } : null } }),
+        body: JSON.stringify({ apis: { [BAD_ANSWER_API]: { badAnswer: kind === null ? null : { kind, probability: o.badProbability } } } }),
       });
-      return res.ok;
+      if (!res.ok) throw new Error(`the simulator refused the badAnswer condition: ${res.status} ${await res.text()}`);
     };
 
-    async function inject(kind: FaultKind): Promise<{ endMs: number; detail: Record<string, unknown> } | null> {
+    async function inject(kind: FaultKind): Promise<{ endMs: number; detail: Record<string, unknown> }> {
       switch (kind) {
         case 'worker-kill': {
           const { index, inFlight } = await busiestWorker();
+          underFault.add(`worker${index}`);
           const w = workers[index]!;
           await w.kill('SIGKILL');
           workers[index] = null;
           const killedAt = Date.now();
           workers[index] = await restart(startWorker);
+          underFault.delete(`worker${index}`);
           return { endMs: Date.now(), detail: { worker: index, pid: w.pid, callsInFlight: inFlight, restartS: round((Date.now() - killedAt) / 1000, 1) } };
         }
         case 'worker-term': {
           const { index, inFlight } = await busiestWorker();
+          underFault.add(`worker${index}`);
           const w = workers[index]!;
           const sent = Date.now();
           const exited = w.kill('SIGTERM');
@@ -319,6 +338,7 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
           if (forced) await w.kill('SIGKILL');
           const stopS = round((Date.now() - sent) / 1000, 1);
           workers[index] = await restart(startWorker);
+          underFault.delete(`worker${index}`);
           return { endMs: Date.now(), detail: { worker: index, pid: w.pid, callsInFlight: inFlight, gracefulStopS: stopS, forcedAfter30s: forced } };
         }
         case 'postgres-outage': {
@@ -332,25 +352,52 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
         }
         case 'api-kill': {
           const pid = api!.pid;
+          underFault.add('api');
           await api!.kill('SIGKILL');
           api = null;
           const killedAt = Date.now();
           api = await restart(startApi);
+          underFault.delete('api');
           return { endMs: Date.now(), detail: { pid, restartS: round((Date.now() - killedAt) / 1000, 1) } };
         }
         case 'bad-answer': {
-          badAnswerSupported ??= await setBadAnswers(false);
-          if (!badAnswerSupported) return null;
-          const from = Date.now();
-          await setBadAnswers(true);
-          await sleep(o.badAnswerS * 1000);
-          await setBadAnswers(false);
-          return { endMs: Date.now(), detail: { api: BAD_ANSWER_API, fromMs: from, seconds: o.badAnswerS } };
+          // The window is shared by the kinds in turn: a nul in the data, a lone surrogate, an HTML page...
+          const before = sim!.stats().totals;
+          const badBefore = sim!.stats().keys[sim!.apiKey]?.badAnswers ?? 0;
+          for (const kind of o.badKinds) {
+            await setBadAnswers(kind);
+            await sleep((o.badAnswerS * 1000) / o.badKinds.length);
+          }
+          await setBadAnswers(null);
+          const after = sim!.stats();
+          return {
+            endMs: Date.now(),
+            detail: { api: BAD_ANSWER_API, kinds: o.badKinds, probability: o.badProbability, seconds: o.badAnswerS, badAnswers: (after.keys[sim!.apiKey]?.badAnswers ?? 0) - badBefore, billedCallsMeanwhile: after.totals.billedCalls - before.billedCalls },
+          };
         }
       }
     }
 
-    const skipped: string[] = [];
+    // A supervisor, as a deployment has: a node that exits on its own (not by a fault) is counted and restarted.
+    const unexpectedExits: Array<{ node: string; atS: number }> = [];
+    const underFault = new Set<string>();
+    let supervising = true;
+    const supervisor = (async () => {
+      while (supervising) {
+        await sleep(1_000);
+        const slots: Array<[string, SluiceHandle | null, () => Promise<void>]> = [
+          ['api', api, async () => void (api = await restart(startApi))],
+          ...workers.map((w, i): [string, SluiceHandle | null, () => Promise<void>] => [`worker${i}`, w, async () => void (workers[i] = await restart(startWorker))]),
+        ];
+        for (const [name, h, again] of slots) {
+          if (!supervising || underFault.has(name) || !h?.exited()) continue;
+          unexpectedExits.push({ node: name, atS: at(Date.now()) });
+          progress(`[chaos] ${name} exited on its own at t=${at(Date.now())} s: restarting it`);
+          await again().catch((err: Error) => progress(`[chaos] could not restart ${name}: ${err.message}`));
+        }
+      }
+    })();
+
     const faultLoop = (async () => {
       await sleep(o.firstFaultS * 1000);
       // A fault needs room after it to be judged: one gap plus its own length.
@@ -361,13 +408,7 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
         const start = Date.now();
         progress(`[chaos] t=${at(start)} s: ${kind}`);
         const r = await inject(kind);
-        if (r === null) {
-          if (!skipped.includes(kind)) skipped.push(kind);
-          progress(`[chaos] ${kind}: not available, skipped`);
-          if (o.faults.every((k) => skipped.includes(k))) break;
-          continue;
-        }
-        faults.push({ kind, atS: at(start), endS: at(r.endMs), recoverySeconds: null, recovered: false, detail: r.detail });
+        faults.push({ kind, atS: at(start), endS: at(r.endMs), recoverySeconds: null, recovered: false, detail: r.detail, caught: { lost: 0, doubleBilled: 0, perJobMismatches: 0 } });
         await sleep(o.faultGapS * 1000);
       }
     })();
@@ -392,6 +433,8 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
       await sleep(1_000);
     }
     const busy = machine.end();
+    supervising = false;
+    await supervisor;
     progress(drainedAt ? `[chaos] quiescent ${round((drainedAt - submittedEndMs) / 1000, 1)} s after the last submission` : `[chaos] NOT quiescent after ${o.drainMaxS} s`);
 
     // ---------------------------------------------------------------- ground truth and Sluice's record
@@ -448,14 +491,35 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
     const stalled = perTenant.filter((p) => p.longestSettleGapS > o.stallBoundS);
 
     for (const f of faults) {
-      f.recoverySeconds = recoverySeconds(t0 + f.endS * 1000, finishes, answers);
+      const rec = recoverySeconds(t0 + f.endS * 1000, finishes, answers);
+      f.recoverySeconds = rec === null ? null : round(rec, 1);
       f.recovered = f.recoverySeconds !== null && f.recoverySeconds <= o.recoveryBoundS;
     }
     const notRecovered = faults.filter((f) => !f.recovered);
 
-    // The bad answers the provider gave, and what became of their jobs.
+    // Which fault each faulty job belongs to: a call from 3 s before the fault to two leases after its end.
+    const callTimes = new Map<string, number[]>();
+    for (const c of calls) {
+      const tag = tagOfParams(c.params);
+      if (tag !== null) (callTimes.get(tag) ?? callTimes.set(tag, []).get(tag)!).push(c.atMs);
+    }
+    const spans = faults.map((f) => ({ startMs: t0 + f.atS * 1000, endMs: t0 + f.endS * 1000 }));
+    const tagById = new Map(jobs.map((j) => [j.id, j.tag]));
+    const outsideFaults = { lost: 0, doubleBilled: 0, perJobMismatches: 0 };
+    const tally = (tags: Array<string | null>, field: keyof FaultRecord['caught']) => {
+      const known = tags.filter((t): t is string => t !== null);
+      for (const i of faultOfJobs(known, callTimes, spans, 3_000, 2 * o.leaseS * 1000).values()) {
+        if (i >= 0) faults[i]!.caught[field] += 1;
+        else outsideFaults[field] += 1;
+      }
+    };
+    tally(verdict.lost.map((l) => tagById.get(l.id) ?? null), 'lost');
+    tally(verdict.doubleBilled.map((d) => d.tag), 'doubleBilled');
+    tally(verdict.perJobMismatches.map((m) => m.tag), 'perJobMismatches');
+
+    // The jobs answered 200 by the spoiled API during a bad-answer window (some of them bad), and what became of them.
     const badWindows = faults.filter((f) => f.kind === 'bad-answer').map((f) => [t0 + f.atS * 1000, t0 + f.endS * 1000] as const);
-    const badTags = new Set(calls.filter((c) => c.api === BAD_ANSWER_API && c.status === 200 && badWindows.some(([a, b]) => c.atMs >= a && c.atMs <= b)).map((c) => (c.params.email as string).slice(1, -'@chaos.example'.length)));
+    const badTags = new Set(calls.filter((c) => c.api === BAD_ANSWER_API && c.status === 200 && badWindows.some(([a, b]) => c.atMs >= a && c.atMs <= b)).map((c) => tagOfParams(c.params)));
     const badStates: Record<string, number> = {};
     for (const j of jobs) if (j.tag && badTags.has(j.tag)) bump(badStates, j.state);
 
@@ -471,10 +535,10 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
       perJobMismatches: check(verdict.perJobMismatches.length, "= 0 (each job's creditsBilled = what the provider billed for it)", verdict.perJobMismatches.length === 0),
       perTenantMismatches: check(perTenantMismatches.length, "= 0 (each tenant's ledger = what the provider billed for its jobs)", perTenantMismatches.length === 0),
       usageHistoryMismatches: check(historyMismatches.length, '= 0 (usage history = ledger)', historyMismatches.length === 0),
+      unexpectedExits: check(unexpectedExits.length, '= 0 (no node exits unless a fault kills it)', unexpectedExits.length === 0),
       stalledTenants: check(stalled.length, `= 0 (no tenant without a finished job for > ${o.stallBoundS} s)`, stalled.length === 0),
       faultsNotRecovered: check(notRecovered.length, `= 0 (every tenant settles and is answered within ${o.recoveryBoundS} s of each fault's end)`, faults.length > 0 ? notRecovered.length === 0 : null),
       quiescentS: check(drainedAt === null ? null : (drainedAt - submittedEndMs) / 1000, `reached within ${o.drainMaxS} s`, drainedAt !== null),
-      faultsSkipped: check(skipped.length, 'reported (faults the simulator could not inject)', null),
       unattributedCalls: check(unattributed + verdict.callsForUnknownJobs, 'reported (upstream calls naming no job)', null),
     };
     const sample = <T>(xs: T[]) => xs.slice(0, 10);
@@ -486,7 +550,7 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
         perJobMismatches: verdict.perJobMismatches.length,
         perTenantMismatches: perTenantMismatches.length,
         stalledTenants: stalled.map((s) => s.tenant),
-        faults: faults.map((f) => `${f.kind}@${f.atS}s: ${f.recoverySeconds === null ? 'never recovered' : `${f.recoverySeconds} s`}`),
+        faults: faults.map((f) => `${f.kind}@${f.atS}s: recovered ${f.recoverySeconds === null ? 'never' : `in ${f.recoverySeconds} s`}; caught ${f.caught.lost} lost, ${f.caught.doubleBilled} double-billed, ${f.caught.perJobMismatches} mis-billed jobs`),
         maxRecoverySeconds: maxRecovery,
         replays: sub.replays,
         quiescentAfterS: drainedAt === null ? null : round((drainedAt - submittedEndMs) / 1000, 1),
@@ -501,6 +565,8 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
       stalledTenants: stalled.map((s) => s.tenant),
       details: {
         jobStates: states,
+        faultyJobsOutsideEveryFault: outsideFaults,
+        unexpectedExits,
         jobsInDatabase: jobs.length,
         storedButNeverAnswered: jobs.filter((j) => j.tag !== null && !accepted.has(j.id)).length,
         lostSample: sample(verdict.lost),
@@ -509,16 +575,17 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
         jobsWhoseReservationsDisagreeWithCreditsBilled: reservationMismatches,
         perTenant,
         submissions: sub,
-        badAnswers: { jobs: badTags.size, finalStates: badStates },
+        badAnswerWindows: { jobsAnswered200: badTags.size, finalStates: badStates, badAnswersGiven: simStats.keys[sim.apiKey]?.badAnswers ?? 0 },
         provider: { calls: simStats.totals.calls, billedCalls: simStats.totals.billedCalls, creditsBilled: simStats.totals.creditsBilled, rateLimited: simStats.totals.rateLimited, concurrencyLimited: simStats.totals.concurrencyLimited, responses: simStats.keys[sim.apiKey]?.responses ?? {} },
         sluice: { creditsBilled: jobs.reduce((a, j) => a + j.creditsBilled, 0), ledgerCreditsUsed: perTenant.reduce((a, p) => a + p.ledgerCreditsUsed, 0) },
         machineCpuBusy: busy,
       },
+      postgresUnderTest: { source: 'embedded, private to this run (the bench stops and starts it; the `postgres` field above is the server the runner probed, unused)', version: pgVersion, port: pgPort },
       setup: {
         nodes: `1 api + ${workers.length} worker processes (bench/lib/sluice-child.ts; SIGTERM = graceful stop, as npm start), DB_POOL_MAX ${o.poolMax}, on one embedded Postgres the bench stops and starts (never the shared server; --pg is ignored)`,
         upstream: `simulator PRO plan at ${o.planRate}/min (paced at 0.9), 500 concurrent calls, latency median ${o.latencyMs} ms p95 ${o.latencyP95Ms} ms, call log on`,
         tenants: `${o.tenants} tenants (weight 1, cap 100) submitting ${o.rate} jobs/s in all, submitJobs of ${o.batch}, ${Math.round(o.emailShare * 100)} % ${BAD_ANSWER_API} (5 credits) else dnslookup (1 credit), each job tagged in its idempotency key and its param; a 5xx/429/timeout/refused connection replayed with the same body for up to ${o.replayMaxS} s`,
-        faults: `${o.faults.join(', ') || 'none'}, first at ${o.firstFaultS} s, then ${o.faultGapS} s after each one ends; Postgres outage ${o.outageS} s vs ATTEMPT_LEASE_SECONDS ${o.leaseS}; bad answers for ${o.badAnswerS} s`,
+        faults: `${o.faults.join(', ') || 'none'}, first at ${o.firstFaultS} s, then ${o.faultGapS} s after each one ends; Postgres outage ${o.outageS} s vs ATTEMPT_LEASE_SECONDS ${o.leaseS}; bad answers for ${o.badAnswerS} s on ${BAD_ANSWER_API} (${o.badKinds.join(', ')} in turn, probability ${o.badProbability})`,
         judged: `recovery = from a fault's end until every tenant has a job finish and a submission answered (bound ${o.recoveryBoundS} s); stalled = a tenant with no job finishing for > ${o.stallBoundS} s while submitting`,
         durationS: o.durationS,
         extraEnv: o.extraEnv,
@@ -527,7 +594,7 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
   } finally {
     for (const w of workers) await w?.stop().catch(() => null);
     await api?.stop().catch(() => null);
-    await sql.end({ timeout: 2 }).catch(() => {});
+    await sqlClient?.end({ timeout: 2 }).catch(() => {});
     if (sim) await sim.stop();
     await pgServer?.stop().catch(() => {});
     rmSync(pgDir, { recursive: true, force: true });

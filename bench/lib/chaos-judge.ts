@@ -161,3 +161,26 @@ export function longestGapSeconds(sorted: readonly number[], fromMs: number, toM
   }
   return Math.max(worst, toMs - prev) / 1000;
 }
+
+/**
+ * Which fault a faulty job belongs to: the first fault whose span (from its
+ * start minus `beforeMs` to its end plus `afterMs`) holds one of the job's
+ * upstream calls. A job billed twice after a long outage has a call before the
+ * outage and one after; a job a dead worker left behind has its call just
+ * before the kill. Returns the fault index per tag, or -1 (outside every fault).
+ */
+export function faultOfJobs(
+  tags: readonly string[],
+  callTimes: ReadonlyMap<string, readonly number[]>,
+  spans: ReadonlyArray<{ startMs: number; endMs: number }>,
+  beforeMs: number,
+  afterMs: number,
+): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const tag of tags) {
+    const times = callTimes.get(tag) ?? [];
+    const i = spans.findIndex((s) => times.some((t) => t >= s.startMs - beforeMs && t <= s.endMs + afterMs));
+    out.set(tag, i);
+  }
+  return out;
+}
