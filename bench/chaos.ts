@@ -132,7 +132,7 @@ async function postGraphQL(url: string, token: string, body: string, timeoutMs: 
 
 export async function run(_pg: BenchPostgres, flags: FlagReader) {
   const o: Options = {
-    durationS: flags.number('duration', 140),
+    durationS: flags.number('duration', 120),
     faults: parseFaults(flags.string('faults', FAULT_KINDS.join(','))),
     firstFaultS: flags.number('first-fault', 12),
     faultGapS: flags.number('fault-gap', 12),
@@ -148,7 +148,7 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
     badAnswerS: flags.number('bad-answer-seconds', 10),
     badKinds: parseBadKinds(flags.string('bad-kinds', 'nul,lone-surrogate,html')),
     badProbability: flags.number('bad-probability', 0.5),
-    drainMaxS: flags.number('drain-max', 60),
+    drainMaxS: flags.number('drain-max', 45),
     stallBoundS: flags.number('stall-bound', 30),
     recoveryBoundS: flags.number('recovery-bound', 20),
     replayMaxS: flags.number('replay-max', 90),
@@ -571,6 +571,10 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
         storedButNeverAnswered: jobs.filter((j) => j.tag !== null && !accepted.has(j.id)).length,
         lostSample: sample(verdict.lost),
         doubleBilledSample: sample(verdict.doubleBilled),
+        doubleBilledWhy: {
+          billedTwice: verdict.doubleBilled.filter((d) => d.why.includes('billedTwice')).length,
+          callsOverAttempts: verdict.doubleBilled.filter((d) => d.why.includes('callsOverAttempts')).length,
+        },
         perJobMismatchSample: sample(verdict.perJobMismatches),
         jobsWhoseReservationsDisagreeWithCreditsBilled: reservationMismatches,
         perTenant,

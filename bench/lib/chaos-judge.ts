@@ -85,8 +85,11 @@ export const FINAL_STATES: ReadonlySet<string> = new Set(['SUCCEEDED', 'FAILED',
 export interface JobVerdict {
   /** Accepted ids (the client got them back) whose job is missing or has not ended. */
   lost: Array<{ id: string; state: string | null }>;
-  /** Jobs the provider billed more than once, or that sent more calls than Sluice counted attempts. */
-  doubleBilled: Array<{ tag: string; attempts: number } & ProviderTally>;
+  /**
+   * Jobs the provider billed more than once, or that sent more calls than Sluice counted attempts
+   * (`why` says which: `billedTwice`, `callsOverAttempts`, or both).
+   */
+  doubleBilled: Array<{ tag: string; attempts: number; why: Array<'billedTwice' | 'callsOverAttempts'> } & ProviderTally>;
   /** Jobs whose creditsBilled differs from what the provider billed for them. */
   perJobMismatches: Array<{ tag: string; creditsBilled: number; providerCredits: number; state: string }>;
   /** Tags the provider saw that no job carries. */
@@ -107,7 +110,10 @@ export function judgeJobs(accepted: ReadonlyMap<string, string>, jobs: readonly 
     if (j.tag === null) continue;
     known.add(j.tag);
     const p = perTag.get(j.tag) ?? { calls: 0, billedCalls: 0, credits: 0 };
-    if (p.billedCalls > 1 || p.calls > j.attempts) doubleBilled.push({ tag: j.tag, attempts: j.attempts, ...p });
+    const why: JobVerdict['doubleBilled'][number]['why'] = [];
+    if (p.billedCalls > 1) why.push('billedTwice');
+    if (p.calls > j.attempts) why.push('callsOverAttempts');
+    if (why.length > 0) doubleBilled.push({ tag: j.tag, attempts: j.attempts, why, ...p });
     if (p.credits !== j.creditsBilled) perJobMismatches.push({ tag: j.tag, creditsBilled: j.creditsBilled, providerCredits: p.credits, state: j.state });
   }
   let callsForUnknownJobs = 0;
