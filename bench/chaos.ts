@@ -542,14 +542,18 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
       unattributedCalls: check(unattributed + verdict.callsForUnknownJobs, 'reported (upstream calls naming no job)', null),
     };
     const sample = <T>(xs: T[]) => xs.slice(0, 10);
+    // The headline figures, in the summary and at the top level of the JSON alike.
+    const headline = {
+      jobs: accepted.size,
+      lost: verdict.lost.length,
+      doubleBilled,
+      perJobMismatches: verdict.perJobMismatches.length,
+      perTenantMismatches: perTenantMismatches.length,
+      stalledTenants: stalled.map((s) => s.tenant),
+    };
     return {
       summary: {
-        jobs: accepted.size,
-        lost: verdict.lost.length,
-        doubleBilled,
-        perJobMismatches: verdict.perJobMismatches.length,
-        perTenantMismatches: perTenantMismatches.length,
-        stalledTenants: stalled.map((s) => s.tenant),
+        ...headline,
         faults: faults.map((f) => `${f.kind}@${f.atS}s: recovered ${f.recoverySeconds === null ? 'never' : `in ${f.recoverySeconds} s`}; caught ${f.caught.lost} lost, ${f.caught.doubleBilled} double-billed, ${f.caught.perJobMismatches} mis-billed jobs`),
         maxRecoverySeconds: maxRecovery,
         replays: sub.replays,
@@ -557,12 +561,7 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
       },
       targets,
       faultsSurvived: faults,
-      jobs: accepted.size,
-      lost: verdict.lost.length,
-      doubleBilled,
-      perJobMismatches: verdict.perJobMismatches.length,
-      perTenantMismatches: perTenantMismatches.length,
-      stalledTenants: stalled.map((s) => s.tenant),
+      ...headline,
       details: {
         jobStates: states,
         faultyJobsOutsideEveryFault: outsideFaults,
