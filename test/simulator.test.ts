@@ -573,6 +573,47 @@ describe('admin endpoints', () => {
     });
   });
 
+  test('call log: every call and batch item with its params, status and credits, paged over HTTP', async () => {
+    await withSim({ ratePerMinute: 600, burst: 4, cooldownSeconds: 0, callLog: true }, async (sim, client) => {
+      assert.equal((await fx(client, sim.apiKey)).kind, 'billed');
+      await client.call({ api: 'dnslookup', params: {}, apiKey: sim.apiKey }); // 400: missing domain, not billed
+      const batch = await client.callBatch({ api: 'dnslookup', apiKey: sim.apiKey, items: ['a', 'b', 'c'].map((d) => ({ id: d, params: { domain: `${d}.example.com` } })) });
+      assert.equal(batch.call.kind, 'billed');
+      // The bucket held 4: the batch's third item had no token (per-item 429, not billed).
+      sim.setConditions({ hang: { probability: 1, afterMs: null } });
+      await sleep(200); // a token for the next call (10 a second)
+      assert.equal((await client.call({ api: 'exchangerate', params: FX, apiKey: sim.apiKey, timeoutMs: 100 })).kind, 'timeout');
+      await client.call({ api: 'exchangerate', params: FX, apiKey: 'apv_unknown' }); // unknown key: not logged
+
+      const all = sim.calls();
+      assert.equal(all.enabled, true);
+      const rows = all.calls.map((c) => [c.api, c.params.domain ?? c.params.currency1 ?? null, c.status, c.credits, c.batch]);
+      assert.deepEqual(rows, [
+        ['exchangerate', 'USD', 200, 1, false],
+        ['dnslookup', null, 400, 0, false],
+        ['dnslookup', 'a.example.com', 200, 1, true],
+        ['dnslookup', 'b.example.com', 200, 1, true],
+        ['dnslookup', 'c.example.com', 429, 0, true],
+        ['exchangerate', 'USD', null, 0, false], // a hang that never answers: no status
+      ]);
+      // Billed credits in the log add up to the account's.
+      assert.equal(all.calls.reduce((a, c) => a + c.credits, 0), sim.stats().totals.creditsBilled);
+      assert.deepEqual(all.calls.map((c) => c.seq), [1, 2, 3, 4, 5, 6]);
+
+      const page = (await (await fetch(`${sim.adminUrl}/calls?since=2&limit=2`)).json()) as { calls: { seq: number }[]; next: number };
+      assert.deepEqual([page.calls.map((c) => c.seq), page.next], [[3, 4], 4]);
+      const rest = (await (await fetch(`${sim.adminUrl}/calls?since=${page.next}`)).json()) as { calls: { seq: number }[]; next: number };
+      assert.deepEqual([rest.calls.map((c) => c.seq), rest.next], [[5, 6], 6]);
+      assert.equal((await fetch(`${sim.adminUrl}/calls?since=-1`)).status, 400);
+      sim.resetStats();
+      assert.deepEqual(sim.calls(), { enabled: true, calls: [], next: 0 });
+    });
+    await withSim({}, async (sim, client) => {
+      await fx(client, sim.apiKey);
+      assert.deepEqual(sim.calls(), { enabled: false, calls: [], next: 0 });
+    });
+  });
+
   test('routing: unknown path 404, GET on batch 405, POST single call with a JSON body', async () => {
     await withSim({}, async (sim) => {
       const h = { 'x-api-key': sim.apiKey };

@@ -140,6 +140,30 @@ export interface SimulatorStats {
   };
 }
 
+/** One call in the call log: a single call, or one item of a batch. */
+export interface CallRecord {
+  /** 1, 2, 3... in arrival order; never reused, not even after resetStats. */
+  seq: number;
+  /** When the simulator decided the answer (a call is billed then, at arrival). */
+  atMs: number;
+  key: string;
+  api: string;
+  params: Record<string, unknown>;
+  /** What it answered (a batch item: its item status, or the batch's when the batch was refused whole); null = a hang that never answers. */
+  status: number | null;
+  /** Credits billed for it (0 when not billed). */
+  credits: number;
+  batch: boolean;
+}
+
+export interface CallLogPage {
+  /** Whether the log is on (SimulatorOptions.callLog). */
+  enabled: boolean;
+  calls: CallRecord[];
+  /** Pass as `since` to read on from here. */
+  next: number;
+}
+
 export interface KeyInfo {
   key: string;
   kind: 'primary' | 'sub';
@@ -229,6 +253,8 @@ export interface Engine {
   handleBatch(req: { apiKey: string | null; api: string; body: unknown }): Reply;
   release(slot: Slot): void;
   stats(): SimulatorStats;
+  /** The call log after `since` (a seq), at most `limit` entries. */
+  calls(since?: number, limit?: number): CallLogPage;
   resetStats(): void;
   conditions(): Conditions;
   setConditions(patch: ConditionsPatch): Conditions;
@@ -270,6 +296,13 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
   let accountMaxConcurrency = 0;
   let unknownKeyCalls = 0;
   const keys = new Map<string, KeyState>();
+  const callLog: CallRecord[] | null = opts.callLog ? [] : null;
+  let callSeq = 0;
+  /** Every credit billed since start (never reset): the call log reads what one decision billed from it. */
+  let creditsBilledEver = 0;
+  /** Per item of the batch being decided: credits billed, and the item results (null when refused whole). */
+  let batchItemCredits: number[] = [];
+  let batchItems: BatchResultWire[] | null = null;
 
   const rateCfg = (c: Conditions = cond): RateConfig => ({
     ratePerMinute: c.ratePerMinute,
@@ -445,12 +478,18 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
   }
 
   function chargeOne(k: KeyState, cost: number) {
+    creditsBilledEver += cost;
     credits = bill(credits, cost);
     k.stats.billedCalls += 1;
     k.stats.creditsBilled += cost;
   }
 
-  return {
+  function logCall(apiKey: string | null, api: string, params: Record<string, unknown>, status: number | null, billed: number, batch: boolean) {
+    if (!callLog || !apiKey || !keys.has(apiKey)) return;
+    callLog.push({ seq: ++callSeq, atMs: clock(), key: apiKey, api, params, status, credits: billed, batch });
+  }
+
+  const engine: Engine = {
     catalog,
     plan,
 
@@ -530,6 +569,7 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
           else if (data && !data.ok) r = { id: item.id, status: 400, error: data.error };
           else {
             chargeOne(k, spec.creditCost);
+            batchItemCredits[i] = spec.creditCost;
             r = { id: item.id, status: 200, data: data?.ok ? data.data : null };
             // A value kind corrupts items one by one, each on its own draw.
             if (d.f.badAnswer && VALUE_KINDS.has(d.f.badAnswer.kind) && drawBad(d.f)) {
@@ -541,6 +581,7 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
         bump(k.stats.batchItems, r.status);
         return r;
       });
+      batchItems = results;
       // The other kinds spoil the batch's body as a whole (one draw per batch); its items stay billed.
       const bad = d.f.badAnswer && !VALUE_KINDS.has(d.f.badAnswer.kind) ? drawBad(d.f) : null;
       if (bad) {
@@ -619,7 +660,22 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
       };
     },
 
+    calls(since = 0, limit = 10_000) {
+      if (!callLog) return { enabled: false, calls: [], next: since };
+      // seq ascends, so the first entry after `since` is found by bisection.
+      let lo = 0;
+      let hi = callLog.length;
+      while (lo < hi) {
+        const mid = (lo + hi) >> 1;
+        if (callLog[mid]!.seq <= since) lo = mid + 1;
+        else hi = mid;
+      }
+      const page = callLog.slice(lo, lo + Math.max(0, limit));
+      return { enabled: true, calls: structuredClone(page), next: page.length ? page[page.length - 1]!.seq : since };
+    },
+
     resetStats() {
+      if (callLog) callLog.length = 0;
       epochMs = clock();
       unknownKeyCalls = 0;
       accountMaxConcurrency = accountInFlight;
@@ -675,4 +731,27 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
       addKey(spec.key, 'sub', spec.apis);
     },
   };
+
+  if (!callLog) return engine;
+  // The call log wraps the two decisions: whatever path a call takes through them, it is logged once, with what it billed.
+  const { handleCall, handleBatch } = engine;
+  engine.handleCall = (req) => {
+    const before = creditsBilledEver;
+    const r = handleCall(req);
+    logCall(req.apiKey, req.api, req.params, r.delayMs === null ? null : r.status, creditsBilledEver - before, false);
+    return r;
+  };
+  engine.handleBatch = (req) => {
+    batchItemCredits = [];
+    batchItems = null;
+    const r = handleBatch(req);
+    const parsed = req.body === undefined ? null : parseBatchRequest(req.body);
+    if (parsed?.ok) {
+      parsed.value.requests.forEach((item, i) =>
+        logCall(req.apiKey, req.api, item.params, r.delayMs === null ? null : (batchItems?.[i]?.status ?? r.status), batchItemCredits[i] ?? 0, true),
+      );
+    } else logCall(req.apiKey, req.api, {}, r.status, 0, true);
+    return r;
+  };
+  return engine;
 }

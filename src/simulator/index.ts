@@ -16,6 +16,8 @@ export {
   type Reply,
   type Slot,
   type SimulatorStats,
+  type CallRecord,
+  type CallLogPage,
   type KeyStats,
   type AccountStats,
   type AccountInfo,

@@ -139,6 +139,12 @@ export interface SimulatorOptions {
   conditions?: ConditionsPatch;
   /** Clock in ms (default Date.now): drives windows, cooldowns, renewal and the stats timeline, not latency timers. */
   now?: () => number;
+  /**
+   * Keep a log of every call a known key sent, with its params, status and credits billed
+   * (`calls()`, `GET /admin/calls`), so a test or bench can attribute each call to the job that
+   * made it. Default off: it grows with every call.
+   */
+  callLog?: boolean;
 }
 
 export const DEFAULT_API_KEY = 'apv_demo_primary';
