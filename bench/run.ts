@@ -25,6 +25,7 @@ import * as fanout from './fanout.ts';
 import * as cluster from './cluster.ts';
 import * as consoleReads from './console.ts';
 import * as maintenance from './maintenance.ts';
+import * as chaos from './chaos.ts';
 
 interface Benchmark {
   description: string;
@@ -42,6 +43,7 @@ const BENCHMARKS: Record<string, Benchmark> = {
   cluster,
   console: consoleReads,
   maintenance,
+  chaos,
 };
 
 function usage(): string {

@@ -140,7 +140,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       baseUrl = simulator.url;
       log.warn({ simulator: simulator.url }, 'DEMO MODE: no APIVERVE_API_KEY is set, so jobs run against the bundled provider simulator, not the real APIVerve');
     }
-    const realClient = createProviderClient({ baseUrl, timeoutMs: env.PROVIDER_TIMEOUT_MS, catalog, timeoutBilling: env.TIMEOUT_BILLING });
+    const realClient = createProviderClient({ baseUrl, timeoutMs: env.PROVIDER_TIMEOUT_MS, catalog, timeoutBilling: env.TIMEOUT_BILLING, maxResultBytes: env.MAX_RESULT_BYTES });
     const client = overrides.wrapProviderClient?.(realClient) ?? realClient;
     cleanups.push(() => client.close());
     const windowSpecs = planWindows({

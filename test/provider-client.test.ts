@@ -14,9 +14,13 @@ import {
   classifyFailure,
   classifyResponse,
   DEFAULT_RETRY_AFTER_SECONDS,
+  decodeUtf8,
   kindForErrorStatus,
   matchBatchResults,
+  MAX_DATA_DEPTH,
   reactionTo,
+  storableJson,
+  storableText,
 } from '../src/provider/classify.ts';
 import { createProviderClient, type ProviderClientOptions } from '../src/provider/client.ts';
 import { headerValue, parseProviderStatus, parseRenewal, parseRetryAfter } from '../src/provider/headers.ts';
@@ -181,13 +185,51 @@ describe('classification (pure)', () => {
     assert.equal(o.retryAfterSeconds, 3600);
   });
 
-  test('an unreadable 200 is a billed server_error; an unreadable 502 is a server_error', () => {
-    const bad = classifyResponse(facts(200, {}, '<html>oops'));
-    assert.equal(bad.kind, 'server_error');
-    assert.equal(bad.creditsBilled, 5);
+  test('a 200 that is not the envelope is a billed, final bad_response; an unreadable 502 is a server_error', () => {
+    for (const body of ['<html>oops', '{"status":"ok","data":{"a', '[1,2]', '"ok"', '{"foo":1}', '{"status":"fine","data":{}}', '']) {
+      const bad = classifyResponse(facts(200, {}, body));
+      assert.deepEqual([bad.kind, bad.creditsBilled, bad.data, reactionTo(bad)], ['bad_response', 5, null, 'fail'], body);
+      assert.match(bad.message ?? '', /not its JSON envelope/);
+    }
     const gw = classifyResponse(facts(502, {}, '<html>bad gateway'));
     assert.equal(gw.kind, 'server_error');
     assert.equal(gw.creditsBilled, 0);
+    // The envelope saying error on a 200: the provider's own word, billed, retried as before.
+    const said = classifyResponse(facts(200, {}, err('upstream lookup failed')));
+    assert.deepEqual([said.kind, said.creditsBilled, reactionTo(said)], ['server_error', 5, 'retry']);
+    // Older shapes without a status still read.
+    assert.equal(classifyResponse(facts(200, {}, { data: { a: 1 } })).kind, 'billed');
+  });
+
+  test('a body over the limit or not UTF-8 is a bad_response on a 200, and classified by its status otherwise', () => {
+    const big = classifyResponse({ ...facts(200, {}, ''), bodyProblem: 'too_large', maxResultBytes: 1000 });
+    assert.deepEqual([big.kind, big.creditsBilled], ['bad_response', 5]);
+    assert.match(big.message ?? '', /over 1000 bytes \(MAX_RESULT_BYTES\)/);
+    const bytes = classifyResponse({ ...facts(200, {}, ''), bodyProblem: 'not_utf8' });
+    assert.deepEqual([bytes.kind, bytes.creditsBilled], ['bad_response', 5]);
+    assert.match(bytes.message ?? '', /not valid UTF-8/);
+    const refusal = classifyResponse({ ...facts(429, { 'x-api-remaining-credits': '5' }, ''), bodyProblem: 'too_large' });
+    assert.deepEqual([refusal.kind, refusal.creditsBilled], ['rate_limited', 0]);
+    assert.equal(decodeUtf8(Buffer.from([0x7b, 0x80, 0x7d])), null);
+    assert.equal(decodeUtf8(Buffer.from('{"a":"é"}')), '{"a":"é"}');
+  });
+
+  test('data and messages are made storable: U+0000 and lone surrogates become U+FFFD, pairs and the rest stay', () => {
+    assert.equal(storableText('a\u0000b'), 'a\ufffdb');
+    assert.equal(storableText('x\ud800y\udc00'), 'x\ufffdy\ufffd');
+    assert.equal(storableText('emoji \ud83d\ude00 ok'), 'emoji \ud83d\ude00 ok');
+    const clean = { a: [1, 'two', { three: null }] };
+    assert.equal(storableJson(clean).ok && (storableJson(clean) as { value: unknown }).value, clean, 'nothing to change: the same object');
+    const ok = classifyResponse(facts(200, {}, '{"status":"ok","error":null,"data":{"domain":"a\\u0000b","k\\ud800":["\\udfff"],"records":[]}}'));
+    assert.equal(ok.kind, 'billed');
+    assert.deepEqual(ok.data, { domain: 'a\ufffdb', 'k\ufffd': ['\ufffd'], records: [] });
+    const msg = classifyResponse(facts(400, {}, '{"status":"error","error":"bad\\u0000input","data":null}'));
+    assert.equal(msg.message, 'bad\ufffdinput');
+    let deep: unknown = 'leaf';
+    for (let i = 0; i < MAX_DATA_DEPTH + 1; i++) deep = [deep];
+    const tooDeep = classifyResponse(facts(200, {}, { status: 'ok', error: null, data: deep }));
+    assert.deepEqual([tooDeep.kind, tooDeep.creditsBilled], ['bad_response', 5]);
+    assert.equal(storableJson(deep, MAX_DATA_DEPTH + 2).ok, true);
   });
 
   test('no answer: timeout billing rule, and a connection that never opened bills nothing', () => {
@@ -212,6 +254,7 @@ describe('classification (pure)', () => {
       key_unusable: 'put_back',
       bad_input: 'fail',
       unknown_api: 'fail',
+      bad_response: 'fail',
     };
     for (const [kind, reaction] of Object.entries(expected)) assert.equal(reactionTo({ kind: kind as OutcomeKind }), reaction);
   });
@@ -358,7 +401,7 @@ describe('client against the simulator: single calls', () => {
     await client.close();
   });
 
-  test('an unreadable 200 body is a billed server_error', async () => {
+  test('an unreadable 200 body is a billed, final bad_response', async () => {
     const server: Server = createServer((_req, res) => {
       res.writeHead(200, { 'content-type': 'text/html', 'x-api-remaining-credits': '10' });
       res.end('<html>maintenance</html>');
@@ -370,7 +413,7 @@ describe('client against the simulator: single calls', () => {
       catalog: DEFAULT_CATALOG,
     });
     const o = await client.call({ api: 'emailvalidator', params: { email: 'a@b.co' }, apiKey: 'apv_x' });
-    assert.deepEqual([o.kind, o.httpStatus, o.creditsBilled], ['server_error', 200, EMAIL_COST]);
+    assert.deepEqual([o.kind, o.httpStatus, o.creditsBilled], ['bad_response', 200, EMAIL_COST]);
     await client.close();
     server.closeAllConnections();
     await new Promise((r) => server.close(r));
@@ -425,6 +468,92 @@ describe('client against the simulator: single calls', () => {
       const o = await client.call({ api: 'exchangerate', params: FX, apiKey: sim.apiKey, signal: ac.signal });
       assert.equal(o.kind, 'timeout');
       assert.match(o.message ?? '', /aborted/);
+    });
+  });
+});
+
+// ------------------------------------------------------------------ contract: bad answers
+
+describe('client against the simulator: bad answers', () => {
+  const DNS = { domain: 'example.com' };
+  const DNS_COST = DEFAULT_CATALOG.get('dnslookup')!.creditCost;
+
+  test('every bad-answer kind: NUL and lone surrogates stored as U+FFFD (billed); the others a final bad_response billed like the 200', async () => {
+    await withRig({}, async ({ sim, client }) => {
+      const expected: Record<string, string> = {
+        nul: 'billed',
+        'lone-surrogate': 'billed',
+        html: 'bad_response',
+        'truncated-json': 'bad_response',
+        'invalid-utf8': 'bad_response',
+        huge: 'bad_response',
+      };
+      for (const [kind, outcome] of Object.entries(expected)) {
+        sim.setConditions({ apis: { dnslookup: { badAnswer: { probability: 1, kind: kind as 'nul', hugeBytes: 2 * 1024 * 1024 } } } });
+        const before = sim.stats().totals.creditsBilled;
+        const o = await client.call({ api: 'dnslookup', params: DNS, apiKey: sim.apiKey });
+        assert.deepEqual([o.kind, o.httpStatus, o.creditsBilled], [outcome, 200, DNS_COST], kind);
+        assert.equal(sim.stats().totals.creditsBilled - before, o.creditsBilled, `${kind}: billed as the provider billed`);
+        if (outcome === 'billed') {
+          const text = JSON.stringify(o.data);
+          assert.ok(text.includes('\ufffd') && !/\\u0000|\\ud800/.test(text), `${kind}: ${text.slice(0, 80)}`);
+        } else assert.equal(o.data, null);
+      }
+    });
+  });
+
+  test('MAX_RESULT_BYTES: a body over the limit is not read past it; at the limit it is fine', async () => {
+    await withRig({ conditions: { badAnswer: { probability: 1, kind: 'huge', hugeBytes: 64 * 1024 } } }, async ({ sim }) => {
+      const small = createProviderClient({ baseUrl: sim.url, timeoutMs: 2000, catalog: sim.catalog, maxResultBytes: 64 * 1024 - 1 });
+      const o = await small.call({ api: 'exchangerate', params: FX, apiKey: sim.apiKey });
+      assert.deepEqual([o.kind, o.creditsBilled], ['bad_response', 1]);
+      assert.match(o.message ?? '', /over 65535 bytes/);
+      await small.close();
+      const fits = createProviderClient({ baseUrl: sim.url, timeoutMs: 2000, catalog: sim.catalog, maxResultBytes: 64 * 1024 });
+      assert.equal((await fits.call({ api: 'exchangerate', params: FX, apiKey: sim.apiKey })).kind, 'billed');
+      await fits.close();
+    });
+    // No content-length (chunked): the client stops reading past the limit and drops the socket.
+    let written = 0;
+    const server: Server = createServer((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.write('{"status":"ok","error":null,"data":{"pad":"');
+      const chunk = 'x'.repeat(16 * 1024);
+      const timer = setInterval(() => {
+        if (res.destroyed || written > 8 * 1024 * 1024) return clearInterval(timer);
+        written += chunk.length;
+        res.write(chunk);
+      }, 1);
+      res.on('close', () => clearInterval(timer));
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const client = createProviderClient({ baseUrl: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`, timeoutMs: 5000, catalog: DEFAULT_CATALOG, maxResultBytes: 100 * 1024 });
+    const o = await client.call({ api: 'exchangerate', params: FX, apiKey: 'apv_x' });
+    assert.deepEqual([o.kind, o.creditsBilled], ['bad_response', 1]);
+    await new Promise((r) => setTimeout(r, 50));
+    assert.ok(written < 2 * 1024 * 1024, `the server stopped being read (${written} bytes written)`);
+    await client.close();
+    server.closeAllConnections();
+    await new Promise((r) => server.close(r));
+  });
+
+  test('batch: value kinds per item (stored as U+FFFD), body kinds fail every item, billed per item', async () => {
+    await withRig({}, async ({ sim, client }) => {
+      const items: BatchItem[] = [
+        { id: 'a', params: { domain: 'a.example.com' } },
+        { id: 'b', params: { domain: 'b.example.com' } },
+      ];
+      sim.setConditions({ badAnswer: { probability: 1, kind: 'nul' } });
+      const v = await client.callBatch({ api: 'dnslookup', items, apiKey: sim.apiKey });
+      assert.deepEqual(v.items.map((i) => [i.kind, i.creditsBilled]), [['billed', DNS_COST], ['billed', DNS_COST]]);
+      assert.ok(v.items.every((i) => JSON.stringify(i.data).includes('\ufffd')));
+      for (const kind of ['html', 'truncated-json', 'invalid-utf8'] as const) {
+        sim.setConditions({ badAnswer: { probability: 1, kind } });
+        const before = sim.stats().totals.creditsBilled;
+        const b = await client.callBatch({ api: 'dnslookup', items, apiKey: sim.apiKey });
+        assert.deepEqual([b.call.kind, b.call.creditsBilled, b.items.length, reactionTo(b.call)], ['bad_response', 2 * DNS_COST, 0, 'fail'], kind);
+        assert.equal(sim.stats().totals.creditsBilled - before, 2 * DNS_COST);
+      }
     });
   });
 });

@@ -642,7 +642,7 @@ describe('fair order through store.ts’s candidate rows', () => {
 /* Quotas and the ledger                                               */
 /* ------------------------------------------------------------------ */
 
-const KINDS: readonly OutcomeKind[] = ['billed', 'rate_limited', 'credits_exhausted', 'bad_input', 'key_unusable', 'unknown_api', 'server_error', 'timeout'];
+const KINDS: readonly OutcomeKind[] = ['billed', 'rate_limited', 'credits_exhausted', 'bad_input', 'key_unusable', 'unknown_api', 'server_error', 'timeout', 'bad_response'];
 
 describe('quotas and the credit ledger', () => {
   test('fitCount: the longest prefix that fits (billed + reserved + prefix ≤ quota), monotone in the quota', () => {
@@ -666,12 +666,12 @@ describe('quotas and the credit ledger', () => {
     );
   });
 
-  test('billedCredits: within [0, reserved]; refunded (0) for every kind but billed and timeout', () => {
+  test('billedCredits: within [0, reserved]; refunded (0) for every kind but billed, timeout and bad_response', () => {
     fc.assert(
       fc.property(fc.constantFrom(...KINDS), fc.integer({ min: -5, max: 50 }), fc.integer({ min: 0, max: 40 }), (kind, creditsBilled, reserved) => {
         const b = billedCredits(kind, creditsBilled, reserved);
         assert.ok(b >= 0 && b <= reserved);
-        if (kind === 'billed' || kind === 'timeout') assert.equal(b, Math.min(reserved, Math.max(0, creditsBilled)));
+        if (kind === 'billed' || kind === 'timeout' || kind === 'bad_response') assert.equal(b, Math.min(reserved, Math.max(0, creditsBilled)));
         else assert.equal(b, 0);
       }),
       run(2000),

@@ -22,7 +22,10 @@ import {
   type RateConfig,
 } from '../src/simulator/limits.ts';
 import {
+  BAD_ANSWER_KINDS,
   createEngine,
+  HTML_PAGE,
+  INVALID_UTF8,
   sampleLatencies,
   simulatorOptionsFromEnv,
   startSimulator,
@@ -369,6 +372,121 @@ describe('determinism', () => {
   });
 });
 
+// ------------------------------------------------------------------ bad answers
+
+describe('bad answers (HTTP 200, billed, unstorable or malformed)', () => {
+  const DNS = { domain: 'example.com' };
+  /** One raw call: status, content type and the body's bytes, as they came off the socket. */
+  async function raw(sim: Simulator, api: string, params: Record<string, string>) {
+    const res = await fetch(`${sim.url}/${api}?${new URLSearchParams(params)}`, { headers: { 'x-api-key': sim.apiKey } });
+    return { status: res.status, type: res.headers.get('content-type') ?? '', bytes: Buffer.from(await res.arrayBuffer()) };
+  }
+  async function rawBatch(sim: Simulator, api: string, items: Record<string, string>[]) {
+    const res = await fetch(`${sim.url}/${api}/batch`, {
+      method: 'POST',
+      headers: { 'x-api-key': sim.apiKey, 'content-type': 'application/json' },
+      body: JSON.stringify({ requests: items.map((params, i) => ({ id: String(i), params })) }),
+    });
+    return { status: res.status, bytes: Buffer.from(await res.arrayBuffer()) };
+  }
+  const strict = (b: Buffer) => new TextDecoder('utf-8', { fatal: true }).decode(b);
+
+  test('each kind, set per API over POST /admin/conditions, answers 200 with its body and bills like a success', async () => {
+    await withSim({ ratePerMinute: 6000 }, async (sim) => {
+      const cost = sim.catalog.get('dnslookup')!.creditCost;
+      for (const kind of BAD_ANSWER_KINDS) {
+        const r = await fetch(`${sim.adminUrl}/conditions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ apis: { dnslookup: { badAnswer: { kind, hugeBytes: 300_000 } } } }),
+        });
+        assert.equal(r.status, 200, kind);
+        const before = sim.stats().totals;
+        const a = await raw(sim, 'dnslookup', DNS);
+        const after = sim.stats().totals;
+        assert.equal(a.status, 200, kind);
+        assert.deepEqual([after.billedCalls - before.billedCalls, after.creditsBilled - before.creditsBilled, after.badAnswers - before.badAnswers], [1, cost, 1], kind);
+        const text = a.bytes.toString('utf8');
+        switch (kind) {
+          case 'nul':
+            assert.match(text, /\\u0000/);
+            assert.equal((JSON.parse(text) as { status: string }).status, 'ok');
+            assert.ok(JSON.stringify(JSON.parse(text)).includes('\\u0000'));
+            break;
+          case 'lone-surrogate':
+            assert.match(text, /\\ud800/);
+            assert.equal((JSON.parse(text) as { data: { domain: string } }).data.domain.includes('\ud800'), true);
+            break;
+          case 'html':
+            assert.equal(text, HTML_PAGE);
+            assert.match(a.type, /text\/html/);
+            break;
+          case 'truncated-json':
+            assert.throws(() => JSON.parse(text));
+            assert.ok(text.startsWith('{"status":"ok"'));
+            break;
+          case 'invalid-utf8':
+            assert.ok(a.bytes.includes(INVALID_UTF8));
+            assert.throws(() => strict(a.bytes));
+            break;
+          case 'huge':
+            assert.equal(a.bytes.length, 300_000);
+            assert.equal((JSON.parse(text) as { status: string }).status, 'ok');
+            break;
+        }
+        // Another API is untouched by a per-API condition.
+        const fxAnswer = await raw(sim, 'exchangerate', FX);
+        assert.equal((JSON.parse(strict(fxAnswer.bytes)) as { status: string }).status, 'ok');
+      }
+      // Refusals stay refusals: a bad answer replaces only a 200 (a 400 is neither bad nor billed).
+      const before = sim.stats().totals;
+      assert.equal((await raw(sim, 'dnslookup', {})).status, 400);
+      assert.equal(sim.stats().totals.billedCalls, before.billedCalls);
+      assert.equal(sim.stats().totals.badAnswers, before.badAnswers);
+      const bad = await fetch(`${sim.adminUrl}/conditions`, { method: 'POST', body: JSON.stringify({ badAnswer: { kind: 'gzip' } }) });
+      assert.equal(bad.status, 400);
+    });
+  });
+
+  test('account-wide through setConditions, with a probability that replays by seed; batch items and bodies', async () => {
+    await withSim({ ratePerMinute: 60_000, burst: 1000 }, async (sim) => {
+      sim.setConditions({ badAnswer: { probability: 0.5, kind: 'nul' } });
+      let bad = 0;
+      for (let i = 0; i < 40; i++) if ((await raw(sim, 'exchangerate', FX)).bytes.toString().includes('\\u0000')) bad++;
+      assert.equal(bad, sim.stats().totals.badAnswers);
+      assert.ok(bad > 5 && bad < 35, `about half bad, got ${bad}`);
+      assert.equal(sim.stats().totals.billedCalls, 40);
+
+      // Value kinds corrupt items one by one; every item is billed.
+      sim.setConditions({ badAnswer: { probability: 1, kind: 'lone-surrogate' } });
+      sim.resetStats();
+      const b = await rawBatch(sim, 'exchangerate', [FX, FX, { currency1: 'USD' }]);
+      const body = JSON.parse(b.bytes.toString('utf8')) as { status: string; results: { status: number; data?: unknown }[] };
+      assert.deepEqual(body.results.map((r) => r.status), [200, 200, 400]);
+      assert.ok(body.results.slice(0, 2).every((r) => JSON.stringify(r.data).includes('\\ud800')));
+      assert.deepEqual([sim.stats().totals.billedCalls, sim.stats().totals.badAnswers], [2, 2]);
+
+      // Body kinds spoil the batch as a whole, once; its items are billed as they would have been.
+      sim.setConditions({ badAnswer: { probability: 1, kind: 'truncated-json' } });
+      sim.resetStats();
+      const t = await rawBatch(sim, 'exchangerate', [FX, FX]);
+      assert.equal(t.status, 200);
+      assert.throws(() => JSON.parse(t.bytes.toString('utf8')));
+      assert.deepEqual([sim.stats().totals.billedCalls, sim.stats().totals.badAnswers], [2, 1]);
+
+      sim.setConditions({ badAnswer: null });
+      assert.equal((JSON.parse((await raw(sim, 'exchangerate', FX)).bytes.toString()) as { status: string }).status, 'ok');
+    });
+    // Same seed, same sequence of bad answers.
+    const seq = (seed: number) => {
+      const e = createEngine({ seed, ratePerMinute: null, conditions: { badAnswer: { probability: 0.5, kind: 'html' } } });
+      return Array.from({ length: 20 }, () => String(e.handleCall({ apiKey: 'apv_demo_primary', api: 'exchangerate', params: FX }).body).startsWith('<'));
+    };
+    assert.deepEqual(seq(3), seq(3));
+    assert.notDeepEqual(seq(3), seq(4));
+  });
+});
+
 // ------------------------------------------------------------------ admin endpoints and stats
 
 describe('admin endpoints', () => {
@@ -452,6 +570,47 @@ describe('admin endpoints', () => {
       assert.deepEqual(s.responses, { '200': 4, '429': 3 });
       assert.equal(Object.values(s.timeline).reduce((a, b) => a + b, 0), 7);
       assert.equal(sim.stats().account.creditsRemaining, 0);
+    });
+  });
+
+  test('call log: every call and batch item with its params, status and credits, paged over HTTP', async () => {
+    await withSim({ ratePerMinute: 600, burst: 4, cooldownSeconds: 0, callLog: true }, async (sim, client) => {
+      assert.equal((await fx(client, sim.apiKey)).kind, 'billed');
+      await client.call({ api: 'dnslookup', params: {}, apiKey: sim.apiKey }); // 400: missing domain, not billed
+      const batch = await client.callBatch({ api: 'dnslookup', apiKey: sim.apiKey, items: ['a', 'b', 'c'].map((d) => ({ id: d, params: { domain: `${d}.example.com` } })) });
+      assert.equal(batch.call.kind, 'billed');
+      // The bucket held 4: the batch's third item had no token (per-item 429, not billed).
+      sim.setConditions({ hang: { probability: 1, afterMs: null } });
+      await sleep(200); // a token for the next call (10 a second)
+      assert.equal((await client.call({ api: 'exchangerate', params: FX, apiKey: sim.apiKey, timeoutMs: 100 })).kind, 'timeout');
+      await client.call({ api: 'exchangerate', params: FX, apiKey: 'apv_unknown' }); // unknown key: not logged
+
+      const all = sim.calls();
+      assert.equal(all.enabled, true);
+      const rows = all.calls.map((c) => [c.api, c.params.domain ?? c.params.currency1 ?? null, c.status, c.credits, c.batch]);
+      assert.deepEqual(rows, [
+        ['exchangerate', 'USD', 200, 1, false],
+        ['dnslookup', null, 400, 0, false],
+        ['dnslookup', 'a.example.com', 200, 1, true],
+        ['dnslookup', 'b.example.com', 200, 1, true],
+        ['dnslookup', 'c.example.com', 429, 0, true],
+        ['exchangerate', 'USD', null, 0, false], // a hang that never answers: no status
+      ]);
+      // Billed credits in the log add up to the account's.
+      assert.equal(all.calls.reduce((a, c) => a + c.credits, 0), sim.stats().totals.creditsBilled);
+      assert.deepEqual(all.calls.map((c) => c.seq), [1, 2, 3, 4, 5, 6]);
+
+      const page = (await (await fetch(`${sim.adminUrl}/calls?since=2&limit=2`)).json()) as { calls: { seq: number }[]; next: number };
+      assert.deepEqual([page.calls.map((c) => c.seq), page.next], [[3, 4], 4]);
+      const rest = (await (await fetch(`${sim.adminUrl}/calls?since=${page.next}`)).json()) as { calls: { seq: number }[]; next: number };
+      assert.deepEqual([rest.calls.map((c) => c.seq), rest.next], [[5, 6], 6]);
+      assert.equal((await fetch(`${sim.adminUrl}/calls?since=-1`)).status, 400);
+      sim.resetStats();
+      assert.deepEqual(sim.calls(), { enabled: true, calls: [], next: 0 });
+    });
+    await withSim({}, async (sim, client) => {
+      await fx(client, sim.apiKey);
+      assert.deepEqual(sim.calls(), { enabled: false, calls: [], next: 0 });
     });
   });
 

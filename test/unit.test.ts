@@ -14,7 +14,7 @@ import { planSettlement, retryDelaySeconds } from '../src/dispatch/retry.ts';
 import { authorize } from '../src/graphql/auth-plugin.ts';
 import { bearerToken } from '../src/tenants/keys.ts';
 import { closedAncestor } from '../src/db/embedded.ts';
-import { pickSettleUnits } from '../src/dispatch/settle-groups.ts';
+import { classifySettleError, pickSettleUnits, planSettleFailure, SETTLE_MAX_FAULTS } from '../src/dispatch/settle-groups.ts';
 import fc from 'fast-check';
 import type { CallOutcome } from '../src/provider/types.ts';
 
@@ -182,6 +182,54 @@ describe('settlement groups', () => {
         },
       ),
       { numRuns: 300 },
+    );
+  });
+  test('pickSettleUnits: a solo unit (split off a refused group) is settled alone, in its place in the queue', () => {
+    const solo = (size: number, t: string) => ({ size, tenants: [t], solo: true });
+    assert.deepEqual(pickSettleUnits([solo(1, 'a'), u(1, 'b')], new Set(), 32, false), [0]);
+    assert.deepEqual(pickSettleUnits([u(1, 'b'), u(1, 'c'), solo(1, 'a'), u(1, 'd')], new Set(), 32, false), [0, 1], 'a group stops before a solo unit');
+    assert.deepEqual(pickSettleUnits([solo(1, 'a'), u(1, 'b')], new Set(['a']), 32, false), [1], 'a held solo unit waits like any other');
+  });
+  test('classifySettleError: class 22/23 are data, connection errors are outages, the rest is other', () => {
+    const e = (code?: string) => Object.assign(new Error('x'), code === undefined ? {} : { code });
+    for (const c of ['22P05', '22P02', '22001', '23505', '23514']) assert.equal(classifySettleError(e(c)), 'data', c);
+    for (const c of ['08006', '08001', '57P01', '57P03', '53300', '58030', 'CONNECTION_CLOSED', 'CONNECTION_ENDED', 'CONNECT_TIMEOUT', 'ECONNREFUSED', 'ECONNRESET']) {
+      assert.equal(classifySettleError(e(c)), 'outage', c);
+    }
+    for (const c of ['40P01', '40001', '55P03', '57014', 'P0001', 'XX000', '42883']) assert.equal(classifySettleError(e(c)), 'other', c);
+    assert.equal(classifySettleError(new TypeError('a bug')), 'other');
+    assert.equal(classifySettleError(null), 'other');
+  });
+  test('planSettleFailure: outages retried; a refused group split; a refused attempt failed, then let go; other errors bounded', () => {
+    const f = (error: 'data' | 'outage' | 'other', units: number, attempts: number, faults: number, final = false) => planSettleFailure({ error, units, attempts, faults, final });
+    assert.equal(f('outage', 5, 40, 0), 'retry');
+    assert.equal(f('outage', 1, 1, 100), 'retry', 'an outage is never counted against a unit');
+    assert.equal(f('data', 3, 9, 0), 'split');
+    assert.equal(f('other', 3, 9, 0), 'split');
+    assert.equal(f('data', 1, 4, 1), 'split_attempts');
+    assert.equal(f('data', 1, 1, 1), 'fail_final');
+    assert.equal(f('data', 1, 1, 1, true), 'leave_to_lease');
+    assert.equal(f('other', 1, 1, SETTLE_MAX_FAULTS - 1), 'retry');
+    assert.equal(f('other', 1, 1, SETTLE_MAX_FAULTS), 'fail_final');
+    assert.equal(f('other', 1, 3, SETTLE_MAX_FAULTS), 'split_attempts');
+    assert.equal(f('other', 1, 1, SETTLE_MAX_FAULTS, true), 'leave_to_lease');
+    // Bounded: a unit failing with anything but an outage reaches a final step within a few failures per piece.
+    fc.assert(
+      fc.property(fc.constantFrom('data' as const, 'other' as const), fc.integer({ min: 1, max: 200 }), (error, attempts) => {
+        let pieces = [{ attempts, faults: 0, final: false }];
+        let steps = 0;
+        while (pieces.length > 0) {
+          assert.ok(++steps < attempts * (2 * SETTLE_MAX_FAULTS + 2) + 2, 'bounded');
+          const p = pieces.shift()!;
+          p.faults++;
+          const step = planSettleFailure({ error, units: 1, attempts: p.attempts, faults: p.faults, final: p.final });
+          if (step === 'retry') pieces.push(p);
+          else if (step === 'split_attempts') pieces.push(...Array.from({ length: p.attempts }, () => ({ attempts: 1, faults: 0, final: p.final })));
+          else if (step === 'fail_final') pieces.push({ attempts: 1, faults: 0, final: true });
+          else assert.equal(step, 'leave_to_lease');
+        }
+      }),
+      { numRuns: 100 },
     );
   });
 });

@@ -2,14 +2,19 @@
  * A Sluice process for a benchmark: startSluice with the environment the
  * parent gave, then "ready" over IPC. "stop" stops it and reports the
  * process's CPU time. Logs (pino, stdout) are piped to the parent's stderr.
+ * Like `npm start` (src/main.ts), SIGTERM is a graceful stop and the
+ * postgres.js crash guard is installed, so a bench that signals it or stops
+ * its Postgres sees what a deployment would.
  */
 import { startSluice } from '../../src/app.ts';
 import { loadEnv } from '../../src/config/env.ts';
 import { statementCount } from '../../src/db/client.ts';
+import { installConnectionCrashGuard } from '../../src/db/guard.ts';
 import { createLogger } from '../../src/log.ts';
 
 const env = loadEnv(process.env);
 const log = createLogger(env.LOG_LEVEL, 'sluice-bench');
+installConnectionCrashGuard(log);
 const app = await startSluice(env, log);
 const cpuAtReady = process.cpuUsage();
 process.send!({ type: 'ready', url: app.url, port: app.port });
@@ -37,3 +42,4 @@ process.on('message', (m: { type?: string }) => {
   if (m?.type === 'stats') process.send!({ type: 'stats', sqlStatements: statementCount() });
 });
 process.on('disconnect', () => void stop());
+process.on('SIGTERM', () => void stop());

@@ -23,6 +23,10 @@ export interface SluiceHandle {
   statements(): Promise<number | null>;
   /** A child's memory right after a full GC (null in process). */
   memory(): Promise<MemoryReport | null>;
+  /** Sends a signal to the child (SIGKILL: a crash; SIGTERM: a graceful stop) and resolves when it has exited; not in process. */
+  kill(signal: NodeJS.Signals): Promise<void>;
+  /** Whether the child has exited (false in process). */
+  exited(): boolean;
 }
 
 export interface MemoryReport {
@@ -64,7 +68,18 @@ export async function startSluiceFor(env: Record<string, string>, mode: 'child' 
     // pino would write to stdout; the bench's stdout is for the JSON result only.
     const log = pino({ name: 'sluice-bench', level: config.LOG_LEVEL }, pino.destination(2));
     const app = await startSluice(config, log);
-    return { url: app.url, mode, pid: process.pid, stop: async () => (await app.stop(), null), memory: async () => null, statements: async () => null };
+    return {
+      url: app.url,
+      mode,
+      pid: process.pid,
+      stop: async () => (await app.stop(), null),
+      memory: async () => null,
+      statements: async () => null,
+      kill: async () => {
+        throw new Error('cannot signal a Sluice running in the bench process (--inproc)');
+      },
+      exited: () => false,
+    };
   }
   const childEnv: Record<string, string> = {};
   for (const k of INHERITED) if (process.env[k] !== undefined) childEnv[k] = process.env[k]!;
@@ -87,6 +102,7 @@ export async function startSluiceFor(env: Record<string, string>, mode: 'child' 
     });
   });
   let stopped: Promise<StopReport | null> | null = null;
+  const hasExited = () => child.exitCode !== null || child.signalCode !== null;
   return {
     url: ready.url,
     mode,
@@ -113,7 +129,16 @@ export async function startSluiceFor(env: Record<string, string>, mode: 'child' 
         child.send({ type: 'stats' });
       });
     },
+    exited: hasExited,
+    kill(signal) {
+      return new Promise((resolve) => {
+        if (hasExited()) return resolve();
+        child.once('exit', () => resolve());
+        child.kill(signal);
+      });
+    },
     stop() {
+      if (hasExited()) return Promise.resolve(null);
       stopped ??= new Promise((resolve) => {
         let report: StopReport | null = null;
         child.on('message', (m: { type?: string } & StopReport) => {

@@ -60,6 +60,12 @@ export const envSchema = z.object({
   PROVIDER_TIMEOUT_MS: int(10_000, 100),
   /** A timed-out call may have been billed: `billed` charges it (safe for the account), `refunded` does not. */
   TIMEOUT_BILLING: z.enum(['billed', 'refunded']).default('billed'),
+  /**
+   * Most bytes of one upstream answer read (a batch: this much per item). A
+   * 200 over it is not read further and its job fails UPSTREAM_BAD_RESPONSE,
+   * billed. 1 MiB is a hundred times the largest catalog answer.
+   */
+  MAX_RESULT_BYTES: int(1024 * 1024, 1024),
 
   /** Submission limits. */
   MAX_JOBS_PER_SUBMISSION: int(10_000, 1),

@@ -49,7 +49,7 @@ import type { WindowSpec } from '../scheduler/windows.ts';
 import { errorCodeFor, planSettlement } from './retry.ts';
 import { BreakerOpen, type Breakers } from './breakers.ts';
 import { dedupKey } from './batching.ts';
-import { pickSettleUnits } from './settle-groups.ts';
+import { classifySettleError, pickSettleUnits, planSettleFailure, sqlState, type SettleFailureStep } from './settle-groups.ts';
 import { leaseDeadline, leaseLost, refreshedDeadline, settleRetryDelayMs, unexpectedOutcome } from './liveness.ts';
 import type { Metrics } from '../metrics.ts';
 
@@ -121,14 +121,23 @@ interface Attempt {
 /** One unit of settlement (one call: a single attempt or a batch's attempts), waiting to land. */
 interface PendingSettle {
   w: WindowSpec;
-  items: Array<{ a: Attempt; outcome: CallOutcome; s: { plan: ReturnType<typeof planSettlement>; billed: number } }>;
+  items: Array<{ a: Attempt; outcome: CallOutcome; s: { plan: ReturnType<typeof planSettlement>; billed: number; errorCode?: string } }>;
   /** The account-level reactions to the call's signals (one per kind). */
   reactions: CallOutcome[];
   done: () => void;
   /** The tenants of its items and how many there are (fixed at enqueue; pickSettleUnits reads them). */
   tenants: string[];
   size: number;
+  /** Settled alone (split off a group the database refused). */
+  solo?: boolean;
+  /** Non-outage failures so far (bounded: planSettleFailure). */
+  faults?: number;
+  /** Already the final failure of a settlement the database refused. */
+  final?: boolean;
 }
+
+/** The error code of a job whose settlement the database refused: failed without its data, billed as the provider billed. */
+export const RESULT_NOT_STORED = 'RESULT_NOT_STORED';
 
 /**
  * Most attempts settled in one group (one statement, sluice_settle_group). Every group's commit
@@ -591,13 +600,17 @@ export class Dispatcher {
    * A settlement flusher (up to SETTLE_FLUSHERS at once): waits
    * SETTLE_INTERVAL_MS for more outcomes, takes up to SETTLE_GROUP_MAX
    * attempts off the queue and applies them in ONE transaction, and repeats
-   * while any wait. A group that fails (connection reset, Postgres restart, a
-   * lock timeout) goes back on the queue and is retried with backoff until it
-   * lands, never dropped; after a failure this flusher takes one unit at a
-   * time, so a unit that keeps failing cannot hold the others. Retrying is
-   * safe: every change is fenced by the reservation (an earlier try that
-   * committed without our hearing it makes the next try change nothing). The
-   * attempts stay open (their leases refreshed) until their settlement lands.
+   * while any wait. A group that fails for an outage (connection reset,
+   * Postgres restart) goes back on the queue and is retried with backoff until
+   * it lands, never dropped; after a failure this flusher takes one unit at a
+   * time. Any other failure is bounded (settle-groups.ts planSettleFailure): a
+   * group the database refuses (SQLSTATE class 22/23: a value it cannot store)
+   * is split so the rest lands, and the unit at fault is settled again as a
+   * final failure (RESULT_NOT_STORED, billed as the provider billed); other
+   * errors are retried SETTLE_MAX_FAULTS times first. Retrying is safe: every
+   * change is fenced by the reservation (an earlier try that committed without
+   * our hearing it makes the next try change nothing). The attempts stay open
+   * (their leases refreshed) until their settlement lands.
    */
   private async flush(): Promise<void> {
     if (this.flushers >= SETTLE_FLUSHERS) return;
@@ -628,18 +641,79 @@ export class Dispatcher {
           failures = 0;
         } catch (err) {
           failures++;
-          this.o.log.warn({ err, attempts: units.reduce((k, u) => k + u.items.length, 0), failures }, 'settlement failed; retrying');
+          const error = classifySettleError(err);
+          const first = units[0]!;
+          if (error !== 'outage' && units.length === 1) first.faults = (first.faults ?? 0) + 1;
+          const step = planSettleFailure({ error, units: units.length, attempts: first.items.length, faults: first.faults ?? 0, final: first.final ?? false });
+          this.o.log.warn({ err, sqlState: sqlState(err), error, step, attempts: units.reduce((k, u) => k + u.items.length, 0), failures }, 'settlement failed');
           if (this.abandoned) {
             // Stopped past its grace: these are left to their leases (the sweeper settles them).
             for (const u of units) u.done();
             break;
           }
-          this.settleQueue.push(...units);
-          await new Promise((r) => setTimeout(r, settleRetryDelayMs(failures, !this.running)));
+          this.afterSettleFailure(units, step, err);
+          // A data error is not passing: the split units go at once. Anything else backs off (shorter while stopping).
+          if (error !== 'data') await new Promise((r) => setTimeout(r, settleRetryDelayMs(failures, !this.running)));
         }
       }
     } finally {
       this.flushers--;
+    }
+  }
+
+  /**
+   * Puts units that failed to settle back on the queue as `step` says
+   * (planSettleFailure): as they were (at the end, behind the others), or
+   * split into solo units, or as their final failure (both at the front: the
+   * rest of their group waits on them), or lets them go to their leases.
+   */
+  private afterSettleFailure(units: PendingSettle[], step: SettleFailureStep, err: unknown): void {
+    switch (step) {
+      case 'retry':
+        this.settleQueue.push(...units);
+        return;
+      case 'split':
+        this.settleQueue.unshift(...units.map((u) => ({ ...u, solo: true })));
+        return;
+      case 'split_attempts': {
+        const u = units[0]!;
+        let left = u.items.length;
+        const done = () => {
+          if (--left === 0) u.done();
+        };
+        // The account reactions ride on the first attempt only: they apply once.
+        this.settleQueue.unshift(
+          ...u.items.map((x, i) => ({ w: u.w, items: [x], reactions: i === 0 ? u.reactions : [], done, tenants: [x.a.job.data.tenantId], size: 1, solo: true, final: u.final ?? false })),
+        );
+        return;
+      }
+      case 'fail_final': {
+        const u = units[0]!;
+        const state = sqlState(err);
+        const message = `Sluice could not store this attempt's result (the database refused it${state ? `, SQLSTATE ${state}` : ''}); the job is failed, billed as the provider billed it`;
+        for (const x of u.items) {
+          this.o.log.error({ err, jobId: x.a.job.id, tenantId: x.a.job.data.tenantId, reservationId: x.a.reservationId, sqlState: state }, 'settlement refused by the database: the attempt is settled as failed, RESULT_NOT_STORED');
+        }
+        const fail = { action: 'fail' as const, delaySeconds: 0, countsAsAttempt: true };
+        this.settleQueue.unshift({
+          ...u,
+          items: u.items.map((x) => ({ a: x.a, outcome: { ...x.outcome, data: null, message }, s: { plan: fail, billed: x.s.billed, errorCode: RESULT_NOT_STORED } })),
+          solo: true,
+          final: true,
+          faults: 0,
+        });
+        return;
+      }
+      case 'leave_to_lease': {
+        const u = units[0]!;
+        // Its lease is no longer refreshed: it expires and the sweeper settles the reservation (timeout rule).
+        for (const x of u.items) {
+          this.open.delete(x.a.reservationId);
+          this.o.log.error({ err, jobId: x.a.job.id, tenantId: x.a.job.data.tenantId, reservationId: x.a.reservationId, sqlState: sqlState(err) }, 'settlement refused even as a failure: left to its attempt lease');
+        }
+        u.done();
+        return;
+      }
     }
   }
 
@@ -670,7 +744,7 @@ export class Dispatcher {
         outcome: outcome.kind,
         ...(s.plan.action === 'requeue'
           ? {}
-          : { finish: { id: a.job.id, attempt: a.attempt, state: s.plan.action === 'succeed' ? ('SUCCEEDED' as const) : ('FAILED' as const), queue: a.queue, result: this.result(outcome, s.billed, a.attempt) } }),
+          : { finish: { id: a.job.id, attempt: a.attempt, state: s.plan.action === 'succeed' ? ('SUCCEEDED' as const) : ('FAILED' as const), queue: a.queue, result: this.result(outcome, s.billed, a.attempt, s.errorCode) } }),
       };
     };
     // react() acts on exactly the put-back signals (rate limit, credits, key).
@@ -775,10 +849,10 @@ export class Dispatcher {
     }
   }
 
-  private result(outcome: CallOutcome, billed: number, attempts: number): ResultRecord {
+  private result(outcome: CallOutcome, billed: number, attempts: number, errorCode?: string): ResultRecord {
     return {
       data: outcome.kind === 'billed' ? outcome.data : null,
-      errorCode: errorCodeFor(outcome.kind),
+      errorCode: errorCode ?? errorCodeFor(outcome.kind),
       errorMessage: outcome.message,
       httpStatus: outcome.httpStatus,
       creditsBilled: billed,

@@ -9,8 +9,12 @@ export function retryDelaySeconds(attempt: number, baseSeconds: number, maxSecon
   return Math.min(maxSeconds, baseSeconds * 2 ** Math.max(0, attempt - 1));
 }
 
-/** The error code stored on a job that ends or waits because of this outcome. */
+/**
+ * The error code stored on a job that ends or waits because of this outcome.
+ * A bad response says whose answer was bad: UPSTREAM_BAD_RESPONSE.
+ */
 export function errorCodeFor(kind: OutcomeKind): string | null {
+  if (kind === 'bad_response') return 'UPSTREAM_BAD_RESPONSE';
   return kind === 'billed' ? null : kind.toUpperCase();
 }
 

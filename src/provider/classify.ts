@@ -9,8 +9,19 @@
  *   account, the header delta between two responses mixes other calls' bills,
  *   and the provider sends no per-call figure. If a per-call header ever
  *   appears, this is the one place to read it.
- * - A 2xx whose body cannot be read is still billed (the provider billed it)
- *   but classified `server_error` so the job is retried.
+ * - A 2xx is billed whatever its body (the provider did the work and billed
+ *   it). One that is not the provider's envelope (HTML, truncated or not
+ *   JSON at all), not UTF-8, over the size limit (MAX_RESULT_BYTES) or nested
+ *   beyond MAX_DATA_DEPTH is `bad_response`: FINAL, the job fails with
+ *   UPSTREAM_BAD_RESPONSE, never retried (the same call would most likely
+ *   get the same answer and be billed again). A 2xx whose envelope says
+ *   `"status":"error"` is `server_error`, billed, and retried.
+ * - Untrusted text (PROVIDER.md): the upstream's data is whatever it scraped.
+ *   Postgres refuses U+0000 in text and jsonb and lone surrogates in jsonb,
+ *   so every string of `data` and `message` (keys included) is made storable
+ *   here: each U+0000 and each unpaired surrogate becomes U+FFFD, as every
+ *   UTF-8 decoder does with bytes it cannot read. The job succeeds with the
+ *   rest of its data intact (it was paid for); docs/ARCHITECTURE.md says why.
  * - Any other answer (4xx, 429, 5xx) bills 0: only HTTP 200s are billed.
  * - No answer after the request reached the provider (timeout, connection
  *   reset mid-call, caller abort) is ambiguous: `timeoutBilling: 'billed'`
@@ -42,6 +53,7 @@ export const DEFAULT_RETRY_AFTER_SECONDS = 60;
  * unknown_api → fail (no retry can succeed).
  */
 export function reactionTo(outcome: Pick<CallOutcome, 'kind'>): Reaction {
+  // bad_response → fail too: the answer came and was billed; asking again bills again for the same garbage.
   switch (outcome.kind) {
     case 'billed':
       return 'complete';
@@ -54,6 +66,7 @@ export function reactionTo(outcome: Pick<CallOutcome, 'kind'>): Reaction {
       return 'put_back';
     case 'bad_input':
     case 'unknown_api':
+    case 'bad_response':
       return 'fail';
   }
 }
@@ -79,6 +92,77 @@ export function kindForErrorStatus(httpStatus: number, message: string | null, r
   return 'server_error';
 }
 
+/** The default of MAX_RESULT_BYTES: the most of one answer's body the client reads. */
+export const DEFAULT_MAX_RESULT_BYTES = 1024 * 1024;
+
+/**
+ * The deepest nesting of `data` accepted: Postgres parses jsonb recursively and
+ * refuses deep documents with "stack depth limit exceeded" (not a data
+ * exception), and no API of the catalog nests beyond a handful of levels.
+ */
+export const MAX_DATA_DEPTH = 64;
+
+/** What is wrong with a 2xx body before its JSON is read. */
+export type BodyProblem = 'too_large' | 'not_utf8';
+
+const FATAL_UTF8 = new TextDecoder('utf-8', { fatal: true });
+
+/** The body's text, or null when its bytes are not UTF-8 (never replaced silently: a bad byte means a bad answer). */
+export function decodeUtf8(bytes: Uint8Array): string | null {
+  try {
+    return FATAL_UTF8.decode(bytes);
+  } catch {
+    return null;
+  }
+}
+
+// U+0000 and any surrogate (paired or not: the replace below keeps the pairs).
+const SUSPECT = /[\u0000\ud800-\udfff]/;
+
+/** `s` storable in Postgres text and jsonb: U+0000 and unpaired surrogates become U+FFFD. */
+export function storableText(s: string): string {
+  if (!SUSPECT.test(s)) return s;
+  return s.replaceAll('\u0000', '\ufffd').toWellFormed();
+}
+
+/**
+ * `value` (decoded JSON) with every string and key storable (storableText),
+ * or null when it nests deeper than `maxDepth`. Returns the same object when
+ * nothing needed a change (the common case costs one walk, no copy).
+ */
+export function storableJson(value: unknown, maxDepth = MAX_DATA_DEPTH): { ok: true; value: unknown } | { ok: false } {
+  const walk = (v: unknown, depth: number): unknown => {
+    if (typeof v === 'string') return storableText(v);
+    if (v === null || typeof v !== 'object') return v;
+    if (depth >= maxDepth) throw TOO_DEEP;
+    if (Array.isArray(v)) {
+      let out: unknown[] | null = null;
+      for (let i = 0; i < v.length; i++) {
+        const x = walk(v[i], depth + 1);
+        if (x !== v[i]) (out ??= [...v])[i] = x;
+      }
+      return out ?? v;
+    }
+    let changed = false;
+    const entries: [string, unknown][] = [];
+    for (const [k, x] of Object.entries(v)) {
+      const k2 = storableText(k);
+      const x2 = walk(x, depth + 1);
+      if (k2 !== k || x2 !== x) changed = true;
+      entries.push([k2, x2]);
+    }
+    return changed ? Object.fromEntries(entries) : v;
+  };
+  try {
+    return { ok: true, value: walk(value, 0) };
+  } catch (err) {
+    if (err === TOO_DEEP) return { ok: false };
+    throw err;
+  }
+}
+
+const TOO_DEEP = new Error('too deep');
+
 interface Envelope {
   readable: boolean;
   ok: boolean;
@@ -86,7 +170,12 @@ interface Envelope {
   error: string | null;
 }
 
-/** Reads the `{"status","error","data"}` envelope; tolerant of missing fields. */
+/**
+ * Reads the `{"status","error","data"}` envelope. `readable` only when it is
+ * one: a JSON object whose `status` is "ok" or "error", or (older shapes)
+ * without `status` but with `data`, `error` or `message`. Anything else (HTML,
+ * truncated JSON, an array, `{"foo":1}`) is not.
+ */
 export function readEnvelope(bodyText: string): Envelope {
   let body: unknown;
   try {
@@ -98,7 +187,10 @@ export function readEnvelope(bodyText: string): Envelope {
     return { readable: false, ok: false, data: null, error: null };
   }
   const b = body as Record<string, unknown>;
-  const error = typeof b.error === 'string' ? b.error : typeof b.message === 'string' ? b.message : null;
+  const shaped = b.status === 'ok' || b.status === 'error' || (b.status === undefined && ('data' in b || 'error' in b || 'message' in b));
+  if (!shaped) return { readable: false, ok: false, data: null, error: null };
+  const raw = typeof b.error === 'string' ? b.error : typeof b.message === 'string' ? b.message : null;
+  const error = raw === null ? null : storableText(raw);
   const ok = b.status === 'ok' || (b.status === undefined && error === null);
   return { readable: true, ok, data: b.data ?? null, error };
 }
@@ -106,7 +198,12 @@ export function readEnvelope(bodyText: string): Envelope {
 export interface ResponseFacts {
   httpStatus: number;
   headers: HeaderSource;
+  /** The body as text ('' when `bodyProblem` says it could not be read). */
   bodyText: string;
+  /** Set when the body was over the limit (not read whole) or not UTF-8. */
+  bodyProblem?: BodyProblem | null;
+  /** The limit the client read up to (for the message). */
+  maxResultBytes?: number;
   /** Catalog cost of the call (for a batch: not used, see classifyBatchResponse). */
   cost: number;
   latencyMs: number;
@@ -122,20 +219,25 @@ function secondsUntil(date: Date | null, nowMs: number): number | null {
 /** Any HTTP answer of a single call into its outcome. */
 export function classifyResponse(f: ResponseFacts): CallOutcome {
   const status = parseProviderStatus(f.headers, f.observedAt);
-  const env = readEnvelope(f.bodyText);
+  const env = f.bodyProblem ? { readable: false, ok: false, data: null, error: null } : readEnvelope(f.bodyText);
   const base = { httpStatus: f.httpStatus, status, latencyMs: f.latencyMs };
   if (f.httpStatus >= 200 && f.httpStatus < 300) {
-    if (!env.readable || !env.ok) {
+    const bad = (why: string): CallOutcome => ({ ...base, kind: 'bad_response', creditsBilled: f.cost, data: null, message: why, retryAfterSeconds: null });
+    if (f.bodyProblem) return bad(badBodyMessage(f.httpStatus, f.bodyProblem, f.maxResultBytes));
+    if (!env.readable) return bad(`provider answered ${f.httpStatus} with a body that is not its JSON envelope`);
+    if (!env.ok) {
       return {
         ...base,
         kind: 'server_error',
         creditsBilled: f.cost,
         data: null,
-        message: env.readable ? `provider answered ${f.httpStatus} with an error: ${env.error ?? 'no message'}` : `unreadable ${f.httpStatus} body`,
+        message: `provider answered ${f.httpStatus} with an error: ${env.error ?? 'no message'}`,
         retryAfterSeconds: null,
       };
     }
-    return { ...base, kind: 'billed', creditsBilled: f.cost, data: env.data, message: null, retryAfterSeconds: null };
+    const data = storableJson(env.data);
+    if (!data.ok) return bad(`provider answered ${f.httpStatus} with data nested deeper than ${MAX_DATA_DEPTH} levels`);
+    return { ...base, kind: 'billed', creditsBilled: f.cost, data: data.value, message: null, retryAfterSeconds: null };
   }
   const message = env.error ?? (env.readable ? `HTTP ${f.httpStatus}` : `HTTP ${f.httpStatus} with unreadable body`);
   const kind = kindForErrorStatus(f.httpStatus, message, status.remainingCredits);
@@ -147,6 +249,13 @@ export function classifyResponse(f: ResponseFacts): CallOutcome {
     message,
     retryAfterSeconds: retryAfterFor(kind, f.headers, status, f.observedAt.getTime(), f.defaultRetryAfterSeconds),
   };
+}
+
+/** The message of a 2xx whose body could not be read as text. */
+export function badBodyMessage(httpStatus: number, problem: BodyProblem, maxResultBytes?: number): string {
+  return problem === 'too_large'
+    ? `provider answered ${httpStatus} with a body over ${maxResultBytes ?? DEFAULT_MAX_RESULT_BYTES} bytes (MAX_RESULT_BYTES)`
+    : `provider answered ${httpStatus} with a body that is not valid UTF-8`;
 }
 
 /**
@@ -207,7 +316,7 @@ export function classifyBatchItem(
   id: string,
   result: BatchResultRead | undefined,
   cost: number,
-  opts: { timeoutBilling: TimeoutBilling; defaultRetryAfterSeconds?: number },
+  opts: { timeoutBilling: TimeoutBilling; defaultRetryAfterSeconds?: number; maxResultBytes?: number },
 ): BatchItemOutcome {
   if (result === undefined) {
     return {
@@ -221,9 +330,18 @@ export function classifyBatchItem(
     };
   }
   if (result.status >= 200 && result.status < 300) {
-    return { id, kind: 'billed', httpStatus: result.status, creditsBilled: cost, data: result.data ?? null, message: null, retryAfterSeconds: null };
+    const data = storableJson(result.data ?? null);
+    if (!data.ok) {
+      const message = `provider answered item status ${result.status} with data nested deeper than ${MAX_DATA_DEPTH} levels`;
+      return { id, kind: 'bad_response', httpStatus: result.status, creditsBilled: cost, data: null, message, retryAfterSeconds: null };
+    }
+    if (opts.maxResultBytes !== undefined && Buffer.byteLength(JSON.stringify(data.value) ?? '') > opts.maxResultBytes) {
+      const message = `provider answered item status ${result.status} with data over ${opts.maxResultBytes} bytes (MAX_RESULT_BYTES)`;
+      return { id, kind: 'bad_response', httpStatus: result.status, creditsBilled: cost, data: null, message, retryAfterSeconds: null };
+    }
+    return { id, kind: 'billed', httpStatus: result.status, creditsBilled: cost, data: data.value, message: null, retryAfterSeconds: null };
   }
-  const message = result.error ?? `item status ${result.status}`;
+  const message = storableText(result.error ?? `item status ${result.status}`);
   const kind = kindForErrorStatus(result.status, message, null);
   const retryAfterSeconds =
     kind === 'rate_limited'

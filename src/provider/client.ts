@@ -8,18 +8,28 @@
  * per call, and `close()` can drop them. The timeout covers the whole call
  * (connect, headers and body); on timeout the socket is destroyed, which is
  * also what a hung provider needs to free its slot.
+ *
+ * The answer is untrusted input (PROVIDER.md): the client reads at most
+ * `maxResultBytes` of a body (a batch: that much per item it carries), stops
+ * reading and drops the connection past it, and decodes the bytes as strict
+ * UTF-8; either problem makes a 2xx a final `bad_response` (classify.ts).
  */
 import http from 'node:http';
 import https from 'node:https';
 import type { ApiCatalog } from '../config/apis.ts';
 import { batchPath, encodeBatchRequest, parseBatchResponse } from './batch-wire.ts';
 import {
+  badBodyMessage,
   classifyBatchItem,
   classifyFailure,
   classifyResponse,
   matchBatchResults,
   type FailureReason,
+  type BodyProblem,
   type TimeoutBilling,
+  decodeUtf8,
+  storableText,
+  DEFAULT_MAX_RESULT_BYTES,
   DEFAULT_RETRY_AFTER_SECONDS,
 } from './classify.ts';
 import { HEADER, parseProviderStatus } from './headers.ts';
@@ -38,11 +48,13 @@ export interface ProviderClientOptions {
   defaultRetryAfterSeconds?: number;
   /** Max sockets per origin in the keep-alive pool. Default 256 (the pacer, not this, bounds the rate). */
   maxSockets?: number;
+  /** Most bytes of one answer's body read (a batch: per item). Default 1 MiB (MAX_RESULT_BYTES). */
+  maxResultBytes?: number;
   userAgent?: string;
 }
 
 type Raw =
-  | { ok: true; httpStatus: number; headers: http.IncomingHttpHeaders; bodyText: string }
+  | { ok: true; httpStatus: number; headers: http.IncomingHttpHeaders; bodyText: string; bodyProblem: BodyProblem | null }
   | { ok: false; reason: FailureReason; message: string; requestSent: boolean };
 
 export function createProviderClient(opts: ProviderClientOptions): ProviderClient {
@@ -54,6 +66,7 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
   const timeoutBilling: TimeoutBilling = opts.timeoutBilling ?? 'billed';
   const defaultRetryAfterSeconds = opts.defaultRetryAfterSeconds ?? DEFAULT_RETRY_AFTER_SECONDS;
   const userAgent = opts.userAgent ?? 'sluice-provider-client';
+  const maxResultBytes = opts.maxResultBytes ?? DEFAULT_MAX_RESULT_BYTES;
   const statuses = new Map<string, ProviderStatus>();
   let closed = false;
 
@@ -76,6 +89,7 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
     body: string | null,
     timeoutMs: number,
     signal: AbortSignal | undefined,
+    maxBytes: number,
     onSent: (() => void) | undefined,
   ): Promise<Raw> {
     return new Promise<Raw>((resolve) => {
@@ -115,14 +129,30 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
       req.on('error', (err: NodeJS.ErrnoException) => fail('network', `connection error: ${err.code ?? err.message}`));
       req.on('response', (res) => {
         const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
+        let size = 0;
+        // Past the limit nothing more is read: the answer is settled as it stands and the socket dropped.
+        const tooLarge = () => {
+          finish({ ok: true, httpStatus: res.statusCode ?? 0, headers: res.headers, bodyText: '', bodyProblem: 'too_large' });
+          req.destroy();
+        };
+        const declared = Number(res.headers['content-length']);
+        if (Number.isFinite(declared) && declared > maxBytes) {
+          tooLarge();
+          return;
+        }
+        res.on('data', (c: Buffer) => {
+          size += c.length;
+          if (size > maxBytes) tooLarge();
+          else chunks.push(c);
+        });
         res.on('error', (err) => fail('network', `connection error while reading: ${err.message}`));
         res.on('close', () => {
           if (!res.complete) fail('network', 'connection closed while reading the answer');
         });
-        res.on('end', () =>
-          finish({ ok: true, httpStatus: res.statusCode ?? 0, headers: res.headers, bodyText: Buffer.concat(chunks).toString('utf8') }),
-        );
+        res.on('end', () => {
+          const text = decodeUtf8(Buffer.concat(chunks));
+          finish({ ok: true, httpStatus: res.statusCode ?? 0, headers: res.headers, bodyText: text ?? '', bodyProblem: text === null ? 'not_utf8' : null });
+        });
       });
       // From here bytes may reach the provider (http.request writes nothing before end()).
       onSent?.();
@@ -150,13 +180,15 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
         body = JSON.stringify(req.params);
       }
       const started = performance.now();
-      const raw = await send(method, url, req.apiKey, body, req.timeoutMs ?? opts.timeoutMs, req.signal, req.onSent);
+      const raw = await send(method, url, req.apiKey, body, req.timeoutMs ?? opts.timeoutMs, req.signal, maxResultBytes, req.onSent);
       const latencyMs = performance.now() - started;
       if (!raw.ok) return classifyFailure({ ...raw, cost, timeoutBilling, latencyMs });
       const outcome = classifyResponse({
         httpStatus: raw.httpStatus,
         headers: raw.headers,
         bodyText: raw.bodyText,
+        bodyProblem: raw.bodyProblem,
+        maxResultBytes,
         cost,
         latencyMs,
         observedAt: new Date(),
@@ -172,7 +204,8 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
       const total = cost * req.items.length;
       const url = new URL(batchPath(req.api), base);
       const started = performance.now();
-      const raw = await send('POST', url, req.apiKey, encodeBatchRequest(req.items), req.timeoutMs ?? opts.timeoutMs, req.signal, req.onSent);
+      const batchMaxBytes = maxResultBytes * req.items.length;
+      const raw = await send('POST', url, req.apiKey, encodeBatchRequest(req.items), req.timeoutMs ?? opts.timeoutMs, req.signal, batchMaxBytes, req.onSent);
       const latencyMs = performance.now() - started;
       if (!raw.ok) return { call: classifyFailure({ ...raw, cost: total, timeoutBilling, latencyMs }), items: [] };
       const observedAt = new Date();
@@ -181,6 +214,8 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
           httpStatus: raw.httpStatus,
           headers: raw.headers,
           bodyText: raw.bodyText,
+          bodyProblem: raw.bodyProblem,
+          maxResultBytes: batchMaxBytes,
           cost: total,
           latencyMs,
           observedAt,
@@ -193,19 +228,20 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
       remember(req.apiKey, status);
       let decoded: unknown;
       try {
-        decoded = JSON.parse(raw.bodyText);
+        decoded = raw.bodyProblem ? undefined : JSON.parse(raw.bodyText);
       } catch {
         decoded = undefined;
       }
       const parsed = parseBatchResponse(decoded);
       if (!parsed.ok) {
-        // The provider answered 200, so it may have billed every item: worst case, like an unreadable 200.
+        // The provider answered 200, so it may have billed every item: worst case, like any unusable 200;
+        // final for every item (each fails UPSTREAM_BAD_RESPONSE), never sent again to be billed again.
         const call: CallOutcome = {
-          kind: 'server_error',
+          kind: 'bad_response',
           httpStatus: 200,
           creditsBilled: total,
           data: null,
-          message: `unreadable batch response: ${parsed.error}`,
+          message: raw.bodyProblem ? badBodyMessage(200, raw.bodyProblem, batchMaxBytes) : `unreadable batch response: ${storableText(parsed.error)}`,
           status,
           retryAfterSeconds: null,
           latencyMs,
@@ -217,7 +253,7 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
         parsed.value.results,
       );
       const items = req.items.map((item, i) =>
-        classifyBatchItem(item.id, matched[i], cost, { timeoutBilling, defaultRetryAfterSeconds }),
+        classifyBatchItem(item.id, matched[i], cost, { timeoutBilling, defaultRetryAfterSeconds, maxResultBytes }),
       );
       const call: CallOutcome = {
         kind: 'billed',

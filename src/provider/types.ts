@@ -31,7 +31,8 @@ export type OutcomeKind =
   | 'bad_input' // 400
   | 'key_unusable' // 401 / 403 (deactivated, suspended, out of scope)
   | 'unknown_api' // 404
-  | 'server_error' // 5xx or an unreadable response: retryable
+  | 'bad_response' // 200 that is not the provider's envelope, not JSON/UTF-8, or over MAX_RESULT_BYTES: billed, final
+  | 'server_error' // 5xx, or a 200 whose envelope says error: retryable
   | 'timeout'; // no answer within the client's timeout: retryable, may have been billed
 
 interface OutcomeBase {
@@ -42,12 +43,16 @@ interface OutcomeBase {
    * Credits the ledger should count as billed for this call: the catalog cost
    * on `billed`; 0 on any other answer; on no answer (timeout, connection lost
    * after sending) the cost or 0 per the client's `timeoutBilling`; on an
-   * unreadable 2xx the cost (the provider billed it). Rule: src/provider/classify.ts.
+   * unusable 2xx (bad_response, or an error envelope) the cost (the provider
+   * billed it). Rule: src/provider/classify.ts.
    */
   creditsBilled: number;
-  /** Upstream data on success; null otherwise. */
+  /**
+   * Upstream data on success, storable as it is (no U+0000, no lone
+   * surrogate: each became U+FFFD); null otherwise.
+   */
   data: unknown;
-  /** Upstream or client error message; null on success. */
+  /** Upstream or client error message (storable, like `data`); null on success. */
   message: string | null;
   /** Parsed headers; null when no response arrived. */
   status: ProviderStatus | null;

@@ -6,12 +6,13 @@ import type { OutcomeKind } from '../provider/types.ts';
 
 /**
  * Credits a settled attempt bills the tenant. Only billed successes cost
- * credits upstream; a timeout is billed by the client's documented rule
- * (TIMEOUT_BILLING, reflected in `creditsBilled`); everything else (400,
+ * credits upstream, and so does a bad response (a 200 the provider billed
+ * whose body was unusable); a timeout is billed by the client's documented
+ * rule (TIMEOUT_BILLING, reflected in `creditsBilled`); everything else (400,
  * 401/403, 404, 429, 402, 5xx) is refunded.
  */
 export function billedCredits(kind: OutcomeKind, creditsBilled: number, reserved: number): number {
-  if (kind === 'billed' || kind === 'timeout') return Math.min(reserved, Math.max(0, creditsBilled));
+  if (kind === 'billed' || kind === 'timeout' || kind === 'bad_response') return Math.min(reserved, Math.max(0, creditsBilled));
   return 0;
 }
 

@@ -17,13 +17,15 @@
  *   8. credits: balance <= 0 → 429 (or 402/403) (batch: per-item 402)
  *   9. required params missing / invalid → 400 (batch: per-item 400)
  *  10. hang (never answer / answer late), injected 500/503 by error rate
- *  11. 200, billed at the catalog cost.
+ *  11. 200, billed at the catalog cost; with a bad-answer fault, its body
+ *      unstorable or malformed (bad-answers.ts), billed all the same.
  * 1-8 are the edge's answers and come at once; 9-11 come after the sampled latency.
  */
 import { DEFAULT_CATALOG, type ApiCatalog, type ApiSpec } from '../config/apis.ts';
 import { PLANS, type Plan } from '../config/plans.ts';
 import { encodeBatchResponse, parseBatchRequest, type BatchResultWire } from '../provider/batch-wire.ts';
 import { HEADER } from '../provider/headers.ts';
+import { badBody, corruptData, VALUE_KINDS } from './bad-answers.ts';
 import { generateData } from './data.ts';
 import {
   addMonthUtc,
@@ -45,8 +47,10 @@ import {
   applyConditionsPatch,
   faultsFor,
   initialConditions,
+  type BadAnswerSpec,
   type Conditions,
   type ConditionsPatch,
+  type FaultSpec,
   type SimulatorOptions,
   type SubKeySpec,
 } from './options.ts';
@@ -56,7 +60,8 @@ import { deriveSeed, mulberry32, sampleLatencyMs } from './random.ts';
 export interface Reply {
   status: number;
   headers: Record<string, string>;
-  body: string;
+  /** Bytes when the body is not UTF-8 text (the `invalid-utf8` bad answer). */
+  body: string | Buffer;
   /** Wait this long before answering; null = never answer (hang). */
   delayMs: number | null;
   /** Held against the concurrent-call limit until the server calls release(). */
@@ -93,6 +98,8 @@ export interface KeyStats {
   callsInCooldown: number;
   billedCalls: number;
   creditsBilled: number;
+  /** Answers (or batch items) sent bad by the bad-answer fault; each is also billed. */
+  badAnswers: number;
   inFlight: number;
   maxConcurrency: number;
   /** ISO time the cooldown ends, if cooling down. */
@@ -129,7 +136,32 @@ export interface SimulatorStats {
     callsInCooldown: number;
     billedCalls: number;
     creditsBilled: number;
+    badAnswers: number;
   };
+}
+
+/** One call in the call log: a single call, or one item of a batch. */
+export interface CallRecord {
+  /** 1, 2, 3... in arrival order; never reused, not even after resetStats. */
+  seq: number;
+  /** When the simulator decided the answer (a call is billed then, at arrival). */
+  atMs: number;
+  key: string;
+  api: string;
+  params: Record<string, unknown>;
+  /** What it answered (a batch item: its item status, or the batch's when the batch was refused whole); null = a hang that never answers. */
+  status: number | null;
+  /** Credits billed for it (0 when not billed). */
+  credits: number;
+  batch: boolean;
+}
+
+export interface CallLogPage {
+  /** Whether the log is on (SimulatorOptions.callLog). */
+  enabled: boolean;
+  calls: CallRecord[];
+  /** Pass as `since` to read on from here. */
+  next: number;
 }
 
 export interface KeyInfo {
@@ -170,6 +202,7 @@ interface Counters {
   callsInCooldown: number;
   billedCalls: number;
   creditsBilled: number;
+  badAnswers: number;
   maxConcurrency: number;
 }
 
@@ -186,6 +219,7 @@ function newCounters(inFlight = 0): Counters {
     callsInCooldown: 0,
     billedCalls: 0,
     creditsBilled: 0,
+    badAnswers: 0,
     maxConcurrency: inFlight,
   };
 }
@@ -219,6 +253,8 @@ export interface Engine {
   handleBatch(req: { apiKey: string | null; api: string; body: unknown }): Reply;
   release(slot: Slot): void;
   stats(): SimulatorStats;
+  /** The call log after `since` (a seq), at most `limit` entries. */
+  calls(since?: number, limit?: number): CallLogPage;
   resetStats(): void;
   conditions(): Conditions;
   setConditions(patch: ConditionsPatch): Conditions;
@@ -244,6 +280,8 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
   const seed = opts.seed ?? 1;
   const latencyRng = mulberry32(deriveSeed(seed, 'latency'));
   const faultRng = mulberry32(deriveSeed(seed, 'faults'));
+  // Its own stream: turning bad answers on shifts neither the latency nor the fault draws.
+  const badRng = mulberry32(deriveSeed(seed, 'bad-answers'));
   let cond = initialConditions(opts);
   const startMs = clock();
   const maxCredits = opts.maxCredits ?? plan.monthlyCredits;
@@ -258,6 +296,13 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
   let accountMaxConcurrency = 0;
   let unknownKeyCalls = 0;
   const keys = new Map<string, KeyState>();
+  const callLog: CallRecord[] | null = opts.callLog ? [] : null;
+  let callSeq = 0;
+  /** Every credit billed since start (never reset): the call log reads what one decision billed from it. */
+  let creditsBilledEver = 0;
+  /** Per item of the batch being decided: credits billed, and the item results (null when refused whole). */
+  let batchItemCredits: number[] = [];
+  let batchItems: BatchResultWire[] | null = null;
 
   const rateCfg = (c: Conditions = cond): RateConfig => ({
     ratePerMinute: c.ratePerMinute,
@@ -331,13 +376,15 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
     k: KeyState | null,
     now: number,
     status: number,
-    body: string,
-    x: { delayMs?: number | null; slot?: Slot | null; remaining?: number | null; retryAfter?: number } = {},
+    body: string | Buffer,
+    x: { delayMs?: number | null; slot?: Slot | null; remaining?: number | null; retryAfter?: number; contentType?: string } = {},
   ): Reply {
     if (k) bump(k.stats.responses, status);
+    const headers = headersFor(k, now, x.remaining, x.retryAfter);
+    if (x.contentType !== undefined) headers['content-type'] = x.contentType;
     return {
       status,
-      headers: headersFor(k, now, x.remaining, x.retryAfter),
+      headers,
       body,
       delayMs: x.delayMs === undefined ? 0 : x.delayMs,
       slot: x.slot ?? null,
@@ -424,13 +471,25 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
     return reply(k, now, status, errorBody(MESSAGES.credits), { slot, remaining, ...(retryAfter !== undefined ? { retryAfter } : {}) });
   }
 
+  /** Whether this answer comes back bad (one draw whenever the fault is set, so the sequence replays). */
+  function drawBad(f: FaultSpec): BadAnswerSpec | null {
+    if (!f.badAnswer) return null;
+    return badRng() < f.badAnswer.probability ? f.badAnswer : null;
+  }
+
   function chargeOne(k: KeyState, cost: number) {
+    creditsBilledEver += cost;
     credits = bill(credits, cost);
     k.stats.billedCalls += 1;
     k.stats.creditsBilled += cost;
   }
 
-  return {
+  function logCall(apiKey: string | null, api: string, params: Record<string, unknown>, status: number | null, billed: number, batch: boolean) {
+    if (!callLog || !apiKey || !keys.has(apiKey)) return;
+    callLog.push({ seq: ++callSeq, atMs: clock(), key: apiKey, api, params, status, credits: billed, batch });
+  }
+
+  const engine: Engine = {
     catalog,
     plan,
 
@@ -463,6 +522,12 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
       const data = generateData(api, params);
       if (!data.ok) return reply(k, now, 400, errorBody(data.error), { slot, remaining, delayMs });
       chargeOne(k, spec.creditCost);
+      const bad = drawBad(d.f);
+      if (bad) {
+        k.stats.badAnswers += 1;
+        const b = badBody(bad, { status: 'ok', error: null, data: corruptData(data.data, bad.kind) });
+        return reply(k, now, 200, b.body, { slot, remaining, delayMs, ...(b.contentType ? { contentType: b.contentType } : {}) });
+      }
       return reply(k, now, 200, okBody(data.data), { slot, remaining, delayMs });
     },
 
@@ -504,12 +569,26 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
           else if (data && !data.ok) r = { id: item.id, status: 400, error: data.error };
           else {
             chargeOne(k, spec.creditCost);
+            batchItemCredits[i] = spec.creditCost;
             r = { id: item.id, status: 200, data: data?.ok ? data.data : null };
+            // A value kind corrupts items one by one, each on its own draw.
+            if (d.f.badAnswer && VALUE_KINDS.has(d.f.badAnswer.kind) && drawBad(d.f)) {
+              k.stats.badAnswers += 1;
+              r = { ...r, data: corruptData(r.data, d.f.badAnswer.kind) };
+            }
           }
         }
         bump(k.stats.batchItems, r.status);
         return r;
       });
+      batchItems = results;
+      // The other kinds spoil the batch's body as a whole (one draw per batch); its items stay billed.
+      const bad = d.f.badAnswer && !VALUE_KINDS.has(d.f.badAnswer.kind) ? drawBad(d.f) : null;
+      if (bad) {
+        k.stats.badAnswers += 1;
+        const b = badBody(bad, JSON.parse(encodeBatchResponse(results)) as Record<string, unknown>);
+        return reply(k, now, 200, b.body, { slot, remaining, delayMs, ...(b.contentType ? { contentType: b.contentType } : {}) });
+      }
       return reply(k, now, 200, encodeBatchResponse(results), { slot, remaining, delayMs });
     },
 
@@ -533,6 +612,7 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
         callsInCooldown: 0,
         billedCalls: 0,
         creditsBilled: 0,
+        badAnswers: 0,
       };
       for (const k of keys.values()) {
         const s = k.stats;
@@ -553,6 +633,7 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
           callsInCooldown: s.callsInCooldown,
           billedCalls: s.billedCalls,
           creditsBilled: s.creditsBilled,
+          badAnswers: s.badAnswers,
           inFlight: k.inFlight,
           maxConcurrency: s.maxConcurrency,
           cooldownUntil: k.window.cooldownUntilMs > now ? new Date(k.window.cooldownUntilMs).toISOString() : null,
@@ -579,7 +660,22 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
       };
     },
 
+    calls(since = 0, limit = 10_000) {
+      if (!callLog) return { enabled: false, calls: [], next: since };
+      // seq ascends, so the first entry after `since` is found by bisection.
+      let lo = 0;
+      let hi = callLog.length;
+      while (lo < hi) {
+        const mid = (lo + hi) >> 1;
+        if (callLog[mid]!.seq <= since) lo = mid + 1;
+        else hi = mid;
+      }
+      const page = callLog.slice(lo, lo + Math.max(0, limit));
+      return { enabled: true, calls: structuredClone(page), next: page.length ? page[page.length - 1]!.seq : since };
+    },
+
     resetStats() {
+      if (callLog) callLog.length = 0;
       epochMs = clock();
       unknownKeyCalls = 0;
       accountMaxConcurrency = accountInFlight;
@@ -635,4 +731,27 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
       addKey(spec.key, 'sub', spec.apis);
     },
   };
+
+  if (!callLog) return engine;
+  // The call log wraps the two decisions: whatever path a call takes through them, it is logged once, with what it billed.
+  const { handleCall, handleBatch } = engine;
+  engine.handleCall = (req) => {
+    const before = creditsBilledEver;
+    const r = handleCall(req);
+    logCall(req.apiKey, req.api, req.params, r.delayMs === null ? null : r.status, creditsBilledEver - before, false);
+    return r;
+  };
+  engine.handleBatch = (req) => {
+    batchItemCredits = [];
+    batchItems = null;
+    const r = handleBatch(req);
+    const parsed = req.body === undefined ? null : parseBatchRequest(req.body);
+    if (parsed?.ok) {
+      parsed.value.requests.forEach((item, i) =>
+        logCall(req.apiKey, req.api, item.params, r.delayMs === null ? null : (batchItems?.[i]?.status ?? r.status), batchItemCredits[i] ?? 0, true),
+      );
+    } else logCall(req.apiKey, req.api, {}, r.status, 0, true);
+    return r;
+  };
+  return engine;
 }

@@ -16,6 +16,8 @@ export {
   type Reply,
   type Slot,
   type SimulatorStats,
+  type CallRecord,
+  type CallLogPage,
   type KeyStats,
   type AccountStats,
   type AccountInfo,
@@ -28,6 +30,10 @@ export {
   conditionsPatchSchema,
   DEFAULT_API_KEY,
   DEFAULT_COOLDOWN_SECONDS,
+  DEFAULT_HUGE_BYTES,
+  BAD_ANSWER_KINDS,
+  type BadAnswerKind,
+  type BadAnswerSpec,
   type SimulatorOptions,
   type Conditions,
   type ConditionsPatch,
@@ -36,6 +42,7 @@ export {
   type ConcurrencyLimitResponse,
   type SubKeySpec,
 } from './options.ts';
+export { INVALID_UTF8, HTML_PAGE } from './bad-answers.ts';
 export { simulatorOptionsFromEnv, ENV_DEFAULTS, SIMULATOR_ENV_VARS } from './env.ts';
 export { sampleLatencies, sampleLatencyMs, mulberry32, deriveSeed } from './random.ts';
 export { defaultBurst } from './limits.ts';

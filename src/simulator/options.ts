@@ -21,6 +21,33 @@ export interface HangSpec {
   afterMs: number | null;
 }
 
+/**
+ * How a bad answer is bad. Every one is an HTTP 200, billed like the success
+ * it replaces (the upstream did the work; what came back is what it scraped):
+ * - `nul`: a well-formed envelope whose data holds U+0000 (`\u0000` on the wire),
+ * - `lone-surrogate`: the same with an unpaired surrogate (`\ud800` on the wire),
+ * - `html`: an HTML page (a proxy's or a CDN's error page) with `content-type: text/html`,
+ * - `truncated-json`: the envelope cut in the middle,
+ * - `invalid-utf8`: the envelope with bytes that are not UTF-8 inside a string,
+ * - `huge`: a well-formed envelope padded to `hugeBytes`.
+ * In a batch, `nul` and `lone-surrogate` corrupt items (each billed item draws
+ * on its own); the other kinds corrupt the batch's body as a whole.
+ */
+export type BadAnswerKind = 'nul' | 'lone-surrogate' | 'html' | 'truncated-json' | 'invalid-utf8' | 'huge';
+
+export const BAD_ANSWER_KINDS: readonly BadAnswerKind[] = ['nul', 'lone-surrogate', 'html', 'truncated-json', 'invalid-utf8', 'huge'];
+
+/** Answers that are unstorable or malformed, though answered 200 and billed. */
+export interface BadAnswerSpec {
+  /** Share of answers that would have been a 200 that come back bad, 0..1. Default 1. */
+  probability: number;
+  kind: BadAnswerKind;
+  /** Size of a `huge` body in bytes. Default 4 MiB (DEFAULT_HUGE_BYTES). */
+  hugeBytes?: number;
+}
+
+export const DEFAULT_HUGE_BYTES = 4 * 1024 * 1024;
+
 /** Latency and faults; set account-wide and overridden per API. */
 export interface FaultSpec {
   /** Median latency of an answered call (log-normal). 0 = answer at once. */
@@ -33,6 +60,8 @@ export interface FaultSpec {
   /** Every call to the API answers this status at once (not billed); null = no outage. */
   outage: 500 | 503 | null;
   hang: HangSpec | null;
+  /** Bad answers (HTTP 200, billed) instead of good ones; null = every answer is well formed. */
+  badAnswer: BadAnswerSpec | null;
 }
 
 export interface ConcurrencyLimitResponse {
@@ -110,6 +139,12 @@ export interface SimulatorOptions {
   conditions?: ConditionsPatch;
   /** Clock in ms (default Date.now): drives windows, cooldowns, renewal and the stats timeline, not latency timers. */
   now?: () => number;
+  /**
+   * Keep a log of every call a known key sent, with its params, status and credits billed
+   * (`calls()`, `GET /admin/calls`), so a test or bench can attribute each call to the job that
+   * made it. Default off: it grows with every call.
+   */
+  callLog?: boolean;
 }
 
 export const DEFAULT_API_KEY = 'apv_demo_primary';
@@ -126,6 +161,7 @@ export function initialConditions(opts: SimulatorOptions): Conditions {
     errorStatus: 503,
     outage: null,
     hang: null,
+    badAnswer: null,
     apis: {},
     ratePerMinute,
     burst: opts.burst ?? defaultBurst(ratePerMinute),
@@ -168,6 +204,7 @@ export function faultsFor(c: Conditions, api: string): FaultSpec {
     errorStatus: o.errorStatus ?? c.errorStatus,
     outage: o.outage !== undefined ? o.outage : c.outage,
     hang: o.hang !== undefined ? o.hang : c.hang,
+    badAnswer: o.badAnswer !== undefined ? o.badAnswer : c.badAnswer,
   };
 }
 
@@ -178,6 +215,12 @@ const hangSchema = z.strictObject({
   afterMs: z.number().int().nonnegative().nullable().default(null),
 });
 
+const badAnswerSchema = z.strictObject({
+  probability: z.number().min(0).max(1).default(1),
+  kind: z.enum(BAD_ANSWER_KINDS as [BadAnswerKind, ...BadAnswerKind[]]),
+  hugeBytes: z.number().int().positive().max(256 * 1024 * 1024).default(DEFAULT_HUGE_BYTES),
+});
+
 const faultFields = {
   latencyMs: z.number().nonnegative(),
   latencyP95Ms: z.number().nonnegative(),
@@ -185,6 +228,7 @@ const faultFields = {
   errorStatus: z.union([z.literal(500), z.literal(503)]),
   outage: z.union([z.literal(500), z.literal(503)]).nullable(),
   hang: hangSchema.nullable(),
+  badAnswer: badAnswerSchema.nullable(),
 };
 
 const faultPatchSchema = z.strictObject(faultFields).partial();

@@ -6,6 +6,7 @@
  *   GET|POST /v1/<api>            a call (GET: query params; POST: JSON body params)
  *   POST     /v1/<api>/batch      a batch (see src/provider/batch-wire.ts)
  *   GET      /admin/stats         stats (engine.stats())
+ *   GET      /admin/calls?since=&limit=   the call log (SimulatorOptions.callLog), in pages
  *   POST     /admin/reset-stats
  *   GET|POST /admin/conditions    read / patch run-time conditions (JSON ConditionsPatch)
  *   GET      /admin/account       plan, credits, renewal, keys
@@ -21,7 +22,7 @@ import type { AddressInfo } from 'node:net';
 import { z } from 'zod';
 import type { ApiCatalog } from '../config/apis.ts';
 import { HEADER } from '../provider/headers.ts';
-import { createEngine, errorBody, SimulatorConfigError, type AccountInfo, type Engine, type Reply, type SimulatorStats } from './engine.ts';
+import { createEngine, errorBody, SimulatorConfigError, type AccountInfo, type CallLogPage, type Engine, type Reply, type SimulatorStats } from './engine.ts';
 import { conditionsPatchSchema, type Conditions, type ConditionsPatch, type SimulatorOptions, type SubKeySpec } from './options.ts';
 
 export interface Simulator {
@@ -36,6 +37,8 @@ export interface Simulator {
   readonly subKeys: readonly string[];
   readonly catalog: ApiCatalog;
   stats(): SimulatorStats;
+  /** The call log after `since` (a seq), at most `limit` entries (SimulatorOptions.callLog). */
+  calls(since?: number, limit?: number): CallLogPage;
   resetStats(): void;
   conditions(): Conditions;
   setConditions(patch: ConditionsPatch): Conditions;
@@ -96,6 +99,10 @@ function sendError(res: http.ServerResponse, status: number, message: string) {
 const creditsSchema = z.strictObject({ credits: z.number().int() });
 const scopeSchema = z.strictObject({ apis: z.array(z.string()).nullable() });
 const addKeySchema = z.strictObject({ key: z.string(), apis: z.array(z.string()).optional() });
+const callsQuerySchema = z.strictObject({
+  since: z.coerce.number().int().nonnegative().default(0),
+  limit: z.coerce.number().int().min(1).max(100_000).default(10_000),
+});
 
 function zodMessage(e: z.ZodError): string {
   return e.issues.map((i) => `${i.path.length ? `${i.path.join('.')}: ` : ''}${i.message}`).join('; ');
@@ -164,7 +171,7 @@ export async function startSimulator(opts: SimulatorOptions = {}): Promise<Simul
     deliver(res, engine.handleCall({ apiKey, api, params }));
   }
 
-  async function handleAdmin(req: http.IncomingMessage, res: http.ServerResponse, segments: string[]) {
+  async function handleAdmin(req: http.IncomingMessage, res: http.ServerResponse, url: URL, segments: string[]) {
     const route = `${req.method} /${segments.join('/')}`;
     const body = async () => decodeJson(await readBody(req));
     const parseOr400 = async <T>(schema: z.ZodType<T>): Promise<T | null> => {
@@ -182,6 +189,11 @@ export async function startSimulator(opts: SimulatorOptions = {}): Promise<Simul
     };
     if (route === 'GET /health') return sendJson(res, 200, { status: 'ok' });
     if (route === 'GET /stats') return sendJson(res, 200, engine.stats());
+    if (route === 'GET /calls') {
+      const q = callsQuerySchema.safeParse(Object.fromEntries(url.searchParams));
+      if (!q.success) return sendJson(res, 400, { error: zodMessage(q.error) });
+      return sendJson(res, 200, engine.calls(q.data.since, q.data.limit));
+    }
     if (route === 'POST /reset-stats') {
       engine.resetStats();
       return sendJson(res, 200, engine.stats());
@@ -239,7 +251,7 @@ export async function startSimulator(opts: SimulatorOptions = {}): Promise<Simul
       segments[0] === 'v1'
         ? handleApi(req, res, url, segments.slice(1))
         : segments[0] === 'admin'
-          ? handleAdmin(req, res, segments.slice(1))
+          ? handleAdmin(req, res, url, segments.slice(1))
           : Promise.resolve(sendError(res, 404, 'Not found.'));
     handler.catch((err: unknown) => {
       if (res.headersSent) {
@@ -279,6 +291,7 @@ export async function startSimulator(opts: SimulatorOptions = {}): Promise<Simul
     },
     catalog: engine.catalog,
     stats: () => engine.stats(),
+    calls: (since, limit) => engine.calls(since, limit),
     resetStats: () => engine.resetStats(),
     conditions: () => engine.conditions(),
     setConditions: (patch) => engine.setConditions(patch),

@@ -7,7 +7,7 @@ import { createClient, type Client } from 'graphql-ws';
 import WebSocket from 'ws';
 import { startSluice, type SluiceApp, type StartOverrides } from '../../src/app.ts';
 import { loadEnv } from '../../src/config/env.ts';
-import { createLogger } from '../../src/log.ts';
+import { createLogger, type Logger } from '../../src/log.ts';
 import { TEST_DB_POOL_MAX, createTestDatabase } from './db.ts';
 
 export const ADMIN_TOKEN = 'slcadm_test_admin_token';
@@ -32,7 +32,7 @@ export interface TestApp {
  * `env.DATABASE_URL` joins an existing test database (another process of the
  * same deployment); otherwise a fresh one is created and dropped on stop.
  */
-export async function startTestApp(env: Record<string, string> = {}, overrides: StartOverrides = {}): Promise<TestApp> {
+export async function startTestApp(env: Record<string, string> = {}, overrides: StartOverrides = {}, opts: { log?: Logger } = {}): Promise<TestApp> {
   const db = env.DATABASE_URL ? { url: env.DATABASE_URL, drop: async () => {} } : await createTestDatabase();
   const config = loadEnv({
     NODE_ENV: 'test',
@@ -46,7 +46,7 @@ export async function startTestApp(env: Record<string, string> = {}, overrides: 
     JOB_RETRY_DELAY_SECONDS: '1',
     ...env,
   });
-  const app = await startSluice(config, createLogger(config.LOG_LEVEL), overrides);
+  const app = await startSluice(config, opts.log ?? createLogger(config.LOG_LEVEL), overrides);
   const url = app.url ?? 'http://127.0.0.1:1/not-serving';
   const clients: Client[] = [];
 
