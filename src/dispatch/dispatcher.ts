@@ -338,6 +338,7 @@ export class Dispatcher {
       if (err instanceof sched.LeaseBusy) return LEASE_BUSY_RETRY_MS;
       throw err;
     }
+    leased = await this.markSent(w, leased);
     // A probe admitted but not sent must not hold its API's breaker half-open forever.
     const sent = new Set([...leased.singles.map((a) => a.job.data.api), ...leased.batches.map((b) => b.api)]);
     for (const api of probes) if (!sent.has(api)) this.o.breakers.release(api);
@@ -421,6 +422,38 @@ export class Dispatcher {
     }
     for (const [jobClass, n] of perClass) this.o.metrics?.dispatched(w.name, jobClass, n);
     return out;
+  }
+
+  /**
+   * The "sent" mark (migration 0025): ONE statement for every reservation
+   * this lease returned, before any of their calls is sent. Returns what may
+   * be sent: the attempts it marked. The others are settled at once as never
+   * sent (refunded, put back, not counted as an attempt): one not marked was
+   * settled meanwhile (its lease expired first), and when the mark itself
+   * fails we cannot know whether it committed, so nothing is sent (an expiry
+   * that finds the mark bills by the timeout rule, and this settlement, late,
+   * corrects it to 0: dispatch/late-settlement.ts).
+   */
+  private async markSent(w: WindowSpec, leased: Leased): Promise<Leased> {
+    const all = [...leased.singles, ...leased.batches.flatMap((b) => b.items.flatMap((it) => it.attempts))];
+    if (all.length === 0) return leased;
+    let marked: Set<string>;
+    try {
+      marked = await sched.markSent(this.o.sql, all.map((a) => a.reservationId));
+    } catch (err) {
+      this.o.log.warn({ err, attempts: all.length }, 'could not mark leased attempts sent: none is sent, all are put back');
+      marked = new Set();
+    }
+    const notSent = all.filter((a) => !marked.has(a.reservationId));
+    const outcome: CallOutcome = { kind: 'server_error', httpStatus: null, creditsBilled: 0, data: null, message: 'not sent: the attempt could not be marked sent', status: null, retryAfterSeconds: 0, latencyMs: 0 };
+    for (const a of notSent) this.track(this.settle(w, a, outcome, { putBack: true }));
+    if (notSent.length === 0) return leased;
+    const batches: BatchAttempt[] = [];
+    for (const b of leased.batches) {
+      const items = b.items.map((it) => ({ attempts: it.attempts.filter((a) => marked.has(a.reservationId)) })).filter((it) => it.attempts.length > 0);
+      if (items.length > 0) batches.push({ api: b.api, items });
+    }
+    return { singles: leased.singles.filter((a) => marked.has(a.reservationId)), batches };
   }
 
   private track(p: Promise<void>): void {
@@ -635,7 +668,7 @@ export class Dispatcher {
     // ready again the moment an admin resumes (no stale retry-after on top).
     const heldByStop = outcome.kind === 'credits_exhausted' || outcome.kind === 'key_unusable';
     const plan = heldByStop && planned.action === 'requeue' ? { ...planned, delaySeconds: 0 } : planned;
-    const billed = billedCredits(outcome.kind, outcome.creditsBilled, a.credits);
+    const billed = billedCredits(outcome.creditsBilled, a.credits);
     const m = this.o.metrics;
     m?.outcome(outcome.kind);
     if (outcome.kind === 'rate_limited') m?.provider429('rate');

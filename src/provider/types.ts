@@ -45,6 +45,13 @@ interface OutcomeBase {
    * unreadable 2xx the cost (the provider billed it). Rule: src/provider/classify.ts.
    */
   creditsBilled: number;
+  /**
+   * True when `creditsBilled` is the timeout rule's guess (no answer to a
+   * request that was sent); absent when the bill is known (an answer, or a
+   * request never written). A late settlement corrects an expiry's bill only
+   * with a known one.
+   */
+  billedIsGuess?: boolean;
   /** Upstream data on success; null otherwise. */
   data: unknown;
   /** Upstream or client error message; null on success. */

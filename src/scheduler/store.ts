@@ -381,6 +381,25 @@ export async function refreshLeases(sql: Tx, ids: readonly string[], leaseSecond
   return { live, settled: new Set(gone.map((r) => r.id as string)) };
 }
 
+/**
+ * The "sent" mark (migration 0025): ONE statement for all the reservations a
+ * lease returned, before their calls are sent. Returns the ids it marked; the
+ * node sends only those (one missing was settled meanwhile: its lease
+ * expired). All rows of one call share the statement's `now()`, so the
+ * distinct marks count the statements. A lease whose rows never reached its
+ * node is never marked, and its expiry refunds it. Rows are not locked
+ * against a settlement: a mark waits for a sweep holding the row, then finds
+ * it settled and leaves it out.
+ */
+export async function markSent(sql: Tx, ids: readonly string[]): Promise<Set<string>> {
+  if (ids.length === 0) return new Set();
+  const rows = await sql`
+    update reservations set sent_at = now()
+    where id = any(${ids as string[]}::uuid[]) and settled_at is null
+    returning id`;
+  return new Set(rows.map((r) => r.id as string));
+}
+
 /** A rate-limit 429: the window sends nothing on any node until the pause ends, and its bucket is emptied. */
 export async function pauseWindow(sql: Tx, window: string, seconds: number, reason: string): Promise<void> {
   await sql`
@@ -517,6 +536,8 @@ export interface ExpiredReservation {
   attempt: number;
   tenantId: string;
   credits: number;
+  /** Its node marked it sent before calling (markSent); unmarked ones are refunded. */
+  sent: boolean;
 }
 
 /**
@@ -526,10 +547,10 @@ export interface ExpiredReservation {
  */
 export async function lockExpiredReservations(tx: Tx, limit: number): Promise<ExpiredReservation[]> {
   const rows = await tx`
-    select id, job_id, attempt, tenant_id, credits from reservations
+    select id, job_id, attempt, tenant_id, credits, sent_at is not null as sent from reservations
     where settled_at is null and lease_expires_at < clock_timestamp()
     order by id limit ${limit} for update skip locked`;
-  return rows.map((r) => ({ id: r.id as string, jobId: r.job_id as string, attempt: r.attempt as number, tenantId: r.tenant_id as string, credits: r.credits as number }));
+  return rows.map((r) => ({ id: r.id as string, jobId: r.job_id as string, attempt: r.attempt as number, tenantId: r.tenant_id as string, credits: r.credits as number, sent: r.sent as boolean }));
 }
 
 export async function forgetDeadNodes(sql: Tx, timeoutSeconds: number): Promise<void> {
