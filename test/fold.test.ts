@@ -1,5 +1,5 @@
 /**
- * The RUNNING fold (sluice_fold_running, migration 0015) never waits for a queue row: a lease or a
+ * The RUNNING fold (drizzle/functions/sluice_fold_running.sql) never waits for a queue row: a lease or a
  * submission group may hold several sched_queues rows at once in its own order, and a fold that
  * waited for one of them while holding others deadlocked with it (seen with 2 and 4 worker
  * processes in bench dispatch). A held row's deltas stay for the next round, and readers count

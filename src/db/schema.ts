@@ -2,7 +2,10 @@
  * Sluice's own tables (pg-boss owns the `pgboss` schema). Each table has one
  * owning module that writes it: tenants and tenant_api_keys → src/tenants,
  * jobs and job_results → src/jobs/store.ts, settings → src/db/settings.ts.
- * Migrations in drizzle/ are generated from this file with `npm run db:generate`.
+ * A change of a table here becomes a migration with `npm run db:generate` (drizzle-kit compares
+ * this file with the newest snapshot in drizzle/meta, which matches it). Triggers, partial indexes
+ * and data steps are written into a custom migration (`drizzle-kit generate --custom`); SQL
+ * functions live in drizzle/functions/ and are installed with `npm run db:function`.
  */
 import { sql } from 'drizzle-orm';
 import { bigint, bigserial, boolean, check, doublePrecision, index, integer, jsonb, pgTable, primaryKey, text, timestamp, uniqueIndex, uuid } from 'drizzle-orm/pg-core';

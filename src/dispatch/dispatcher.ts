@@ -5,7 +5,7 @@
  * lease after another:
  *   1. the class order (starvation guard) and the APIs held by open breakers,
  *      decided here (pure, scheduler/fair.ts),
- *   2. ONE call of sluice_lease (migration 0013; its pure model is
+ *   2. ONE call of sluice_lease (drizzle/functions/sluice_lease.sql; its pure model is
  *      scheduler/lease.ts planPicks): in one transaction, across as many
  *      tenants as the weighted fair order allows, it takes their cap slots,
  *      activates their pg-boss jobs, claims them, reserves their credits
@@ -297,7 +297,7 @@ export class Dispatcher {
   }
 
   /**
-   * Leases on this window in ONE round trip (sluice_lease, migration 0013):
+   * Leases on this window in ONE round trip (drizzle/functions/sluice_lease.sql):
    * as many jobs, across as many tenants, as the fair order, the caps, the
    * quotas and the window's tokens and room allow. Returns how long to wait
    * before the next lease (0 = at once). Only an empty lease reads the window

@@ -46,13 +46,13 @@ type Listener = (event: JobEvent | typeof RESYNC) => void;
 export async function publishJobEvents(tx: Sql | postgres.TransactionSql, events: readonly JobEvent[]): Promise<void> {
   if (events.length === 0) return;
   const ids = events.map((e) => ({ jobId: e.jobId, tenantId: e.tenantId, state: e.state }));
-  // sluice_job_events (migration 0018): the one place the payload is made, so a settlement's
+  // sluice_job_events (drizzle/functions/): the one place the payload is made, so a settlement's
   // events sent from inside its SQL function are the same as these.
   await tx`select sluice_job_events(${JSON.stringify(ids)}::text::jsonb)`;
 }
 
 /**
- * A job row from its NOTIFY JSON (see sluice_job_json, migration 0018): the same JobRow a read
+ * A job row from its NOTIFY JSON (see drizzle/functions/sluice_job_json.sql): the same JobRow a read
  * gives, dates back to Date. Null when the JSON is not a job row.
  */
 export function jobFromJson(json: unknown): JobRow | null {

@@ -39,7 +39,7 @@ export interface JobRow {
   creditsBilled: number;
 }
 
-/** A job row as reads return it; sluice_job_json (migration 0018) gives the same shape for events. */
+/** A job row as reads return it; sluice_job_json (drizzle/functions/sluice_job_json.sql) gives the same shape for events. */
 const JOB_COLUMNS = `
   j.id, j.tenant_id as "tenantId", j.api, j.params, j.priority, j.state,
   j.idempotency_key as "idempotencyKey", j.attempts, j.created_at as "createdAt",
@@ -212,7 +212,7 @@ export interface FinishedJob {
 }
 
 /**
- * A final state as sluice_finish_jobs (migration 0013) takes it: the job
+ * A final state as sluice_finish_jobs (drizzle/functions/) takes it: the job
  * finished, its result stored and its pg-boss ack, fenced by its attempt, for
  * many jobs in one statement (the settlement calls it through
  * sluice_settle_group).

@@ -10,7 +10,7 @@
  * reservations → sched_tenants (id order) → pgboss.job / jobs → sched_queues
  * → job_results → tenant_ledger → sched_classes → windows → account_state,
  * so lease, settle, sweep, cancel and submit cannot deadlock each other. The
- * lease (sluice_lease, migration 0013) waits only for its first tenant row
+ * lease (sluice_lease, drizzle/functions/sluice_lease.sql) waits only for its first tenant row
  * (holding nothing else) and takes later ones SKIP LOCKED, so it never waits
  * out of id order.
  */
@@ -174,7 +174,7 @@ export async function globalDepthByClass(sql: Tx): Promise<Partial<Record<JobCla
 
 /**
  * Folds the RUNNING deltas the job triggers appended into sched_queues.running
- * (migration 0009; the sweeper calls it every round). Returns the deltas folded.
+ * (drizzle/functions/sluice_fold_running.sql; the sweeper calls it every round). Returns the deltas folded.
  */
 export async function foldRunning(sql: Tx): Promise<number> {
   const [r] = await sql`select sluice_fold_running() as n`;
@@ -254,7 +254,7 @@ export interface LeaseRequest {
 }
 
 /**
- * The lease in ONE round trip (sluice_lease, migrations 0013 and 0017; pure model:
+ * The lease in ONE round trip (drizzle/functions/sluice_lease.sql; pure model:
  * lease.ts planPicks): fair order across tenants, caps, quotas, the window's
  * tokens and pool, pg-boss activation, claims and reservations, in one call.
  */
@@ -297,7 +297,7 @@ export interface SettleRow {
 
 /**
  * Settles reservations exactly once (I5), all in one statement
- * (`sluice_settle`, migration 0006): billed or refunded, their tenant and
+ * (`sluice_settle`, drizzle/functions/sluice_settle.sql): billed or refunded, their tenant and
  * window slots released, hot rows last. Returns the ids it settled; one
  * missing was settled already (the sweeper found its lease expired, or an
  * earlier try committed but its acknowledgement was lost).
@@ -315,7 +315,7 @@ export interface SettleGroupItem extends SettleRow {
 }
 
 /**
- * A settlement group in ONE statement (sluice_settle_group, migration 0018):
+ * A settlement group in ONE statement (drizzle/functions/sluice_settle_group.sql):
  * locks the reservations still open, finishes the jobs of those with a final
  * state (result and pg-boss ack with it, I6), queues the events of the jobs
  * it finished, then settles the reservations (sluice_settle: their tenants'

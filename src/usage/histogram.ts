@@ -1,7 +1,7 @@
 /**
  * Latency histograms of usage history: fixed buckets, so hourly rows add up
  * element-wise into days and months and a percentile can still be read from
- * the sum. The SQL function `sluice_latency_bucket` (migration 0009) uses the
+ * the sum. The SQL function `sluice_latency_bucket` (drizzle/functions/) uses the
  * same bounds.
  */
 

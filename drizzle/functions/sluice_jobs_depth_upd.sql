@@ -1,0 +1,15 @@
+-- sluice_jobs_depth_upd: statement-level trigger (AFTER UPDATE on jobs): the net depth change per
+-- (tenant, class) of jobs entering or leaving a waiting state (QUEUED, WAITING_QUOTA).
+CREATE OR REPLACE FUNCTION sluice_jobs_depth_upd()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+  PERFORM sluice_apply_depth_delta(coalesce(jsonb_agg(x), '[]'::jsonb)) FROM (
+    SELECT tenant_id, priority, sum(n) AS n FROM (
+      SELECT tenant_id, priority, 1 AS n FROM new_rows WHERE state IN ('QUEUED', 'WAITING_QUOTA')
+      UNION ALL
+      SELECT tenant_id, priority, -1 FROM old_rows WHERE state IN ('QUEUED', 'WAITING_QUOTA')
+    ) c GROUP BY tenant_id, priority HAVING sum(n) <> 0) x;
+  RETURN NULL;
+END $function$;

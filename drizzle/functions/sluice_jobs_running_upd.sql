@@ -1,0 +1,18 @@
+-- sluice_jobs_running_upd: statement-level trigger (AFTER UPDATE on jobs): jobs entering or leaving
+-- RUNNING, appended to sched_running_deltas straight from the transition tables (no jsonb, no
+-- function call: this runs in every lease and settlement). The triggers only INSERT deltas:
+-- updating sched_queues here would lock it in the settlement after `windows`, while a lease locks
+-- sched_queues before `windows`, and the two would deadlock. sluice_fold_running folds them.
+CREATE OR REPLACE FUNCTION sluice_jobs_running_upd()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+  INSERT INTO sched_running_deltas (tenant_id, class, n)
+  SELECT tenant_id, priority, sum(n) FROM (
+    SELECT tenant_id, priority, 1 AS n FROM new_rows WHERE state = 'RUNNING'
+    UNION ALL
+    SELECT tenant_id, priority, -1 FROM old_rows WHERE state = 'RUNNING'
+  ) c GROUP BY tenant_id, priority HAVING sum(n) <> 0;
+  RETURN NULL;
+END $function$;

@@ -1,0 +1,12 @@
+-- sluice_jobs_tenant_fixed: row trigger (BEFORE UPDATE OF tenant_id on jobs): a job's tenant never
+-- changes (the foreign key it replaces would otherwise have checked the new tenant).
+CREATE OR REPLACE FUNCTION sluice_jobs_tenant_fixed()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+  IF NEW.tenant_id IS DISTINCT FROM OLD.tenant_id THEN
+    RAISE EXCEPTION 'a job''s tenant_id never changes' USING ERRCODE = 'foreign_key_violation', TABLE = 'jobs';
+  END IF;
+  RETURN NEW;
+END $function$;

@@ -1,0 +1,24 @@
+-- sluice_reservations_usage: statement-level trigger (AFTER UPDATE on reservations): every
+-- settlement, by any statement (the dispatcher's group, the sweeper's expiry), appends its usage
+-- aggregate to usage_deltas in the settling transaction. Latency is the reservation's life (lease
+-- to settlement), the closest measure a reservation row carries.
+CREATE OR REPLACE FUNCTION sluice_reservations_usage()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+  WITH s AS (
+    SELECT n.tenant_id, n.period_start, date_trunc('hour', n.settled_at, 'UTC') AS hour,
+      coalesce(j.api, 'unknown') AS api, coalesce(j.priority, 'UNKNOWN') AS class, n.outcome,
+      coalesce(n.billed, 0)::bigint AS billed, n.credits::bigint AS credits,
+      sluice_latency_bucket(extract(epoch FROM n.settled_at - n.created_at) * 1000) AS b
+    FROM new_rows n JOIN old_rows o ON o.id = n.id
+    LEFT JOIN jobs j ON j.id = n.job_id
+    WHERE o.settled_at IS NULL AND n.settled_at IS NOT NULL)
+  INSERT INTO usage_deltas (tenant_id, period_start, hour, api, class, calls, succeeded, failed, credits_billed, credits_refunded, latency_hist)
+  SELECT tenant_id, period_start, hour, api, class, count(*), count(*) FILTER (WHERE outcome = 'billed'),
+    count(*) FILTER (WHERE outcome IS DISTINCT FROM 'billed'), sum(billed), sum(credits - billed),
+    ARRAY[count(*) FILTER (WHERE b = 1), count(*) FILTER (WHERE b = 2), count(*) FILTER (WHERE b = 3), count(*) FILTER (WHERE b = 4), count(*) FILTER (WHERE b = 5), count(*) FILTER (WHERE b = 6), count(*) FILTER (WHERE b = 7), count(*) FILTER (WHERE b = 8), count(*) FILTER (WHERE b = 9), count(*) FILTER (WHERE b = 10), count(*) FILTER (WHERE b = 11)]::int[]
+  FROM s GROUP BY tenant_id, period_start, hour, api, class;
+  RETURN NULL;
+END $function$;
