@@ -44,7 +44,7 @@ import { msUntilTokens, takeable } from '../scheduler/pacer.ts';
 import { LatencyTracker, poolSize } from '../scheduler/pool.ts';
 import * as sched from '../scheduler/store.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
-import { errorCodeFor, planSettlement } from './retry.ts';
+import { planSettlement, resultOf } from './retry.ts';
 import { BreakerOpen, type Breakers } from './breakers.ts';
 import { dedupKey } from './batching.ts';
 import { pickSettleUnits } from './settle-groups.ts';
@@ -425,7 +425,7 @@ export class Dispatcher {
   }
 
   /**
-   * The "sent" mark (migration 0025): ONE statement for every reservation
+   * The "sent" mark (migration 0026): ONE statement for every reservation
    * this lease returned, before any of their calls is sent. Returns what may
    * be sent: the attempts it marked. The others are settled at once as never
    * sent (refunded, put back, not counted as an attempt): one not marked was
@@ -639,7 +639,7 @@ export class Dispatcher {
         outcome: outcome.kind,
         ...(s.plan.action === 'requeue'
           ? {}
-          : { finish: { id: a.job.id, attempt: a.attempt, state: s.plan.action === 'succeed' ? ('SUCCEEDED' as const) : ('FAILED' as const), queue: a.queue, result: this.result(outcome, s.billed, a.attempt) } }),
+          : { finish: { id: a.job.id, attempt: a.attempt, state: s.plan.action === 'succeed' ? ('SUCCEEDED' as const) : ('FAILED' as const), queue: a.queue, result: this.result(outcome, a.attempt) } }),
       };
     };
     // react() acts on exactly the put-back signals (rate limit, credits, key).
@@ -678,12 +678,12 @@ export class Dispatcher {
   }
 
   /** A retry or put-back: the job back to QUEUED after its delay, its result, re-inserted in pg-boss, fenced by the attempt. */
-  private async requeue(tx: postgres.TransactionSql, a: Attempt, outcome: CallOutcome, s: { plan: ReturnType<typeof planSettlement>; billed: number }): Promise<JobEvent[]> {
+  private async requeue(tx: postgres.TransactionSql, a: Attempt, outcome: CallOutcome, s: { plan: ReturnType<typeof planSettlement> }): Promise<JobEvent[]> {
     const { tenantId } = a.job.data;
-    const { plan, billed } = s;
+    const { plan } = s;
     if (plan.action !== 'requeue') return [];
     if (!(await requeueJob(tx, a.job.id, a.attempt, plan.countsAsAttempt, plan.delaySeconds))) return [];
-    await upsertResult(tx, a.job.id, this.result(outcome, billed, plan.countsAsAttempt ? a.attempt : a.attempt - 1));
+    await upsertResult(tx, a.job.id, this.result(outcome, plan.countsAsAttempt ? a.attempt : a.attempt - 1));
     // Delete and re-insert under the same id: the job waits out its delay
     // without spending pg-boss's own retry budget, kept for crash redelivery.
     const startAfter = new Date(Date.now() + plan.delaySeconds * 1000);
@@ -719,14 +719,7 @@ export class Dispatcher {
     }
   }
 
-  private result(outcome: CallOutcome, billed: number, attempts: number): ResultRecord {
-    return {
-      data: outcome.kind === 'billed' ? outcome.data : null,
-      errorCode: errorCodeFor(outcome.kind),
-      errorMessage: outcome.message,
-      httpStatus: outcome.httpStatus,
-      creditsBilled: billed,
-      attempts,
-    };
+  private result(outcome: CallOutcome, attempts: number): ResultRecord {
+    return resultOf(outcome, attempts);
   }
 }

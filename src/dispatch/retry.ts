@@ -2,6 +2,7 @@
  * What a worker does with an attempt's outcome, as pure functions.
  */
 import type { Reaction } from '../provider/classify.ts';
+import type { ResultRecord } from '../jobs/store.ts';
 import type { CallOutcome, OutcomeKind } from '../provider/types.ts';
 
 /** Delay before retry number `attempt` (1-based): exponential, capped. */
@@ -12,6 +13,17 @@ export function retryDelaySeconds(attempt: number, baseSeconds: number, maxSecon
 /** The error code stored on a job that ends or waits because of this outcome. */
 export function errorCodeFor(kind: OutcomeKind): string | null {
   return kind === 'billed' ? null : kind.toUpperCase();
+}
+
+/** The result row an outcome stores (its bill is added by the settlement itself, sluice_settle). */
+export function resultOf(outcome: CallOutcome, attempts: number): ResultRecord {
+  return {
+    data: outcome.kind === 'billed' ? outcome.data : null,
+    errorCode: errorCodeFor(outcome.kind),
+    errorMessage: outcome.message,
+    httpStatus: outcome.httpStatus,
+    attempts,
+  };
 }
 
 export interface SettlePlan {

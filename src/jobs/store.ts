@@ -186,20 +186,22 @@ export interface ResultRecord {
   errorCode: string | null;
   errorMessage: string | null;
   httpStatus: number | null;
-  creditsBilled: number;
   attempts: number;
 }
 
-/** The result row, upserted by job id (invariant I6: one result per job id). */
+/**
+ * The result row, upserted by job id (invariant I6: one result per job id).
+ * Its credits_billed is not written here: sluice_settle adds every credit it
+ * bills to the job's row, whoever settles (I11), and nothing else does.
+ */
 export async function upsertResult(tx: Tx, jobId: string, r: ResultRecord): Promise<void> {
   await tx`
-    insert into job_results (job_id, data, error_code, error_message, http_status, credits_billed, attempts)
+    insert into job_results (job_id, data, error_code, error_message, http_status, attempts)
     values (${jobId}, ${r.data === null || r.data === undefined ? null : tx.json(r.data as never)}, ${r.errorCode}, ${r.errorMessage},
-            ${r.httpStatus}, ${r.creditsBilled}, ${r.attempts})
+            ${r.httpStatus}, ${r.attempts})
     on conflict (job_id) do update set
       data = excluded.data, error_code = excluded.error_code, error_message = excluded.error_message,
-      http_status = excluded.http_status, credits_billed = job_results.credits_billed + excluded.credits_billed,
-      attempts = excluded.attempts, updated_at = now()`;
+      http_status = excluded.http_status, attempts = excluded.attempts, updated_at = now()`;
 }
 
 export interface FinishedJob {
@@ -227,7 +229,6 @@ export function finishItem(j: FinishedJob) {
     error_code: j.result.errorCode,
     error_message: j.result.errorMessage,
     http_status: j.result.httpStatus,
-    billed: j.result.creditsBilled,
     attempts: j.result.attempts,
   };
 }
