@@ -48,6 +48,7 @@ import { planSettlement, resultOf } from './retry.ts';
 import { BreakerOpen, type Breakers } from './breakers.ts';
 import { dedupKey } from './batching.ts';
 import { pickSettleUnits } from './settle-groups.ts';
+import { reconcileLateSettlements } from './late-settlement.ts';
 import type { Metrics } from '../metrics.ts';
 
 export interface DispatcherOptions {
@@ -644,11 +645,28 @@ export class Dispatcher {
     };
     // react() acts on exactly the put-back signals (rate limit, credits, key).
     const oneCall = items.every((x) => x.s.plan.action !== 'requeue') && units.every((u) => u.reactions.every((o) => reactionTo(o) !== 'put_back'));
+    let settled: Set<string>;
     if (oneCall) {
-      await sched.settleGroup(this.o.sql, items.map(groupItem));
-      return;
+      settled = await sched.settleGroup(this.o.sql, items.map(groupItem));
+    } else {
+      settled = await this.settleInTransaction(units, items, groupItem);
     }
-    await this.o.sql.begin(async (tx) => {
+    // Found settled already: by this settlement's own earlier try (nothing to do), or by the
+    // sweeper when the lease expired first: reconciled, never dropped (dispatch/late-settlement.ts).
+    // A failure here retries the whole unit, which then finds every reservation settled: fenced.
+    const late = items.filter((x) => !settled.has(x.a.reservationId));
+    if (late.length > 0) {
+      await reconcileLateSettlements(
+        this.o.sql,
+        late.map(({ a, outcome, s }) => ({ reservationId: a.reservationId, jobId: a.job.id, tenantId: a.job.data.tenantId, queue: a.queue, attempt: a.attempt, outcome, billed: s.billed })),
+        this.o.log,
+      );
+    }
+  }
+
+  /** A settlement group with a retry, a put-back or an account signal: the same locks first, requeues, then settleGroup. */
+  private async settleInTransaction(units: readonly PendingSettle[], items: PendingSettle['items'], groupItem: (x: PendingSettle['items'][number]) => sched.SettleGroupItem): Promise<Set<string>> {
+    return this.o.sql.begin(async (tx) => {
       const live = await sched.lockOpenReservations(tx, items.map((x) => x.a.reservationId));
       const settling = items.filter((x) => live.has(x.a.reservationId));
       await sched.lockTenants(tx, settling.map((x) => x.a.job.data.tenantId));
@@ -658,6 +676,7 @@ export class Dispatcher {
       // A provider signal is about the account, whoever's attempt carried it: react even when superseded.
       for (const u of units) for (const o of u.reactions) await this.react(tx, u.w, o);
       await publishJobEvents(tx, events);
+      return live;
     });
   }
 

@@ -204,6 +204,35 @@ export async function upsertResult(tx: Tx, jobId: string, r: ResultRecord): Prom
       http_status = excluded.http_status, attempts = excluded.attempts, updated_at = now()`;
 }
 
+/**
+ * Adds a correction to the job's creditsBilled (a late settlement that knew
+ * better than the expiry's guess, dispatch/late-settlement.ts), upserting its
+ * result row. The ledger moves by the same amount in the same transaction.
+ */
+export async function addJobCredits(tx: Tx, jobId: string, delta: number): Promise<void> {
+  await tx`
+    insert into job_results (job_id, credits_billed) select ${jobId}, ${delta} where exists (select 1 from jobs where id = ${jobId})
+    on conflict (job_id) do update set credits_billed = job_results.credits_billed + excluded.credits_billed, updated_at = now()`;
+}
+
+/** A job's state and attempt count, or null when it is gone. */
+export async function jobStateOf(tx: Tx, id: string): Promise<{ state: JobState; attempts: number } | null> {
+  const [row] = await tx`select state, attempts from jobs where id = ${id}`;
+  return row ? { state: row.state as JobState, attempts: row.attempts as number } : null;
+}
+
+/**
+ * QUEUED or WAITING_QUOTA on this attempt (not leased again) → SUCCEEDED or
+ * FAILED: a late settlement brought the outcome of the attempt the sweeper
+ * had given up on. The caller locked its pg-boss row first and deletes it.
+ */
+export async function finishWaitingJob(tx: Tx, id: string, attempt: number, state: 'SUCCEEDED' | 'FAILED'): Promise<boolean> {
+  const rows = await tx`
+    update jobs set state = ${state}, finished_at = now(), updated_at = now()
+    where id = ${id} and state in ('QUEUED', 'WAITING_QUOTA') and attempts = ${attempt} returning id`;
+  return rows.length > 0;
+}
+
 export interface FinishedJob {
   id: string;
   attempt: number;

@@ -350,6 +350,50 @@ export async function lockOpenReservations(tx: Tx, ids: readonly string[]): Prom
   return new Set(rows.map((r) => r.id as string));
 }
 
+/** A reservation a settlement found settled already, as it was settled (dispatch/late-settlement.ts). */
+export interface SettledReservation {
+  outcome: string;
+  billed: number;
+  credits: number;
+  reconciled: boolean;
+  periodStart: Date;
+  /** Its job's API and class (for the usage correction); 'unknown' when the job is gone. */
+  api: string;
+  jobClass: string;
+}
+
+/**
+ * The first step of a late settlement (lock order: reservations first): locks
+ * those of `ids` that are settled, returning how they were settled.
+ */
+export async function lockSettledReservations(tx: Tx, ids: readonly string[]): Promise<Map<string, SettledReservation>> {
+  if (ids.length === 0) return new Map();
+  const rows = await tx`
+    select r.id, r.outcome, r.billed, r.credits, r.reconciled_at is not null as reconciled, r.period_start,
+      coalesce(j.api, 'unknown') as api, coalesce(j.priority, 'UNKNOWN') as class
+    from reservations r left join jobs j on j.id = r.job_id
+    where r.id = any(${ids as string[]}::uuid[]) and r.settled_at is not null
+    order by r.id for update of r`;
+  return new Map(
+    rows.map((r) => [
+      r.id as string,
+      { outcome: r.outcome as string, billed: Number(r.billed ?? 0), credits: r.credits as number, reconciled: r.reconciled as boolean, periodStart: r.period_start as Date, api: r.api as string, jobClass: r.class as string },
+    ]),
+  );
+}
+
+/** A late settlement's bill for a reservation the sweeper settled: once (reconciled_at fences a second). */
+export async function reconcileReservation(tx: Tx, id: string, billed: number): Promise<void> {
+  await tx`update reservations set billed = ${billed}, reconciled_at = clock_timestamp() where id = ${id} and reconciled_at is null`;
+}
+
+/** Moves a tenant's billed credits for a period by `delta` (a late settlement's correction); refunds move the other way. */
+export async function correctLedger(tx: Tx, tenantId: string, periodStart: Date, delta: number): Promise<void> {
+  await tx`
+    update tenant_ledger set billed = billed + ${delta}, refunded = refunded - ${delta}
+    where tenant_id = ${tenantId} and period_start = ${periodStart}`;
+}
+
 /** Locks tenants' scheduler rows in id order (the lock order for any path touching several tenants). */
 export async function lockTenants(tx: Tx, tenantIds: readonly string[]): Promise<void> {
   if (tenantIds.length === 0) return;
