@@ -23,6 +23,7 @@
 import { DEFAULT_CATALOG, type ApiCatalog, type ApiSpec } from '../config/apis.ts';
 import { PLANS, type Plan } from '../config/plans.ts';
 import { encodeBatchResponse, parseBatchRequest, type BatchResultWire } from '../provider/batch-wire.ts';
+import { dedupKey } from '../dispatch/batching.ts';
 import { HEADER } from '../provider/headers.ts';
 import { generateData } from './data.ts';
 import {
@@ -120,6 +121,11 @@ export interface SimulatorStats {
   keys: Record<string, KeyStats>;
   /** Requests with a missing or unknown key. */
   unknownKeyCalls: number;
+  /**
+   * Credits billed per input (`billedInputKey(api, params)`), all keys together: the ground truth
+   * a test holds one job's creditsBilled against when every job has its own params.
+   */
+  creditsByInput: Record<string, number>;
   totals: {
     calls: number;
     httpRequests: number;
@@ -237,6 +243,11 @@ function isPrimaryKey(k: string) {
   return k.startsWith('apv_') && !k.startsWith('apv_sbk_');
 }
 
+/** The key of `SimulatorStats.creditsByInput`: the API and its params (key order does not matter). */
+export function billedInputKey(api: string, params: Record<string, unknown>): string {
+  return dedupKey(api, params);
+}
+
 export function createEngine(opts: SimulatorOptions = {}): Engine {
   const clock = opts.now ?? Date.now;
   const plan = PLANS[opts.plan ?? 'PRO'];
@@ -257,6 +268,7 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
   let accountInFlight = 0;
   let accountMaxConcurrency = 0;
   let unknownKeyCalls = 0;
+  const creditsByInput = new Map<string, number>();
   const keys = new Map<string, KeyState>();
 
   const rateCfg = (c: Conditions = cond): RateConfig => ({
@@ -424,10 +436,12 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
     return reply(k, now, status, errorBody(MESSAGES.credits), { slot, remaining, ...(retryAfter !== undefined ? { retryAfter } : {}) });
   }
 
-  function chargeOne(k: KeyState, cost: number) {
+  function chargeOne(k: KeyState, cost: number, api: string, params: Record<string, unknown>) {
     credits = bill(credits, cost);
     k.stats.billedCalls += 1;
     k.stats.creditsBilled += cost;
+    const input = billedInputKey(api, params);
+    creditsByInput.set(input, (creditsByInput.get(input) ?? 0) + cost);
   }
 
   return {
@@ -462,7 +476,7 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
       }
       const data = generateData(api, params);
       if (!data.ok) return reply(k, now, 400, errorBody(data.error), { slot, remaining, delayMs });
-      chargeOne(k, spec.creditCost);
+      chargeOne(k, spec.creditCost, api, params);
       return reply(k, now, 200, okBody(data.data), { slot, remaining, delayMs });
     },
 
@@ -503,7 +517,7 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
           if (missing.length) r = { id: item.id, status: 400, error: MESSAGES.missingParam(missing) };
           else if (data && !data.ok) r = { id: item.id, status: 400, error: data.error };
           else {
-            chargeOne(k, spec.creditCost);
+            chargeOne(k, spec.creditCost, api, item.params);
             r = { id: item.id, status: 200, data: data?.ok ? data.data : null };
           }
         }
@@ -575,6 +589,7 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
         },
         keys: out,
         unknownKeyCalls,
+        creditsByInput: Object.fromEntries(creditsByInput),
         totals,
       };
     },
@@ -582,6 +597,7 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
     resetStats() {
       epochMs = clock();
       unknownKeyCalls = 0;
+      creditsByInput.clear();
       accountMaxConcurrency = accountInFlight;
       for (const k of keys.values()) k.stats = newCounters(k.inFlight);
     },
