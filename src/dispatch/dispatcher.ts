@@ -339,13 +339,12 @@ export class Dispatcher {
       if (err instanceof sched.LeaseBusy) return LEASE_BUSY_RETRY_MS;
       throw err;
     }
-    leased = await this.markSent(w, leased);
-    // A probe admitted but not sent must not hold its API's breaker half-open forever.
-    const sent = new Set([...leased.singles.map((a) => a.job.data.api), ...leased.batches.map((b) => b.api)]);
-    for (const api of probes) if (!sent.has(api)) this.o.breakers.release(api);
-    for (const a of leased.singles) this.track(this.run(w, a));
-    for (const b of leased.batches) this.track(this.runBatch(w, b));
-    if (leased.singles.length + leased.batches.length > 0) return 0;
+    if (leased.singles.length + leased.batches.length > 0) {
+      // Marked sent and sent off the window's lease path: the next lease does not wait for the mark.
+      this.track(this.send(w, leased, probes));
+      return 0;
+    }
+    for (const api of probes) this.o.breakers.release(api);
     const [state] = await sched.readWindows(this.o.sql, [w.name]);
     if (!state) throw new Error(`window ${w.name} is not in the database`);
     // Credits exhausted: nothing leaves on any window until the renewal or an admin resumes.
@@ -426,18 +425,31 @@ export class Dispatcher {
   }
 
   /**
+   * Marks a lease's attempts sent (one statement), then sends what it marked. Resolves when all
+   * its calls have settled, so `stop()` waiting for it waits for them (each is tracked too: its end
+   * pokes the loops).
+   */
+  private async send(w: WindowSpec, leased: Leased, probes: readonly string[]): Promise<void> {
+    const { marked, unsent } = await this.markSent(w, leased);
+    // A probe admitted but not sent must not hold its API's breaker half-open forever.
+    const sent = new Set([...marked.singles.map((a) => a.job.data.api), ...marked.batches.map((b) => b.api)]);
+    for (const api of probes) if (!sent.has(api)) this.o.breakers.release(api);
+    const calls = [...marked.singles.map((a) => this.track(this.run(w, a))), ...marked.batches.map((b) => this.track(this.runBatch(w, b)))];
+    await Promise.allSettled([...calls, ...unsent]);
+  }
+
+  /**
    * The "sent" mark (migration 0026): ONE statement for every reservation
    * this lease returned, before any of their calls is sent. Returns what may
-   * be sent: the attempts it marked. The others are settled at once as never
+   * be sent (the attempts it marked) and the settlements of the others. The others are settled at once as never
    * sent (refunded, put back, not counted as an attempt): one not marked was
    * settled meanwhile (its lease expired first), and when the mark itself
    * fails we cannot know whether it committed, so nothing is sent (an expiry
    * that finds the mark bills by the timeout rule, and this settlement, late,
    * corrects it to 0: dispatch/late-settlement.ts).
    */
-  private async markSent(w: WindowSpec, leased: Leased): Promise<Leased> {
+  private async markSent(w: WindowSpec, leased: Leased): Promise<{ marked: Leased; unsent: Promise<void>[] }> {
     const all = [...leased.singles, ...leased.batches.flatMap((b) => b.items.flatMap((it) => it.attempts))];
-    if (all.length === 0) return leased;
     let marked: Set<string>;
     try {
       marked = await sched.markSent(this.o.sql, all.map((a) => a.reservationId));
@@ -447,17 +459,17 @@ export class Dispatcher {
     }
     const notSent = all.filter((a) => !marked.has(a.reservationId));
     const outcome: CallOutcome = { kind: 'server_error', httpStatus: null, creditsBilled: 0, data: null, message: 'not sent: the attempt could not be marked sent', status: null, retryAfterSeconds: 0, latencyMs: 0 };
-    for (const a of notSent) this.track(this.settle(w, a, outcome, { putBack: true }));
-    if (notSent.length === 0) return leased;
+    const unsent = notSent.map((a) => this.track(this.settle(w, a, outcome, { putBack: true })));
+    if (notSent.length === 0) return { marked: leased, unsent };
     const batches: BatchAttempt[] = [];
     for (const b of leased.batches) {
       const items = b.items.map((it) => ({ attempts: it.attempts.filter((a) => marked.has(a.reservationId)) })).filter((it) => it.attempts.length > 0);
       if (items.length > 0) batches.push({ api: b.api, items });
     }
-    return { singles: leased.singles.filter((a) => marked.has(a.reservationId)), batches };
+    return { marked: { singles: leased.singles.filter((a) => marked.has(a.reservationId)), batches }, unsent };
   }
 
-  private track(p: Promise<void>): void {
+  private track(p: Promise<void>): Promise<void> {
     const tracked = p
       .catch((err) => this.o.log.error({ err }, 'job run failed'))
       .finally(() => {
@@ -465,6 +477,7 @@ export class Dispatcher {
         this.poke();
       });
     this.inFlight.add(tracked);
+    return tracked;
   }
 
   private async run(w: WindowSpec, a: Attempt): Promise<void> {
