@@ -99,6 +99,8 @@ export async function reconcileLateSettlements(sql: Sql, items: readonly LateIte
     const expired = await sched.lockSettledReservations(tx, items.map((x) => x.reservationId));
     const todo = items.flatMap((x) => {
       const r = expired.get(x.reservationId);
+      // Gone: deleted with its tenant, or by retention. Nothing is left to correct; say so.
+      if (!r) log.warn({ jobId: x.jobId, reservationId: x.reservationId, late: { kind: x.outcome.kind, billed: x.billed } }, `late settlement of job ${x.jobId} found no reservation: nothing corrected`);
       return r ? [{ x, r }] : [];
     });
     if (todo.length === 0) return 0;
