@@ -9,7 +9,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import postgres from 'postgres';
-import { CLASSES } from '../src/queue/boss.ts';
+import { CLASSES } from '../src/config/classes.ts';
 import type { FlagReader } from './lib/args.ts';
 import { gql } from './lib/gql.ts';
 import { progress } from './lib/log.ts';

@@ -173,7 +173,6 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       deleteAfterSeconds: env.JOB_RETENTION_SECONDS,
       retryLimit: 10, // pg-boss's own retries only cover crash redelivery; Sluice counts upstream attempts itself
       retryDelaySeconds: 1,
-      heartbeatSeconds: env.JOB_HEARTBEAT_SECONDS,
       expireInSeconds: Math.max(60, Math.ceil((env.PROVIDER_TIMEOUT_MS / 1000) * 3)),
     };
     // Tenant keys, cached per process; the sluice_auth notice (sent in the changing transaction) and

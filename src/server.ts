@@ -17,10 +17,8 @@ import { WS_CLOSE, WsConnections } from './http/ws-auth.ts';
 import { useInputErrorCodes } from './graphql/input-errors-plugin.ts';
 import { authenticate, connectionAuthorization, type Context, type Services } from './graphql/context.ts';
 import { schema } from './graphql/schema.ts';
-// --- front door and metrics ---
 import { DEFAULT_QUERY_LIMITS, hardeningPlugins, type QueryLimits } from './http/hardening.ts';
 import type { Metrics } from './metrics.ts';
-// --- end front door and metrics ---
 import { serveOps, type OpsOptions } from './http/ops.ts';
 import { USAGE_CSV_PATH, serveUsageCsv } from './http/usage-csv.ts';
 import type { SubscriptionRegistry } from './events/subscriptions.ts';
@@ -36,14 +34,12 @@ export interface ServerOptions {
   /** Longest a request may wait (on the database) before it is answered 503 DATABASE_UNAVAILABLE; default 30000. */
   requestTimeoutMs?: number;
   development: boolean;
-  // --- front door and metrics ---
   /** Query depth/cost/alias/token limits (queryLimitsFromEnv); default DEFAULT_QUERY_LIMITS. */
   limits?: QueryLimits;
-  /** Serves GET /metrics and counts GraphQL requests; absent: /metrics answers 404. */
+  /** Counts GraphQL requests (served at /metrics through `ops`). */
   metrics?: Metrics;
-  // --- end front door and metrics ---
-  /** /healthz, /readyz and /metrics with METRICS_TOKEN (src/http/ops.ts); absent: /healthz and an open /metrics only. */
-  ops?: OpsOptions;
+  /** /healthz, /readyz and /metrics with METRICS_TOKEN (src/http/ops.ts): the one place they are served. */
+  ops: OpsOptions;
   /** graphql-ws caps and the sockets closed when keys change; absent: no caps. */
   subscriptions?: SubscriptionRegistry;
 }
@@ -69,7 +65,7 @@ function maskError(log: Logger, error: unknown, message: string, isDev?: boolean
   return yogaMaskError(error, message, isDev);
 }
 
-export function createGraphQL(opts: ServerOptions): YogaServerInstance<Record<string, unknown>, Context> {
+export function createGraphQL(opts: Omit<ServerOptions, 'ops'>): YogaServerInstance<Record<string, unknown>, Context> {
   return createYoga<Record<string, unknown>, Context>({
     schema,
     graphqlEndpoint: GRAPHQL_PATH,
@@ -139,23 +135,8 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
   const server = createServer(async (req, res) => {
     try {
       const url = new URL(req.url ?? '/', 'http://localhost');
-      if (opts.ops && (await serveOps(req, res, opts.ops))) return;
+      if (await serveOps(req, res, opts.ops)) return;
       if (url.pathname === USAGE_CSV_PATH && req.method === 'GET') return await serveUsageCsv(req, res, opts.services);
-      if (url.pathname === '/healthz') {
-        res.writeHead(200, { 'content-type': 'text/plain' }).end('ok');
-        return;
-      }
-      // --- metrics ---
-      if (url.pathname === '/metrics' && (req.method === 'GET' || req.method === 'HEAD')) {
-        if (!opts.metrics) {
-          res.writeHead(404, { 'content-type': 'text/plain' }).end('metrics are not enabled in this process');
-          return;
-        }
-        const { contentType, body } = await opts.metrics.render();
-        res.writeHead(200, { 'content-type': contentType }).end(req.method === 'HEAD' ? undefined : body);
-        return;
-      }
-      // --- end metrics ---
       if (await serveConsole(req, res, url.pathname)) return;
       if (url.pathname === '/' && req.method === 'GET') {
         res.writeHead(302, { location: GRAPHQL_PATH }).end();

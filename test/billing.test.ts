@@ -142,7 +142,7 @@ async function oneJob(api: TestApp, email: string): Promise<{ tenantId: string; 
 /** Leases every ready job on a window of the test's own, as a node would, with a 1 s attempt lease. */
 async function leaseDirectly(sql: postgres.Sql) {
   await unlimitedWindow(sql, 'billing-test');
-  const rows = await leaseJobs(sql, {
+  const { rows } = await leaseJobs(sql, {
     window: 'billing-test', nodeId: crypto.randomUUID(), pool: 10, max: 10, leaseMax: 10, classes: ['INTERACTIVE', 'STANDARD', 'BULK'], leaseSeconds: 1,
     costs: leaseCosts(DEFAULT_CATALOG), hold: [], batch: {}, batchMax: 1, batchQuantum: 1,
   });

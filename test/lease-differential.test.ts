@@ -6,8 +6,11 @@
  * non-batching APIs; the window's tokens and room; the class order, held
  * APIs, LEASE_MAX, BATCH_MAX, BATCH_QUANTUM), both pick the same jobs in the
  * same turns, group batch turns into the same calls (many tenants' turns may
- * share one), fail and block the same, and take the same slots. Real
- * Postgres, one call per run.
+ * share one), fail and block the same, and take the same slots; and leave the
+ * same state behind: credits reserved and in-flight counts per tenant, jobs
+ * WAITING_QUOTA, every queue's virtual time and ready mark (the lift of
+ * lagging queues included) and the class clocks. Real Postgres, one call per
+ * run.
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -15,7 +18,8 @@ import { randomUUID } from 'node:crypto';
 import fc from 'fast-check';
 import postgres from 'postgres';
 import type { PgBoss } from 'pg-boss';
-import { CLASSES, inTransaction, queueName, startBoss, type JobClass } from '../src/queue/boss.ts';
+import { inTransaction, queueName, startBoss } from '../src/queue/boss.ts';
+import { CLASSES, type JobClass } from '../src/config/classes.ts';
 import { planPicks, type LeaseInput, type LeaseJob } from '../src/scheduler/lease.ts';
 import { leaseJobs } from '../src/scheduler/store.ts';
 import { startTestApp, type TestApp } from './helpers/app.ts';
@@ -75,6 +79,8 @@ const caseArb = fc.record({
   hold: fc.subarray([...APIS], { maxLength: 2 }),
   batchMax: fc.constantFrom(1, 3, 200, 200),
   batchQuantum: fc.integer({ min: 1, max: 8 }),
+  // Class clocks (x 4): up to 15, so queues at their generated times (0-3) may lag by more than 8.
+  clocks4: fc.array(fc.integer({ min: 0, max: 60 }), { minLength: 3, maxLength: 3 }),
 });
 
 type Case = typeof caseArb extends fc.Arbitrary<infer T> ? T : never;
@@ -133,7 +139,9 @@ async function install(c: Case): Promise<LeaseInput> {
     batch: BATCH,
     batchMax: c.batchMax,
     batchQuantum: c.batchQuantum,
+    clocks: Object.fromEntries(CLASSES.map((x, k) => [x, c.clocks4[k]! / 4])),
   };
+  for (const [k, x] of CLASSES.entries()) await sql`update sched_classes set clock = ${c.clocks4[k]! / 4} where class = ${x}`;
   let seq = 0;
   for (let i = 0; i < TENANTS; i++) {
     const g = c.tenants[i]!;
@@ -178,13 +186,13 @@ async function install(c: Case): Promise<LeaseInput> {
   return input;
 }
 
-type Seen = Record<'leased' | 'multiTenant' | 'batched' | 'sharedCall' | 'failed' | 'blocked', number>;
+type Seen = Record<'leased' | 'multiTenant' | 'batched' | 'sharedCall' | 'failed' | 'blocked' | 'lifted', number>;
 
 /** One generated state through both: same turns, calls, failures, blocks, slots, claims. */
 async function sameAsModel(c: Case, seen: Seen): Promise<void> {
       const input = await install(c);
       const expected = planPicks(input);
-      const rows = await leaseJobs(sql, {
+      const { rows } = await leaseJobs(sql, {
         window: WINDOW,
         nodeId: randomUUID(),
         pool: c.room,
@@ -224,9 +232,26 @@ async function sameAsModel(c: Case, seen: Seen): Promise<void> {
       assert.equal(running, rows.length, 'claimed jobs');
       const active = (await sql`select count(*)::int as n from pgboss.job where name like 't.%' and state = 'active'`)[0]!.n as number;
       assert.equal(active, rows.length, 'pg-boss jobs activated');
+      // What the call leaves behind.
+      const ledger = await sql`select tenant_id, reserved::int from tenant_ledger where reserved <> 0`;
+      assert.deepEqual(Object.fromEntries(ledger.map((r) => [r.tenant_id as string, r.reserved as number])), expected.reserved, 'credits reserved per tenant');
+      const inFlight = await sql`select tenant_id, in_flight from sched_tenants where tenant_id = any(${tenantIds}::uuid[])`;
+      assert.deepEqual(Object.fromEntries(inFlight.map((r) => [r.tenant_id as string, r.in_flight as number])), expected.inFlight, 'in-flight per tenant');
+      const waiting = (await sql`select id from jobs where state = 'WAITING_QUOTA'`).map((r) => r.id as string).sort();
+      assert.deepEqual(waiting, [...expected.waitingQuota].sort(), 'WAITING_QUOTA marks');
+      const queues = await sql`select tenant_id, class, vtime, ready_at is not null as marked from sched_queues where tenant_id = any(${tenantIds}::uuid[])`;
+      for (const q of queues) {
+        const key = `${q.tenant_id}/${q.class}`;
+        assert.ok(Math.abs((q.vtime as number) - expected.vtimes[key]!) < 1e-9, `virtual time of ${key}: ${q.vtime} vs ${expected.vtimes[key]}`);
+        assert.equal(q.marked, expected.marked[key], `ready mark of ${key}`);
+        const before = input.queues.find((x) => `${x.tenantId}/${x.jobClass}` === key)!;
+        if (expected.vtimes[key] !== before.vtime && !actual.some((x) => `${x.tenantId}/${x.jobClass}` === key)) seen.lifted++;
+      }
+      const clocks = await sql`select class, clock from sched_classes where class = any(${c.classes as string[]}::text[])`;
+      for (const k of clocks) assert.ok(Math.abs((k.clock as number) - expected.clocks[k.class as JobClass]!) < 1e-9, `clock of ${k.class}`);
 }
 
-const none = (): Seen => ({ leased: 0, multiTenant: 0, batched: 0, sharedCall: 0, failed: 0, blocked: 0 });
+const none = (): Seen => ({ leased: 0, multiTenant: 0, batched: 0, sharedCall: 0, failed: 0, blocked: 0, lifted: 0 });
 // A fixed seed keeps CI deterministic (the coverage checks cannot flake); LEASE_DIFF_SEED=<n> explores other states.
 const seed = Number(process.env.LEASE_DIFF_SEED ?? 20261203);
 
@@ -234,7 +259,7 @@ test('sluice_lease picks what planPicks picks (100 generated states)', async () 
   const seen = none();
   await fc.assert(fc.asyncProperty(caseArb, (c) => sameAsModel(c, seen)), { numRuns: 100, seed });
   // The generator reaches the interesting cases, not only empty leases.
-  for (const k of ['leased', 'multiTenant', 'batched', 'failed', 'blocked'] as const) assert.ok(seen[k] >= 3, `${k}: ${seen[k]} of 100 runs`);
+  for (const k of ['leased', 'multiTenant', 'batched', 'failed', 'blocked', 'lifted'] as const) assert.ok(seen[k] >= 3, `${k}: ${seen[k]} of 100 runs`);
 });
 
 test('sluice_lease groups batch turns into calls as planPicks does (40 batch-heavy states)', async () => {

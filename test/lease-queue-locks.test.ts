@@ -49,8 +49,8 @@ async function queueOne(tenantId: string, vtime: number): Promise<string> {
   return id;
 }
 
-const lease = (tx: postgres.Sql | postgres.TransactionSql) =>
-  leaseJobs(tx, {
+const lease = async (tx: postgres.Sql | postgres.TransactionSql) =>
+  (await leaseJobs(tx, {
     window: WINDOW,
     nodeId: randomUUID(),
     pool: 10,
@@ -63,7 +63,7 @@ const lease = (tx: postgres.Sql | postgres.TransactionSql) =>
     batch: {},
     batchMax: 1,
     batchQuantum: 1,
-  });
+  })).rows;
 
 test('a lease passes over a queue whose row another transaction holds, and never deadlocks with it', async () => {
   const y = (await t.createTenant('first-served')).id;

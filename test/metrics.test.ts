@@ -10,6 +10,7 @@ import { createRequire } from 'node:module';
 import type { AddressInfo } from 'node:net';
 import { createClient } from 'graphql-ws';
 import WebSocket from 'ws';
+import type { Sql } from '../src/db/client.ts';
 import type { Services } from '../src/graphql/context.ts';
 import { createLogger } from '../src/log.ts';
 import { MAX_LABEL_VALUES, createMetrics, type GaugeSnapshot, type Metrics } from '../src/metrics.ts';
@@ -203,7 +204,9 @@ describe('metrics', () => {
     metrics.dispatched('primary', 'STANDARD', 3);
     // The route never touches services; the one graphql-ws operation is introspection by the admin (a hash compare).
     const services = { adminTokenHash: hashSecret('slcadm_metrics_test') } as Services;
-    const { server } = createHttpServer({ services, maxBodyBytes: 1 << 20, log: createLogger('silent'), development: false, metrics });
+    // ops.sql is read only by /readyz, which this test does not request.
+    const ops = { sql: undefined as unknown as Sql, expectedMigrations: 0, metrics };
+    const { server } = createHttpServer({ services, maxBodyBytes: 1 << 20, log: createLogger('silent'), development: false, metrics, ops });
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
     try {
       const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;

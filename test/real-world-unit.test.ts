@@ -14,7 +14,7 @@ import { isPostgresWriteAfterClose, isUnhandledConnectionLoss, postgresPatched }
 import { CommitGate } from '../src/http/deadline.ts';
 import { MAX_DOCUMENT_NESTING, maxNesting } from '../src/http/hardening.ts';
 import { badString, checkGetRequest, codedEmptyError, findBadString } from '../src/http/input.ts';
-import { authNoticePayload, parseAuthNotice } from '../src/http/ws-auth.ts';
+import { authNoticePayload, parseAuthNotice } from '../src/tenants/auth-notice.ts';
 import { validateJob } from '../src/jobs/validate.ts';
 import { buildCatalog } from '../src/config/apis.ts';
 import { loadEnv } from '../src/config/env.ts';

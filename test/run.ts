@@ -3,13 +3,22 @@
  * TEST_DATABASE_URL (a server where we may create databases) it uses that;
  * otherwise it starts an embedded Postgres in a temporary folder, so the
  * suite runs on a bare machine. Each test file creates its own database.
+ *
+ * The files run in Node's test runner (`run()`, one process per file, the spec
+ * reporter's output), and the run passes only if the counts check in
+ * test/lib/tally.ts does: every test each file declared reported a result, and
+ * every file's process finished its run and ended cleanly. It ends with the line
+ * `N passed, N failed, N skipped`.
  */
-import { spawn } from 'node:child_process';
 import { chmodSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { pipeline } from 'node:stream/promises';
+import { run } from 'node:test';
+import { spec } from 'node:test/reporters';
 import { startEmbeddedPostgres } from '../src/db/embedded.ts';
 import { TEST_DB_POOL_MAX } from './helpers/db.ts';
+import { judge, record, report, type Tally } from './lib/tally.ts';
 
 const root = path.dirname(path.dirname(new URL(import.meta.url).pathname));
 let adminUrl = process.env.TEST_DATABASE_URL;
@@ -36,16 +45,22 @@ const files = only.length > 0 ? only : readdirSync(path.join(root, 'test')).filt
 // otherwise disturb the timing-sensitive tests (fair shares, pacing) running beside them.
 const BROWSER = new Set(['console.test.ts', 'graphiql.test.ts']);
 const isBrowser = (f: string) => BROWSER.has(path.basename(f));
-const runFiles = (list: string[], concurrency: number): Promise<number> => {
-  if (list.length === 0) return Promise.resolve(0);
-  const child = spawn(process.execPath, ['--test', `--test-concurrency=${concurrency}`, '--test-timeout=120000', ...list], {
-    cwd: root,
-    stdio: 'inherit',
-    env: { DB_POOL_MAX: TEST_DB_POOL_MAX, ...process.env, TEST_DATABASE_URL: adminUrl, NODE_ENV: 'test' },
-  });
-  return new Promise((resolve) => child.on('exit', (c, signal) => resolve(c ?? (signal ? 1 : 0))));
+// NODE_TEST_CONTEXT tells a file's process how to report to its runner: run() sets it, and one
+// inherited from an enclosing test run (the runner's own test runs this) must not override it.
+const { NODE_TEST_CONTEXT: _, ...parentEnv } = process.env;
+const env = { DB_POOL_MAX: TEST_DB_POOL_MAX, ...parentEnv, TEST_DATABASE_URL: adminUrl, NODE_ENV: 'test' };
+const tally: Tally = new Map();
+const COUNTED = ['test:enqueue', 'test:pass', 'test:fail', 'test:complete', 'test:summary'] as const;
+const runFiles = async (list: string[], concurrency: number): Promise<void> => {
+  if (list.length === 0) return;
+  const stream = run({ files: list, cwd: root, concurrency, timeout: 120_000, isolation: 'process', env });
+  for (const type of COUNTED) stream.on(type, (data: unknown) => record(tally, { type, data }));
+  await pipeline(stream, spec(), process.stdout, { end: false });
 };
-const first = await runFiles(files.filter((f) => !isBrowser(f)), 2);
-const second = await runFiles(files.filter(isBrowser), 1);
+await runFiles(files.filter((f) => !isBrowser(f)), 2);
+await runFiles(files.filter(isBrowser), 1);
 await cleanup();
-process.exit(first || second);
+
+const verdict = judge(files.map((f) => path.resolve(root, f)), tally);
+for (const line of report(verdict, (f) => path.relative(root, f))) console.log(line);
+process.exit(verdict.ok ? 0 : 1);

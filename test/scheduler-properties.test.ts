@@ -12,7 +12,7 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
-import { CLASSES, type JobClass } from '../src/queue/boss.ts';
+import { CLASSES, type JobClass } from '../src/config/classes.ts';
 import { activationVtime, advance, classOrder, eligible, pickQueue, type Pick, type QueueCandidate } from '../src/scheduler/fair.ts';
 import { msUntilTokens, takeable, tokensAt, type BucketState } from '../src/scheduler/pacer.ts';
 import { planWindows } from '../src/scheduler/windows.ts';

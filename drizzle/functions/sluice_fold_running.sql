@@ -7,6 +7,7 @@
 -- worker processes). It locks the rows it will fold in key order with SKIP LOCKED and folds only
 -- their deltas: a held row's deltas wait for the next round (readers add unfolded deltas, so no
 -- reader sees a wrong count meanwhile), and a transaction that never waits closes no cycle.
+-- The count is not clamped at zero: folding more leaves than entries raises (CHECK running >= 0).
 CREATE OR REPLACE FUNCTION sluice_fold_running()
  RETURNS integer
  LANGUAGE plpgsql
@@ -21,7 +22,7 @@ BEGIN
     d AS (DELETE FROM sched_running_deltas r USING l WHERE r.tenant_id = l.tenant_id AND r.class = l.class
           RETURNING r.tenant_id, r.class, r.n),
     g AS (SELECT tenant_id, class, sum(n)::int AS n, count(*)::int AS c FROM d GROUP BY tenant_id, class),
-    u AS (UPDATE sched_queues q SET running = greatest(0, q.running + g.n) FROM g WHERE q.tenant_id = g.tenant_id AND q.class = g.class RETURNING 1)
+    u AS (UPDATE sched_queues q SET running = q.running + g.n FROM g WHERE q.tenant_id = g.tenant_id AND q.class = g.class RETURNING 1)
   SELECT coalesce(sum(c), 0) INTO folded FROM g;
   RETURN folded;
 END $function$;

@@ -26,10 +26,21 @@
 -- virtual times and idle marks, ledger, reservations), then the class clocks, then the lift of
 -- ready queues lagging the new clock by more than 8 (a queue passed over while capped, held or
 -- locked, or marked ready at a stale clock, gets no credit for it: otherwise it is served alone
--- until it catches up), and last the window row, ONCE, with a conditional update: when another
--- node took the tokens or slots meanwhile the whole call rolls back with SQLSTATE SL409 and the
--- dispatcher decides again. One lease per window runs at a time (a transaction-scoped try-lock;
--- a second call returns at once).
+-- until it catches up), and last the window row, ONCE, with a conditional update.
+--
+-- Contention is a result, not an error (an ERROR per busy call filled Postgres's log: ~1,600
+-- lines in two minutes with three workers). One lease per window runs at a time (a
+-- transaction-scoped try-lock): a second call returns at once one row with no job and status
+-- 'busy'. When the window's row no longer allows the take at the end (a provider signal paused
+-- or stopped it, or the account stopped, while the call ran: only leases take tokens and slots,
+-- under the try-lock), everything the call wrote is undone and it returns one row with status
+-- 'changed'; the dispatcher decides again. The undo needs a savepoint: the function's block has
+-- an exception handler for exactly that case (SL409, raised and caught here, never sent to the
+-- client or the log), which costs one subtransaction per call. Job rows carry status 'leased'.
+--
+-- Counters are never clamped: a window whose in-flight count plus the slots given back would go
+-- below zero (more released than taken) raises check_violation instead of leasing on a wrong
+-- count (a clamp hid a double release until quiescence).
 --
 -- Lock order (docs/ARCHITECTURE.md): the window's try-lock -> sched_tenants (waited for only for
 -- the first, holding nothing; then SKIP LOCKED) -> pgboss.job (SKIP LOCKED) -> jobs ->
@@ -44,7 +55,7 @@
 -- 100 rows and hashed it against a scan of the whole table). No JIT: disabled paths cost 1e10 in
 -- the planner's arithmetic, which would pass jit_above_cost and compile every call (300 ms).
 CREATE OR REPLACE FUNCTION sluice_lease(p_window text, p_node uuid, p_pool integer, p_max integer, p_lease_max integer, p_classes text[], p_lease_seconds integer, p_costs jsonb, p_hold text[], p_batch jsonb, p_batch_max integer, p_batch_quantum integer)
- RETURNS TABLE(turn integer, reservation_id uuid, job_id uuid, attempt integer, tenant_id uuid, class text, queue text, data jsonb, credits integer, batched boolean, window_slot boolean, call integer)
+ RETURNS TABLE(turn integer, reservation_id uuid, job_id uuid, attempt integer, tenant_id uuid, class text, queue text, data jsonb, credits integer, batched boolean, window_slot boolean, call integer, status text)
  LANGUAGE plpgsql
  SET enable_sort TO 'off'
  SET enable_bitmapscan TO 'off'
@@ -145,9 +156,11 @@ DECLARE
   pk_call int[] := '{}';
   n_pk int := 0;
 BEGIN
-  -- One lease per window at a time, without waiting (SL423): see the header.
+  -- One lease per window at a time, without waiting: a busy window is a result (see the header).
   IF NOT pg_try_advisory_xact_lock(hashtext('sluice_lease'), hashtext(p_window)) THEN
-    RAISE EXCEPTION 'sluice_lease: another lease of window % is under way', p_window USING ERRCODE = 'SL423';
+    RETURN QUERY SELECT NULL::int, NULL::uuid, NULL::uuid, NULL::int, NULL::uuid, NULL::text, NULL::text, NULL::jsonb, NULL::int,
+      NULL::boolean, NULL::boolean, NULL::int, 'busy'::text;
+    RETURN;
   END IF;
   SELECT x.*, CASE WHEN x.rate_per_minute IS NULL THEN NULL
       ELSE least(x.burst, x.tokens + greatest(0, extract(epoch FROM (clock_timestamp() - x.refilled_at))) * x.rate_per_minute / 60.0) END AS now_tokens
@@ -160,7 +173,11 @@ BEGIN
   tok := CASE WHEN now_tokens IS NULL THEN 2147483647 ELSE floor(now_tokens + 1e-9)::int END;
   -- Slots settlements gave back since the last lease (window_slot_deltas) count as free.
   SELECT coalesce(sum(d.n), 0)::int INTO pending FROM window_slot_deltas d WHERE d."window" = p_window;
-  room := p_pool - greatest(0, w.in_flight + pending);
+  IF w.in_flight + pending < 0 THEN
+    RAISE EXCEPTION 'sluice_lease: window % has % calls in flight: more pool slots released than taken', p_window, w.in_flight + pending
+      USING ERRCODE = 'check_violation';
+  END IF;
+  room := p_pool - (w.in_flight + pending);
   cur_v := array_fill('-infinity'::float8, ARRAY[cardinality(p_classes)]);
   cur_t := array_fill('00000000-0000-0000-0000-000000000000'::uuid, ARRAY[cardinality(p_classes)]);
   m_low := array_fill('infinity'::float8, ARRAY[cardinality(p_classes)]);
@@ -479,7 +496,7 @@ BEGIN
     a AS (
       UPDATE pgboss.job j SET completed_on = pgboss.job_now(), state = 'completed', output = NULL
       FROM g WHERE j.name = g.e->>'queue' AND j.id = (g.e->>'id')::uuid AND j.state = 'active' RETURNING 1)
-    UPDATE sched_tenants st SET in_flight = greatest(0, st.in_flight - d.n)
+    UPDATE sched_tenants st SET in_flight = st.in_flight - d.n
       FROM (SELECT (g.e->>'tenant')::uuid AS tenant_id, count(*)::int AS n FROM g GROUP BY 1) d
       WHERE st.tenant_id = d.tenant_id;
     SELECT count(*) FILTER (WHERE (o->>'slot')::boolean)::int INTO slots FROM jsonb_array_elements(out_rows) o;
@@ -523,18 +540,24 @@ BEGIN
   -- The hot row, once per call and last: only if the tokens and slots are still there.
   UPDATE windows x SET
       tokens = CASE WHEN x.rate_per_minute IS NULL THEN 0 ELSE least(x.burst, x.tokens + greatest(0, extract(epoch FROM (clock_timestamp() - x.refilled_at))) * x.rate_per_minute / 60.0) - tokens_used END,
-      refilled_at = clock_timestamp(), in_flight = greatest(0, x.in_flight + pending) + slots
+      refilled_at = clock_timestamp(), in_flight = x.in_flight + pending + slots
     WHERE x.name = p_window
       AND (x.paused_until IS NULL OR x.paused_until <= clock_timestamp())
       AND NOT EXISTS (SELECT 1 FROM account_state a WHERE a.dispatch_stopped_until > clock_timestamp())
       AND (x.rate_per_minute IS NULL OR least(x.burst, x.tokens + greatest(0, extract(epoch FROM (clock_timestamp() - x.refilled_at))) * x.rate_per_minute / 60.0) >= tokens_used - 1e-9)
-      AND greatest(0, x.in_flight + pending) + slots <= p_pool;
+      AND x.in_flight + pending + slots <= p_pool;
   IF NOT FOUND THEN
+    -- Undone by the handler below, which returns status 'changed'.
     RAISE EXCEPTION 'sluice_lease: window % changed under the lease', p_window USING ERRCODE = 'SL409';
   END IF;
   PERFORM pg_notify('sluice_job_events', jsonb_build_object('jobId', o->>'id', 'tenantId', o->>'tenant', 'state', 'RUNNING')::text)
     FROM jsonb_array_elements(out_rows) o;
   RETURN QUERY SELECT (o->>'turn')::int, (o->>'rid')::uuid, (o->>'id')::uuid, (o->>'attempt')::int, (o->>'tenant')::uuid, o->>'class',
-      o->>'queue', o->'data', (o->>'cost')::int, (o->>'batched')::boolean, (o->>'slot')::boolean, (o->>'call')::int
+      o->>'queue', o->'data', (o->>'cost')::int, (o->>'batched')::boolean, (o->>'slot')::boolean, (o->>'call')::int, 'leased'::text
     FROM jsonb_array_elements(out_rows) o;
+EXCEPTION WHEN SQLSTATE 'SL409' THEN
+  -- The window changed under the call: its writes are rolled back to the block's start (no rows
+  -- were returned yet: they are the call's last step). Contention, so a result.
+  RETURN QUERY SELECT NULL::int, NULL::uuid, NULL::uuid, NULL::int, NULL::uuid, NULL::text, NULL::text, NULL::jsonb, NULL::int,
+    NULL::boolean, NULL::boolean, NULL::int, 'changed'::text;
 END $function$;

@@ -2,7 +2,8 @@
 -- reservations just settled by sluice_settle_reservations held: the tenants' cap slots (rows locked
 -- in id order), the ledger's reserved credits (billed ones added), and the window's pool slots,
 -- appended to window_slot_deltas instead of updating the window's hot row (the next lease folds
--- them). Returns the reservations settled.
+-- them). Returns the reservations settled. Counters are not clamped: releasing more than was taken
+-- raises (CHECK in_flight >= 0, reserved >= 0).
 -- settled: what sluice_settle_reservations returned.
 CREATE OR REPLACE FUNCTION sluice_release_settled(settled jsonb)
  RETURNS SETOF uuid
@@ -16,7 +17,7 @@ BEGIN
   PERFORM 1 FROM sched_tenants t
     WHERE t.tenant_id IN (SELECT (x->>'tenant_id')::uuid FROM jsonb_array_elements(settled) x)
     ORDER BY t.tenant_id FOR UPDATE;
-  UPDATE sched_tenants t SET in_flight = greatest(0, t.in_flight - d.n)
+  UPDATE sched_tenants t SET in_flight = t.in_flight - d.n
     FROM (SELECT (x->>'tenant_id')::uuid AS tenant_id, count(*)::int AS n FROM jsonb_array_elements(settled) x GROUP BY 1) d
     WHERE t.tenant_id = d.tenant_id;
   UPDATE tenant_ledger l SET reserved = l.reserved - d.credits, billed = l.billed + d.billed,

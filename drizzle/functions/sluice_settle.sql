@@ -5,6 +5,8 @@
 -- window_slot_deltas instead of updating the window's hot row (the next lease folds them). Returns
 -- the reservations it settled. Its two halves are sluice_settle_reservations and
 -- sluice_release_settled (sluice_settle_group runs the events between them).
+-- Counters are not clamped: releasing more than was taken raises (CHECK in_flight >= 0, reserved
+-- >= 0). The bill alone is clamped to [0, credits]: an input from the provider, not a counter.
 -- outcomes: [{"id", "billed", "outcome"}, ...]
 CREATE OR REPLACE FUNCTION sluice_settle(outcomes jsonb)
  RETURNS SETOF uuid

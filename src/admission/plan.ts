@@ -5,7 +5,7 @@
  * The service reads the inputs under the gate, calls this, and writes what
  * it says; see jobs/service.ts.
  */
-import type { JobClass } from '../queue/boss.ts';
+import type { JobClass } from '../config/classes.ts';
 import { admit, type Refusal } from './rules.ts';
 
 export interface PlannedJob {

@@ -9,7 +9,7 @@
  * whole; a refusal says how many jobs must drain first (Retry-After is computed
  * from that only when refusing), or that the submission can never fit.
  */
-import type { JobClass } from '../queue/boss.ts';
+import type { JobClass } from '../config/classes.ts';
 
 export interface AdmissionInput {
   /** Jobs of this submission per class. */

@@ -13,7 +13,7 @@
  */
 import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
-import type { JobClass } from '../queue/boss.ts';
+import type { JobClass } from '../config/classes.ts';
 
 type Tx = Sql | postgres.TransactionSql;
 

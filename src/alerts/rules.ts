@@ -2,7 +2,7 @@
  * Which alerts should be active, from the system's state: pure. The sweeper
  * compares this with the alerts table and raises or clears the difference.
  */
-import type { JobClass } from '../queue/boss.ts';
+import type { JobClass } from '../config/classes.ts';
 
 export type Severity = 'page' | 'warning';
 

@@ -1,4 +1,6 @@
-import { CLASSES, type JobClass } from '../queue/boss.ts';
+/** The priority classes, highest first: the lowest sheds first. */
+export const CLASSES = ['INTERACTIVE', 'STANDARD', 'BULK'] as const;
+export type JobClass = (typeof CLASSES)[number];
 
 /** Parses `BULK=0.7,STANDARD=0.9` (a number per class); throws naming a bad entry. */
 export function parseClassNumbers(text: string): Partial<Record<JobClass, number>> {

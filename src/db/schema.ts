@@ -139,7 +139,8 @@ export const schedTenants = pgTable(
     suspended: boolean('suspended').notNull().default(false),
   },
   // The sweeper's round reads only the blocked tenants (migration 0021).
-  (t) => [index('sched_tenants_quota_blocked_idx').on(t.tenantId).where(sql`${t.quotaBlocked}`)],
+  // Counters are never clamped: releasing a slot not taken raises here instead of hiding (0027).
+  (t) => [index('sched_tenants_quota_blocked_idx').on(t.tenantId).where(sql`${t.quotaBlocked}`), check('sched_tenants_in_flight_check', sql`${t.inFlight} >= 0`)],
 );
 
 /** One row per (tenant, class) queue: its virtual time and when it next has ready work. */
@@ -163,6 +164,9 @@ export const schedQueues = pgTable(
     // Busy queues by virtual time, ties by tenant id: the lease's fair order (sluice_lease, 0013)
     // walks it, so a decision never reads idle tenants (0016 dropped its (class, vtime) prefix twin).
     index('sched_queues_fair_idx').on(t.jobClass, t.vtime, t.tenantId).where(sql`${t.readyAt} is not null`),
+    // Counters are never clamped: a delta below zero raises (0027).
+    check('sched_queues_depth_check', sql`${t.depth} >= 0`),
+    check('sched_queues_running_check', sql`${t.running} >= 0`),
   ],
 );
 
@@ -203,7 +207,9 @@ export const admissionReservations = pgTable(
 );
 
 /** One upstream rate window (key): its pacer bucket, pause and in-flight count, shared by every node. */
-export const windows = pgTable('windows', {
+export const windows = pgTable(
+  'windows',
+  {
   name: text('name').primaryKey(),
   /** Paced calls per minute; null = unlimited (no pacer). */
   ratePerMinute: doublePrecision('rate_per_minute'),
@@ -217,7 +223,10 @@ export const windows = pgTable('windows', {
   latencyP50Ms: doublePrecision('latency_p50_ms'),
   latencyP95Ms: doublePrecision('latency_p95_ms'),
   updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
-});
+  },
+  // Folded in_flight is never clamped: more slots released than taken raises (0027).
+  (t) => [check('windows_in_flight_check', sql`${t.inFlight} >= 0`)],
+);
 
 /** Billed and reserved credits per tenant and quota period (I4: billed + reserved <= quota). */
 export const tenantLedger = pgTable(
@@ -231,7 +240,11 @@ export const tenantLedger = pgTable(
     reserved: bigint('reserved', { mode: 'number' }).notNull().default(0),
     refunded: bigint('refunded', { mode: 'number' }).notNull().default(0),
   },
-  (t) => [primaryKey({ columns: [t.tenantId, t.periodStart] })],
+  (t) => [
+    primaryKey({ columns: [t.tenantId, t.periodStart] }),
+    // Never clamped: a settlement releasing credits not reserved raises (0027).
+    check('tenant_ledger_counts_check', sql`${t.billed} >= 0 and ${t.reserved} >= 0 and ${t.refunded} >= 0`),
+  ],
 );
 
 /** Credits held for one dispatched attempt, and the in-flight slots it occupies; settled exactly once (I5). */
@@ -254,9 +267,9 @@ export const reservations = pgTable(
     windowSlot: boolean('window_slot').notNull().default(true),
     /** The attempt lease (the one liveness authority): refreshed by the attempt's node; once past, the sweeper settles it. */
     leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }).notNull().defaultNow(),
-    /** Set by its node, one statement per lease, before the call is sent (0026): unset at expiry = refunded, never sent. */
+    /** Set by its node, one statement per lease, before the call is sent (0028): unset at expiry = refunded, never sent. */
     sentAt: timestamp('sent_at', { withTimezone: true }),
-    /** A late settlement corrected the expiry's settlement (0026): at most once. */
+    /** A late settlement corrected the expiry's settlement (0028): at most once. */
     reconciledAt: timestamp('reconciled_at', { withTimezone: true }),
   },
   (t) => [

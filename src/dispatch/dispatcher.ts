@@ -36,11 +36,13 @@ import { WORK_CHANNEL } from '../jobs/service.ts';
 import { requeueJob, upsertResult, type ResultRecord } from '../jobs/store.ts';
 import { reactionTo } from '../provider/classify.ts';
 import type { BatchOutcome, CallOutcome, ProviderClient } from '../provider/types.ts';
-import { reinsertJobs, type JobClass } from '../queue/boss.ts';
+import { reinsertJobs } from '../queue/boss.ts';
+import { type JobClass } from '../config/classes.ts';
 import { classOrder } from '../scheduler/fair.ts';
 import { leaseBatchSpecs, leaseCosts } from '../scheduler/lease.ts';
 import { billedCredits } from '../scheduler/ledger.ts';
 import { msUntilTokens, takeable } from '../scheduler/pacer.ts';
+import { reactionOrder, requeueOrder } from '../scheduler/lock-order.ts';
 import { LatencyTracker, poolSize } from '../scheduler/pool.ts';
 import * as sched from '../scheduler/store.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
@@ -149,9 +151,6 @@ const LEASE_CALL_MAX = 256;
 
 /** How long a loop waits when another node's lease of its window is under way (a poke wakes it sooner). */
 const LEASE_BUSY_RETRY_MS = 10;
-
-/** The window changed under us between the read and the take (another node was faster): decide again. */
-class LostRace extends Error {}
 
 export class Dispatcher {
   private readonly o: DispatcherOptions;
@@ -290,7 +289,6 @@ export class Dispatcher {
         const wait = await this.dispatchOnce(w);
         if (wait > 0) await this.sleep(wait);
       } catch (err) {
-        if (err instanceof LostRace) continue;
         this.o.log.error({ err, window: w.name }, 'dispatch failed');
         await this.sleep(this.o.idlePollMs);
       }
@@ -305,7 +303,7 @@ export class Dispatcher {
    * to know how long to wait.
    */
   private async dispatchOnce(w: WindowSpec): Promise<number> {
-    // One lease per window at a time (sluice_lease would refuse a second, SL423): this process's
+    // One lease per window at a time (sluice_lease would answer a second 'busy'): this process's
     // other loops wait here, without a round trip, until a settlement or the lease's end pokes them.
     if (this.leasing.has(w.name)) return this.o.idlePollMs;
     this.leasing.add(w.name);
@@ -328,16 +326,19 @@ export class Dispatcher {
       if (v === 'hold') hold.push(api);
       else if (v === 'probe') probes.push(api);
     }
-    let leased: Leased;
+    let leased: Leased | 'busy' | 'changed';
     try {
       leased = await this.lease(w, pool, order, hold);
     } catch (err) {
       for (const api of probes) this.o.breakers.release(api);
-      if (err instanceof sched.LeaseRace) throw new LostRace();
-      // Another loop (here or on another node) is leasing this window: it fills the room; wake on
-      // its settlements' poke, or look again shortly.
-      if (err instanceof sched.LeaseBusy) return LEASE_BUSY_RETRY_MS;
       throw err;
+    }
+    if (leased === 'busy' || leased === 'changed') {
+      for (const api of probes) this.o.breakers.release(api);
+      // Another loop (here or on another node) is leasing this window: it fills the room; wake on
+      // its settlements' poke, or look again shortly. Changed: the window moved under the call
+      // (a pause, a stop), which wrote nothing: decide again at once.
+      return leased === 'busy' ? LEASE_BUSY_RETRY_MS : 0;
     }
     if (leased.singles.length + leased.batches.length > 0) {
       // Marked sent and sent off the window's lease path: the next lease does not wait for the mark.
@@ -361,12 +362,12 @@ export class Dispatcher {
    * share it) are one batch call (each tenant's items deduplicated), the
    * rest single calls.
    */
-  private async lease(w: WindowSpec, pool: number, order: readonly JobClass[], hold: readonly string[]): Promise<Leased> {
+  private async lease(w: WindowSpec, pool: number, order: readonly JobClass[], hold: readonly string[]): Promise<Leased | 'busy' | 'changed'> {
     const { catalog } = this.o;
     // The reservations' leases start inside the call, after this instant.
     const deadline = Date.now() + this.leaseMs();
     const batchMax = this.o.batchMax ?? 1;
-    const rows = await sched.leaseJobs(this.o.sql, {
+    const { status, rows } = await sched.leaseJobs(this.o.sql, {
       window: w.name,
       nodeId: this.o.nodeId,
       pool,
@@ -380,6 +381,7 @@ export class Dispatcher {
       batchMax,
       batchQuantum: this.o.batchQuantum,
     });
+    if (status !== 'leased') return status;
     const out: Leased = { singles: [], batches: [] };
     // Per batch call (many tenants' turns may share one): the call and its items by tenant and input,
     // so a duplicate finds its item at once. Inputs fold within a tenant only: each tenant is billed
@@ -439,7 +441,7 @@ export class Dispatcher {
   }
 
   /**
-   * The "sent" mark (migration 0026): ONE statement for every reservation
+   * The "sent" mark (migration 0028): ONE statement for every reservation
    * this lease returned, before any of their calls is sent. Returns what may
    * be sent (the attempts it marked) and the settlements of the others. The others are settled at once as never
    * sent (refunded, put back, not counted as an attempt): one not marked was
@@ -684,10 +686,20 @@ export class Dispatcher {
       const settling = items.filter((x) => live.has(x.a.reservationId));
       await sched.lockTenants(tx, settling.map((x) => x.a.job.data.tenantId));
       const events: JobEvent[] = [];
-      for (const x of settling) if (x.s.plan.action === 'requeue') events.push(...(await this.requeue(tx, x.a, x.outcome, x.s)));
+      // In queue key order (tenant id, class): each requeue moves its queue's depth (the trigger
+      // locks the row), and a submission group locks its queues in that order too.
+      const requeues = settling.filter((x) => x.s.plan.action === 'requeue');
+      for (const i of requeueOrder(requeues.map((x) => ({ tenantId: x.a.job.data.tenantId, jobClass: x.a.jobClass, id: x.a.job.id })))) {
+        const x = requeues[i]!;
+        events.push(...(await this.requeue(tx, x.a, x.outcome, x.s)));
+      }
       await sched.settleGroup(tx, settling.map(groupItem));
-      // A provider signal is about the account, whoever's attempt carried it: react even when superseded.
-      for (const u of units) for (const o of u.reactions) await this.react(tx, u.w, o);
+      // A provider signal is about the account, whoever's attempt carried it: react even when
+      // superseded. Windows (by name) before account_state: the lock order.
+      const reactions = units.flatMap((u) => u.reactions.map((o) => ({ window: u.w, o })));
+      for (const i of reactionOrder(reactions.map((r) => ({ window: r.window.name, account: r.o.kind === 'credits_exhausted' })))) {
+        await this.react(tx, reactions[i]!.window, reactions[i]!.o);
+      }
       await publishJobEvents(tx, events);
       return live;
     });

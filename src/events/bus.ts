@@ -9,7 +9,7 @@
  * An event of a final state carries the job's row as it commits (read by the
  * statement that sends the NOTIFY, inside the same transaction), so a process
  * delivers it to all its subscribers without reading anything: a read per
- * event per process was what made fan-out slow (issue 13). A row too big for
+ * event per process was what made fan-out slow. A row too big for
  * a NOTIFY payload travels as ids only, and each process then reads it ONCE
  * for all the subscribers the event wakes (`jobOf`).
  */

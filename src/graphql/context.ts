@@ -14,7 +14,7 @@ import type { KeyCache } from '../tenants/key-cache.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
 import type { CommitGate } from '../http/deadline.ts';
 import type { LifecycleDeps } from '../tenants/lifecycle.ts';
-import type { JobClass } from '../queue/boss.ts';
+import type { JobClass } from '../config/classes.ts';
 
 export type Auth =
   | { kind: 'anonymous' }
@@ -36,7 +36,7 @@ export interface Services {
   /** The windows (keys) and the classes they carry. */
   windows: readonly WindowSpec[];
   adminTokenHash: string;
-  queuePolicy: { retryLimit: number; retryDelaySeconds: number; heartbeatSeconds: number; expireInSeconds: number };
+  queuePolicy: { retryLimit: number; retryDelaySeconds: number; expireInSeconds: number };
   /** What suspendTenant, resumeTenant and deleteTenant need (pg-boss to drop queues). */
   lifecycle: LifecycleDeps;
   /** CLASS_AGE_PROMISE_SECONDS: how old a class's oldest job may grow (shown beside its age). */

@@ -11,18 +11,16 @@
  *
  * Revocation contract: whoever revokes or deletes keys sends
  * `pg_notify('sluice_auth', '{"tenantId":"<id>"}')` in the same transaction
- * (notifyAuthChanged). Every node LISTENs; on a notification it re-validates
+ * (notifyAuthChanged, src/tenants/auth-notice.ts). Every node LISTENs; on a notification it re-validates
  * the open connections of that tenant against the database and closes the
  * ones whose key no longer authenticates as that tenant. After the LISTEN
  * connection comes back (a Postgres outage), every connection is re-validated,
  * since a notification may have been missed meanwhile.
  */
-import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
 import { isTransientOutage } from '../db/availability.ts';
 import type { Auth } from '../graphql/context.ts';
-
-export const AUTH_CHANNEL = 'sluice_auth';
+import { AUTH_CHANNEL, parseAuthNotice } from '../tenants/auth-notice.ts';
 
 export const WS_CLOSE = {
   unauthorized: 4401,
@@ -30,26 +28,6 @@ export const WS_CLOSE = {
   tryAgainLater: 1013,
   goingAway: 1001,
 } as const;
-
-/** The notice's payload (the contract other modules send). Pure. */
-export function authNoticePayload(tenantId: string): string {
-  return JSON.stringify({ tenantId });
-}
-
-/** Sends the revocation notice for a tenant, inside the transaction that revoked or deleted its keys. */
-export async function notifyAuthChanged(tx: Sql | postgres.TransactionSql, tenantId: string): Promise<void> {
-  await tx`select pg_notify(${AUTH_CHANNEL}, ${authNoticePayload(tenantId)})`;
-}
-
-/** Parses a notification payload; null when it is not ours. Pure. */
-export function parseAuthNotice(payload: string): { tenantId: string } | null {
-  try {
-    const v = JSON.parse(payload) as { tenantId?: unknown };
-    return typeof v?.tenantId === 'string' ? { tenantId: v.tenantId } : null;
-  } catch {
-    return null;
-  }
-}
 
 interface Closable {
   close(code: number, reason: string): void;

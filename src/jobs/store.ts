@@ -8,7 +8,8 @@
  */
 import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
-import { queueName, type JobClass } from '../queue/boss.ts';
+import { queueName } from '../queue/boss.ts';
+import { type JobClass } from '../config/classes.ts';
 import type { ValidJob } from './validate.ts';
 import { BOSS_QUEUE_DEFAULTS } from '../queue/insert.ts';
 

@@ -5,7 +5,7 @@
  */
 import type { ApiCatalog } from '../config/apis.ts';
 import { SluiceError } from '../errors.ts';
-import { CLASSES, type JobClass } from '../queue/boss.ts';
+import { CLASSES, type JobClass } from '../config/classes.ts';
 import { badString } from '../http/input.ts';
 
 export interface JobInput {

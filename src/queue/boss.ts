@@ -8,9 +8,8 @@
 import { PgBoss } from 'pg-boss';
 import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
+import { CLASSES, type JobClass } from '../config/classes.ts';
 
-export const CLASSES = ['INTERACTIVE', 'STANDARD', 'BULK'] as const;
-export type JobClass = (typeof CLASSES)[number];
 
 /** `t.<tenantId>.<class>`; pg-boss names must match [\w.\-/]. */
 export function queueName(tenantId: string, jobClass: JobClass): string {
@@ -20,12 +19,6 @@ export function queueName(tenantId: string, jobClass: JobClass): string {
 export interface QueuePolicy {
   retryLimit: number;
   retryDelaySeconds: number;
-  /**
-   * Not given to pg-boss any more: an attempt's liveness is its attempt lease
-   * (reservations.lease_expires_at), the one authority; pg-boss's heartbeat
-   * expiry must not re-deliver a live attempt. Kept for the config's shape.
-   */
-  heartbeatSeconds: number;
   /** Upper bound on one attempt, whatever the heartbeat says. */
   expireInSeconds: number;
   /** pg-boss deletes finished jobs after this long: JOB_RETENTION_SECONDS, so it agrees with our retention. */

@@ -13,7 +13,7 @@
  * that a lower class whose oldest ready job has waited longer than its
  * maximum wait is served first, so nothing starves.
  */
-import { CLASSES, type JobClass } from '../queue/boss.ts';
+import { CLASSES, type JobClass } from '../config/classes.ts';
 
 export interface QueueCandidate {
   tenantId: string;

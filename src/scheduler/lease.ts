@@ -36,12 +36,22 @@
  *   more for this call;
  * - fair share counts jobs: the queue's virtual time advances by the jobs it
  *   took / weight (a batch of 50 costs 50 items), and the class clock becomes
- *   the largest virtual time served.
+ *   the largest virtual time served (a queue's time when it was picked).
+ *
+ * And what the call leaves behind (the differential test compares it too):
+ * the credits reserved and the cap slots taken per tenant; the jobs of a
+ * tenant newly blocked (policy WAIT) that were not claimed, now
+ * WAITING_QUOTA; the ready marks (a queue with nothing pg-boss would hand out
+ * keeps a mark only while jobs wait in it; a blocked tenant's queues lose
+ * theirs; a queue that claimed its last waiting job goes idle); every queue's
+ * virtual time after the call, including the lift: once the picks are made,
+ * each served class's marked queues lagging its new clock by more than
+ * LAG_SLACK are lifted to the clock.
  */
 import type { ApiCatalog } from '../config/apis.ts';
 import { batchSpec, batchTake, stableStringify } from '../dispatch/batching.ts';
 import { fitCount } from './ledger.ts';
-import type { JobClass } from '../queue/boss.ts';
+import type { JobClass } from '../config/classes.ts';
 
 /** Credits per API for the lease (unknown APIs cost 1). */
 export function leaseCosts(catalog: ApiCatalog): Record<string, number> {
@@ -64,6 +74,8 @@ export interface LeaseQueue {
   vtime: number;
   /** Has work ready now (sched_queues.ready_at <= now). */
   ready: boolean;
+  /** Marked at all (ready_at not null, maybe later than now); default: `ready`. The lift reads it. */
+  marked?: boolean;
 }
 
 export interface LeaseTenant {
@@ -106,6 +118,8 @@ export interface LeaseInput {
   batch: Readonly<Record<string, readonly [number, number]>>;
   batchMax: number;
   batchQuantum: number;
+  /** Each class's clock before the call (default 0). */
+  clocks?: Partial<Record<JobClass, number>>;
 }
 
 export interface LeaseTurn {
@@ -127,7 +141,22 @@ export interface LeasePicks {
   /** Window pool slots and tokens the call takes. */
   slots: number;
   tokens: number;
+  /** Credits the call reserved, per tenant served. */
+  reserved: Record<string, number>;
+  /** Every tenant's in-flight count after the call. */
+  inFlight: Record<string, number>;
+  /** Jobs now WAITING_QUOTA: the unclaimed jobs of the tenants this call blocked. */
+  waitingQuota: string[];
+  /** Every queue's virtual time after the call (`${tenantId}/${class}`), the lift included. */
+  vtimes: Record<string, number>;
+  /** Every queue's ready mark after the call (ready_at not null). */
+  marked: Record<string, boolean>;
+  /** Each class's clock after the call. */
+  clocks: Partial<Record<JobClass, number>>;
 }
+
+/** A ready queue lagging its class clock by more than this is lifted to the clock after the call. */
+export const LAG_SLACK = 8;
 
 const INT_MAX = 2147483647;
 
@@ -136,7 +165,14 @@ export function planPicks(input: LeaseInput): LeasePicks {
   const tenants = new Map(input.tenants.map((t) => [t.tenantId, { ...t }]));
   const queues = input.queues.map((q) => ({ ...q }));
   const left = new Map(Object.entries(input.jobs).map(([k, v]) => [k, [...v]]));
-  const out: LeasePicks = { turns: [], failed: [], blocked: [], slots: 0, tokens: 0 };
+  const out: LeasePicks = { turns: [], failed: [], blocked: [], slots: 0, tokens: 0, reserved: {}, inFlight: {}, waitingQuota: [], vtimes: {}, marked: {}, clocks: {} };
+  const keyOf = (q: { tenantId: string; jobClass: JobClass }) => `${q.tenantId}/${q.jobClass}`;
+  // Ready marks, and each queue's waiting jobs as the database counts them during the call (the
+  // picks are claimed after the last turn, so they still count until then).
+  const marked = new Map(queues.map((q) => [keyOf(q), q.marked ?? q.ready]));
+  const depth = new Map(queues.map((q) => [keyOf(q), (input.jobs[keyOf(q)] ?? []).length]));
+  const claimed = new Map<string, number>();
+  const served = new Map<JobClass, number>();
   const tok = input.tokens === Number.POSITIVE_INFINITY ? INT_MAX : Math.floor(input.tokens + 1e-9);
   const skip = new Set<string>();
   // The call's open batch per API: the call (its first turn's number) and its items so far.
@@ -181,6 +217,8 @@ export function planPicks(input: LeaseInput): LeasePicks {
     // Fewer ready jobs than the take (of any API): nothing more for this call after this turn.
     const exhausted = jobs.length < take && !batched;
     if (jobs.length === 0) {
+      // Nothing to hand out: marked again for when its earliest job is due, while jobs wait.
+      marked.set(key, depth.get(key)! > 0);
       skip.add(key);
       continue;
     }
@@ -195,10 +233,15 @@ export function planPicks(input: LeaseInput): LeasePicks {
       if (t.quotaPolicy === 'FAIL') {
         out.failed.push(over.id);
         left.set(key, left.get(key)!.filter((j) => j.id !== over.id));
+        depth.set(key, depth.get(key)! - 1);
       } else {
         t.quotaBlocked = true;
         out.blocked.push(t.tenantId);
-        for (const x of queues) if (x.tenantId === t.tenantId) x.ready = false;
+        for (const x of queues) {
+          if (x.tenantId !== t.tenantId) continue;
+          x.ready = false;
+          marked.set(keyOf(x), false);
+        }
       }
       skip.add(key);
       jobs = jobs.slice(0, fit);
@@ -225,11 +268,36 @@ export function planPicks(input: LeaseInput): LeasePicks {
       out.tokens += jobs.length;
     }
     out.turns.push({ tenantId: t.tenantId, jobClass: q.jobClass, jobIds: jobs.map((j) => j.id), batched, call });
+    served.set(q.jobClass, Math.max(served.get(q.jobClass) ?? Number.NEGATIVE_INFINITY, q.vtime));
+    claimed.set(key, (claimed.get(key) ?? 0) + jobs.length);
+    out.reserved[t.tenantId] = (out.reserved[t.tenantId] ?? 0) + costs.slice(0, jobs.length).reduce((a, b) => a + b, 0);
     q.vtime = q.vtime + jobs.length / t.weight;
     t.used = used;
     t.inFlight += jobs.length;
     taken += jobs.length;
     if (exhausted) skip.add(key);
+  }
+  // After the last turn: the claims (a queue that claimed its last waiting job goes idle), the
+  // class clocks, and the lift of lagging marked queues in the classes served.
+  for (const [key, n] of claimed) {
+    depth.set(key, depth.get(key)! - n);
+    if (depth.get(key) === 0) marked.set(key, false);
+  }
+  for (const x of input.classes) {
+    const before = input.clocks?.[x] ?? 0;
+    out.clocks[x] = served.has(x) ? Math.max(before, served.get(x)!) : before;
+  }
+  for (const q of queues) {
+    const clock = out.clocks[q.jobClass];
+    if (served.has(q.jobClass) && clock !== undefined && marked.get(keyOf(q)) && q.vtime < clock - LAG_SLACK) q.vtime = clock;
+    out.vtimes[keyOf(q)] = q.vtime;
+    out.marked[keyOf(q)] = marked.get(keyOf(q))!;
+  }
+  for (const t of tenants.values()) out.inFlight[t.tenantId] = t.inFlight;
+  const blocked = new Set(out.blocked);
+  const claimedIds = new Set(out.turns.flatMap((x) => x.jobIds));
+  for (const [key, jobs] of Object.entries(input.jobs)) {
+    if (blocked.has(key.slice(0, key.indexOf('/')))) for (const j of jobs) if (!claimedIds.has(j.id) && !out.failed.includes(j.id)) out.waitingQuota.push(j.id);
   }
   return out;
 }

@@ -17,7 +17,8 @@ import type { PgBoss } from 'pg-boss';
 import type { Logger } from 'pino';
 import { publishJobEvents } from '../events/bus.ts';
 import { failWaitingJob, upsertResult } from '../jobs/store.ts';
-import { inTransaction, queueName, type JobClass } from '../queue/boss.ts';
+import { inTransaction, queueName } from '../queue/boss.ts';
+import { type JobClass } from '../config/classes.ts';
 import { markQueuesReady } from './store.ts';
 
 export const LOST_JOB_CODE = 'QUEUE_ENTRY_LOST';

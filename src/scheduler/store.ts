@@ -17,7 +17,7 @@
 import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
 import { finishItem, type FinishedJob } from '../jobs/store.ts';
-import { CLASSES, type JobClass } from '../queue/boss.ts';
+import { CLASSES, type JobClass } from '../config/classes.ts';
 import { effectiveLimits, type TenantRecord } from '../tenants/policy.ts';
 import type { BucketState } from './pacer.ts';
 import type { WindowSpec } from './windows.ts';
@@ -159,19 +159,6 @@ export async function tenantSchedState(sql: Tx, tenantId: string): Promise<{ inF
   return r ? { inFlight: r.in_flight as number, cap: r.cap as number, weight: r.weight as number, quotaBlocked: r.quota_blocked as boolean, suspended: r.suspended as boolean } : null;
 }
 
-/** Locks the tenant's scheduler row (serializing its submissions) and returns its waiting jobs. */
-export async function lockTenantDepth(tx: Tx, tenantId: string): Promise<number> {
-  await tx`select 1 from sched_tenants where tenant_id = ${tenantId} for update`;
-  const [r] = await tx`select coalesce(sum(depth), 0)::int as n from sched_queues where tenant_id = ${tenantId}`;
-  return r!.n as number;
-}
-
-/** Waiting jobs per class across all tenants, from the exact depth counters. */
-export async function globalDepthByClass(sql: Tx): Promise<Partial<Record<JobClass, number>>> {
-  const rows = await sql`select class, sum(depth)::int as n from sched_queues where depth > 0 group by class`;
-  return Object.fromEntries(rows.map((r) => [r.class, r.n as number]));
-}
-
 /**
  * Folds the RUNNING deltas the job triggers appended into sched_queues.running
  * (drizzle/functions/sluice_fold_running.sql; the sweeper calls it every round). Returns the deltas folded.
@@ -214,11 +201,19 @@ export async function readBreakers(sql: Tx): Promise<Array<{ api: string; state:
 
 /* ---------- the lease ---------- */
 
-/** sluice_lease found the window's tokens or slots gone meanwhile (a pause, another node): decide again. */
-export class LeaseRace extends Error {}
+/**
+ * How a lease call ended. `busy`: another lease of the window was under way (sluice_lease does not
+ * wait for it): lease again soon. `changed`: the window was paused or stopped, or its tokens taken,
+ * while the call ran (a provider signal); the call wrote nothing: decide again. Both are normal
+ * contention, returned as results (no statement error, no ERROR line in Postgres's log).
+ */
+export type LeaseStatus = 'leased' | 'busy' | 'changed';
 
-/** Another lease of the window is under way (sluice_lease does not wait for it): lease again soon. */
-export class LeaseBusy extends Error {}
+export interface LeaseResult {
+  status: LeaseStatus;
+  /** The jobs leased (empty unless `leased`; may be empty then too: nothing eligible). */
+  rows: LeaseRow[];
+}
 
 export interface LeaseRow {
   /** The turn that took it: one queue's jobs. */
@@ -258,20 +253,15 @@ export interface LeaseRequest {
  * lease.ts planPicks): fair order across tenants, caps, quotas, the window's
  * tokens and pool, pg-boss activation, claims and reservations, in one call.
  */
-export async function leaseJobs(sql: Tx, r: LeaseRequest): Promise<LeaseRow[]> {
-  let rows;
-  try {
-    rows = await sql`
-      select * from sluice_lease(${r.window}, ${r.nodeId}, ${r.pool}, ${r.max}, ${r.leaseMax}, ${r.classes as string[]}::text[],
-        ${r.leaseSeconds}, ${sql.json(r.costs)}::jsonb, ${r.hold as string[]}::text[], ${sql.json(r.batch as never)}::jsonb,
-        ${r.batchMax}, ${r.batchQuantum})`;
-  } catch (err) {
-    const code = (err as { code?: string }).code;
-    if (code === 'SL409') throw new LeaseRace();
-    if (code === 'SL423') throw new LeaseBusy();
-    throw err;
-  }
-  return rows.map((x) => ({
+export async function leaseJobs(sql: Tx, r: LeaseRequest): Promise<LeaseResult> {
+  const rows = await sql`
+    select * from sluice_lease(${r.window}, ${r.nodeId}, ${r.pool}, ${r.max}, ${r.leaseMax}, ${r.classes as string[]}::text[],
+      ${r.leaseSeconds}, ${sql.json(r.costs)}::jsonb, ${r.hold as string[]}::text[], ${sql.json(r.batch as never)}::jsonb,
+      ${r.batchMax}, ${r.batchQuantum})`;
+  // A call that leased nothing because of contention says so in one row without a job.
+  const status = rows.length === 1 && rows[0]!.job_id === null ? (rows[0]!.status as LeaseStatus) : 'leased';
+  if (status !== 'leased') return { status, rows: [] };
+  return { status, rows: rows.map((x) => ({
     turn: x.turn as number,
     reservationId: x.reservation_id as string,
     jobId: x.job_id as string,
@@ -284,7 +274,7 @@ export async function leaseJobs(sql: Tx, r: LeaseRequest): Promise<LeaseRow[]> {
     batched: x.batched as boolean,
     windowSlot: x.window_slot as boolean,
     call: (x.call as number | null) ?? null,
-  }));
+  })) };
 }
 
 /* ---------- settlement ---------- */
@@ -330,11 +320,6 @@ export async function settleGroup(sql: Tx, items: readonly SettleGroupItem[]): P
   const rows = items.map((x) => ({ rid: x.id, tenant: x.tenantId, billed: x.billed, outcome: x.outcome, ...(x.finish ? { finish: finishItem(x.finish) } : {}) }));
   const out = await sql`select sluice_settle_group(${sql.json(rows as never)}::jsonb) as id`;
   return new Set(out.map((r) => r.id as string));
-}
-
-/** One reservation; false when it was settled already. */
-export async function settleReservation(tx: Tx, id: string, billed: number, outcome: string): Promise<boolean> {
-  return (await settleReservations(tx, [{ id, billed, outcome }])).has(id);
 }
 
 /**
@@ -426,7 +411,7 @@ export async function refreshLeases(sql: Tx, ids: readonly string[], leaseSecond
 }
 
 /**
- * The "sent" mark (migration 0026): ONE statement for all the reservations a
+ * The "sent" mark (migration 0028): ONE statement for all the reservations a
  * lease returned, before their calls are sent. Returns the ids it marked; the
  * node sends only those (one missing was settled meanwhile: its lease
  * expired). All rows of one call share the statement's `now()`, so the
@@ -502,10 +487,13 @@ export async function publishProviderStatus(sql: Tx, s: { remainingCredits: numb
 
 /** An admin's resumeDispatch: lifts the account stop, and the stop of key-unusable windows (all, or one). */
 export async function resumeDispatch(sql: Tx, window: string | null): Promise<void> {
-  await sql`update account_state set dispatch_stopped_until = null, stop_reason = null where id = 1`;
+  // Lock order: windows (by name) before account_state, as every other path takes them.
   await sql`
-    update windows set paused_until = null, pause_reason = null, updated_at = now()
-    where pause_reason = 'KEY_UNUSABLE' and (${window}::text is null or name = ${window})`;
+    update windows w set paused_until = null, pause_reason = null, updated_at = now()
+    from (select name from windows where pause_reason = 'KEY_UNUSABLE' and (${window}::text is null or name = ${window})
+          order by name for update) l
+    where w.name = l.name`;
+  await sql`update account_state set dispatch_stopped_until = null, stop_reason = null where id = 1`;
 }
 
 /* ---------- windows ---------- */
@@ -537,7 +525,7 @@ export async function readWindows(sql: Tx, names?: readonly string[]): Promise<W
   const rows = await sql`
     select w.*, clock_timestamp() as db_now, a.dispatch_stopped_until,
       -- slots settlements gave back that the next lease has not folded yet (window_slot_deltas)
-      greatest(0, w.in_flight + coalesce((select sum(d.n) from window_slot_deltas d where d."window" = w.name), 0))::int as in_flight_now
+      (w.in_flight + coalesce((select sum(d.n) from window_slot_deltas d where d."window" = w.name), 0))::int as in_flight_now
     from windows w
     left join account_state a on a.id = 1
     where ${names ? sql`w.name = any(${names as string[]}::text[])` : sql`true`} order by w.name`;
@@ -624,9 +612,4 @@ export async function unblockQuota(tx: Tx, tenantId: string): Promise<number> {
   const classes = [...new Set(rows.map((r) => r.priority as JobClass))];
   await markQueuesReady(tx, tenantId, classes);
   return rows.length;
-}
-
-export async function isQuotaBlocked(tx: Tx, tenantId: string): Promise<boolean> {
-  const [row] = await tx`select quota_blocked from sched_tenants where tenant_id = ${tenantId}`;
-  return Boolean(row?.quota_blocked);
 }

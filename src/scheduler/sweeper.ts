@@ -24,9 +24,11 @@ import { syncAlerts, type AlertRow } from '../alerts/store.ts';
 import type { Sql } from '../db/client.ts';
 import { publishJobEvents } from '../events/bus.ts';
 import { releaseLostJobs } from '../jobs/store.ts';
-import { queueName, reinsertJobs, type JobClass } from '../queue/boss.ts';
+import { queueName, reinsertJobs } from '../queue/boss.ts';
+import { type JobClass } from '../config/classes.ts';
 import { quotaPeriod } from '../tenants/policy.ts';
 import { expirySettlement } from './ledger.ts';
+import { compareQueueKeys } from './lock-order.ts';
 import * as sched from './store.ts';
 
 /** Arbitrary, fixed: only one process evaluates alerts at a time. */
@@ -142,7 +144,9 @@ export class Sweeper {
           g.jobs.push(j);
           byQueue.set(queue, g);
         }
-        for (const [queue, g] of byQueue) {
+        // Queue key order (tenant id, class), as every multi-row writer of sched_queues takes them
+        // (releaseLostJobs' depth trigger has locked these rows already, in that order).
+        for (const [queue, g] of [...byQueue].sort(([, a], [, b]) => compareQueueKeys(a, b))) {
           await reinsertJobs(boss, tx, queue, g.jobs.map((j) => ({ id: j.id, data: { tenantId: j.tenantId, api: j.api, params: j.params } })));
           await sched.markQueuesReady(tx, g.tenantId, [g.jobClass]);
         }

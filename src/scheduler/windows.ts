@@ -7,7 +7,7 @@
  * window live requests depend on), and everything else shares the primary.
  */
 import { PLANS, type PlanName } from '../config/plans.ts';
-import { CLASSES, type JobClass } from '../queue/boss.ts';
+import { CLASSES, type JobClass } from '../config/classes.ts';
 import { defaultBurst, pacedRate } from './pacer.ts';
 
 export interface WindowSpec {

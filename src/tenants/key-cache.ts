@@ -28,7 +28,7 @@
  * are stale at most until the change's notice is delivered.
  */
 import type { Sql } from '../db/client.ts';
-import { AUTH_CHANNEL, parseAuthNotice } from '../http/ws-auth.ts';
+import { AUTH_CHANNEL, parseAuthNotice } from './auth-notice.ts';
 import type { TenantRecord } from './policy.ts';
 
 interface Entry {

@@ -22,9 +22,10 @@ import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
 import { SluiceError } from '../errors.ts';
 import { publishJobEvents } from '../events/bus.ts';
-import { CLASSES, queueName, type JobClass } from '../queue/boss.ts';
+import { queueName } from '../queue/boss.ts';
+import { CLASSES, type JobClass } from '../config/classes.ts';
 import { markQueuesReady } from '../scheduler/store.ts';
-import { notifyAuthChanged } from '../http/ws-auth.ts';
+import { notifyAuthChanged } from './auth-notice.ts';
 import { WORK_CHANNEL } from '../jobs/service.ts';
 
 export interface LifecycleDeps {

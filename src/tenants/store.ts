@@ -9,7 +9,7 @@ import type { TierName } from '../config/tiers.ts';
 import { SluiceError } from '../errors.ts';
 import { generateSecret, hashSecret, TENANT_KEY_PREFIX } from './keys.ts';
 import type { TenantRecord } from './policy.ts';
-import { AUTH_CHANNEL, authNoticePayload } from '../http/ws-auth.ts';
+import { AUTH_CHANNEL, authNoticePayload } from './auth-notice.ts';
 
 type Row = typeof tenants.$inferSelect;
 

@@ -86,16 +86,6 @@ export async function usageHistory(sql: Tx, q: UsageQuery): Promise<UsageRow[]> 
   });
 }
 
-/** Billed credits in history for one ledger period (what I10 compares with tenant_ledger.billed). */
-export async function historyBilledForPeriod(sql: Tx, tenantId: string, periodStart: Date): Promise<number> {
-  const [r] = await sql`
-    select coalesce(sum(credits_billed), 0)::bigint as billed from (
-      select credits_billed from usage_hourly where tenant_id = ${tenantId} and period_start = ${periodStart}
-      union all
-      select credits_billed from usage_deltas where tenant_id = ${tenantId} and period_start = ${periodStart}) u`;
-  return Number(r!.billed);
-}
-
 /**
  * Folds up to `limit` delta rows into usage_hourly in one statement: the
  * deleted deltas and the added hours commit together, so a reader adding both

@@ -64,14 +64,6 @@ export async function tenantPage(sql: Sql, q: TenantPageQuery): Promise<{ ids: s
   return { ids: rows.map((r) => r.id as string), totalCount: rows.length ? Number(rows[0]!.total) : 0 };
 }
 
-/** Calls dispatched per window over the last `seconds` (one per item sent, as the pacer counts), per second. */
-export async function windowCallRates(sql: Sql, seconds = 10): Promise<Map<string, number>> {
-  const rows = await sql`
-    select "window", count(*)::int as n from reservations
-    where created_at > clock_timestamp() - make_interval(secs => ${seconds}) group by "window"`;
-  return new Map(rows.map((r) => [r.window as string, (r.n as number) / seconds]));
-}
-
 export interface TenantRowStatus {
   /** Per class as in `me.queues`, without the drain estimate (three reads per busy class: too dear for a table). */
   queues: Array<Omit<QueueStatus, 'estimatedDrainSeconds'> & { estimatedDrainSeconds: null }>;

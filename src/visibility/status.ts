@@ -6,10 +6,10 @@
  */
 import { activeAlerts, type AlertRow } from '../alerts/store.ts';
 import { isTransientOutage } from '../db/availability.ts';
+import type { Sql } from '../db/client.ts';
 import type { Services } from '../graphql/context.ts';
-import { CLASSES, type JobClass } from '../queue/boss.ts';
+import { CLASSES, type JobClass } from '../config/classes.ts';
 import * as sched from '../scheduler/store.ts';
-import { windowCallRates } from './console.ts';
 import { drainSeconds, waitReason, type WaitReason } from '../scheduler/waits.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../tenants/policy.ts';
 
@@ -211,4 +211,12 @@ async function* poll<T>(read: () => Promise<T>, intervalMs: number, signal: Abor
       signal.addEventListener('abort', onAbort, { once: true });
     });
   }
+}
+
+/** Calls dispatched per window over the last `seconds` (one per item sent, as the pacer counts), per second. */
+export async function windowCallRates(sql: Sql, seconds = 10): Promise<Map<string, number>> {
+  const rows = await sql`
+    select "window", count(*)::int as n from reservations
+    where created_at > clock_timestamp() - make_interval(secs => ${seconds}) group by "window"`;
+  return new Map(rows.map((r) => [r.window as string, (r.n as number) / seconds]));
 }

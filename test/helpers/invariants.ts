@@ -65,7 +65,31 @@ export async function assertQuiescent(sql: postgres.Sql): Promise<void> {
   assert.equal(tenants!.n, 0, 'no tenant slot left taken');
   const [windows] = await sql`select (coalesce((select sum(in_flight) from windows), 0) + coalesce((select sum(n) from window_slot_deltas), 0))::int as n`;
   assert.equal(windows!.n, 0, 'no window slot left taken');
+  await assertCountersMatchRows(sql);
   await assertJobsBilledAsLedger(sql);
+}
+
+/**
+ * The scheduler's counters equal the rows they count (true after every commit, not only at
+ * quiescence): each queue's depth its waiting jobs, its running count (plus unfolded deltas) its
+ * RUNNING jobs, each tenant's in-flight count its open reservations. A double release used to be
+ * clamped at zero and still sum to 0 at quiescence; the CHECK constraints (0027) now refuse a
+ * negative count, and this sees a count that is wrong in either direction.
+ */
+export async function assertCountersMatchRows(sql: postgres.Sql): Promise<void> {
+  const queues = await sql`
+    select q.tenant_id, q.class, q.depth, q.running + coalesce((select sum(n) from sched_running_deltas d where d.tenant_id = q.tenant_id and d.class = q.class), 0)::int as running,
+      (select count(*) from jobs j where j.tenant_id = q.tenant_id and j.priority = q.class and j.state in ('QUEUED', 'WAITING_QUOTA'))::int as waiting,
+      (select count(*) from jobs j where j.tenant_id = q.tenant_id and j.priority = q.class and j.state = 'RUNNING')::int as running_jobs
+    from sched_queues q`;
+  for (const q of queues) {
+    assert.equal(q.depth, q.waiting, `queue ${q.tenant_id}/${q.class}: depth counter = waiting jobs`);
+    assert.equal(q.running, q.running_jobs, `queue ${q.tenant_id}/${q.class}: running counter = RUNNING jobs`);
+  }
+  const tenants = await sql`
+    select t.tenant_id, t.in_flight, (select count(*) from reservations r where r.tenant_id = t.tenant_id and r.settled_at is null)::int as open
+    from sched_tenants t`;
+  for (const t of tenants) assert.equal(t.in_flight, t.open, `tenant ${t.tenant_id}: in-flight counter = open reservations`);
 }
 
 /** I6/I7: every job ended (or waits), has at most one result row, and pg-boss holds nothing unacknowledged. */

@@ -31,9 +31,10 @@ export async function queueJobs(sql: postgres.Sql, tenantIds: readonly string[],
 }
 
 /** One lease on `window`: pool 50, up to 256 jobs, every class, no batching, dnslookup at 1 credit. */
-export function leaseOnce(sql: postgres.Sql, window: string): Promise<LeaseRow[]> {
-  return leaseJobs(sql, {
+export async function leaseOnce(sql: postgres.Sql, window: string): Promise<LeaseRow[]> {
+  const { rows } = await leaseJobs(sql, {
     window, nodeId: randomUUID(), pool: 50, max: 256, leaseMax: 8, classes: ['INTERACTIVE', 'STANDARD', 'BULK'], leaseSeconds: 30,
     costs: { dnslookup: 1 }, hold: [], batch: {}, batchMax: 1, batchQuantum: 1,
   });
+  return rows;
 }

@@ -114,7 +114,6 @@ export function crashTestEnv(
     APIVERVE_CONCURRENT_CALLS: '100',
     NODE_TIMEOUT_SECONDS: '2',
     SWEEP_INTERVAL_MS: '200',
-    JOB_HEARTBEAT_SECONDS: '10',
     TIMEOUT_BILLING: 'billed',
     ...extra,
   };

@@ -2,7 +2,7 @@ import { GraphQLError } from 'graphql';
 import { FINAL_STATES, JOB_STATES, countJobs, finishedSince, getJob, listJobs, type JobRow } from '../../jobs/store.ts';
 import { RESYNC } from '../../events/bus.ts';
 import { isTransientOutage } from '../../db/availability.ts';
-import { CLASSES } from '../../queue/boss.ts';
+import { CLASSES } from '../../config/classes.ts';
 import { SluiceError } from '../../errors.ts';
 import { builder, role } from '../builder.ts';
 import { tenantOf } from '../context.ts';
