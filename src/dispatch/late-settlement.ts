@@ -89,9 +89,10 @@ export interface LateItem {
 }
 
 /**
- * Reconciles late settlements in one transaction. Lock order: reservations,
- * tenants (id order), then per job its waiting pg-boss row and its jobs row,
- * job_results, tenant_ledger. Returns how many it reconciled.
+ * Reconciles late settlements in one transaction. Lock order: reservations
+ * (id order), the jobs' result rows (job id order: the bill), tenants (id
+ * order), then per tenant and job its waiting pg-boss row and its jobs row,
+ * the result, the ledger. Returns how many it reconciled.
  */
 export async function reconcileLateSettlements(sql: Sql, items: readonly LateItem[], log: Logger): Promise<number> {
   if (items.length === 0) return 0;
@@ -104,17 +105,24 @@ export async function reconcileLateSettlements(sql: Sql, items: readonly LateIte
       return r ? [{ x, r }] : [];
     });
     if (todo.length === 0) return 0;
+    const lateOf = (x: LateItem): LateOutcome => ({ attempt: x.attempt, billed: x.billed, billedIsGuess: x.outcome.billedIsGuess === true, reaction: reactionTo(x.outcome) });
+    // The jobs' bills first, in job id order, under the reservations' locks and before the tenants'
+    // rows, as a settlement group takes them (a job leased again may be settling right now: its
+    // group holds the job's result row, then waits for the tenant). The bill does not depend on
+    // the job's state.
+    todo.sort((a, b) => (a.x.jobId < b.x.jobId ? -1 : a.x.jobId > b.x.jobId ? 1 : 0));
+    for (const { x, r } of todo) {
+      const bill = planLateSettlement(r, null, lateOf(x));
+      if (bill.action === 'reconcile' && bill.billedDelta !== 0) await addJobCredits(tx, x.jobId, bill.billedDelta);
+    }
     await sched.lockTenants(tx, todo.map(({ x }) => x.tenantId));
+    // Then per tenant (id order), its jobs in id order: waiting jobs, the ledger, history.
+    todo.sort((a, b) => (a.x.tenantId < b.x.tenantId ? -1 : a.x.tenantId > b.x.tenantId ? 1 : 0));
     const events: JobEvent[] = [];
     let reconciled = 0;
     for (const { x, r } of todo) {
       const job = await jobStateOf(tx, x.jobId);
-      const plan = planLateSettlement(r, job, {
-        attempt: x.attempt,
-        billed: x.billed,
-        billedIsGuess: x.outcome.billedIsGuess === true,
-        reaction: reactionTo(x.outcome),
-      });
+      const plan = planLateSettlement(r, job, lateOf(x));
       if (plan.action === 'none') {
         log.debug({ jobId: x.jobId, reservationId: x.reservationId, why: plan.why }, 'settlement found its reservation settled: nothing to reconcile');
         continue;
@@ -131,7 +139,6 @@ export async function reconcileLateSettlements(sql: Sql, items: readonly LateIte
       }
       await sched.reconcileReservation(tx, x.reservationId, plan.billed);
       if (plan.billedDelta !== 0) {
-        await addJobCredits(tx, x.jobId, plan.billedDelta);
         await sched.correctLedger(tx, x.tenantId, r.periodStart, plan.billedDelta);
         await addUsageCorrection(tx, {
           tenantId: x.tenantId,
