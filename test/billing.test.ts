@@ -348,3 +348,63 @@ describe('a worker SIGKILLed mid-call', () => {
     await assertLedgerBalances(sql);
   });
 });
+
+describe('a worker frozen mid-call (SIGSTOP) while another takes its job over', () => {
+  let db: { url: string; drop(): Promise<void> };
+  let sql: postgres.Sql;
+  let sim: Simulator;
+  const nodes: NodeProcess[] = [];
+
+  before(async () => {
+    db = await createTestDatabase();
+    sql = postgres(db.url, { max: 2, onnotice: () => {} });
+    sim = await startSimulator({ plan: 'PRO', ratePerMinute: 6000, latencyMs: 2500, latencyP95Ms: 2500, concurrentCalls: 100, seed: 6 });
+  });
+  after(async () => {
+    for (const n of nodes) if (n.child.signalCode === 'SIGSTOP' || n.child.exitCode === null) n.child.kill('SIGCONT');
+    await Promise.all(nodes.map((n) => n.stop('SIGKILL')));
+    await sql.end();
+    await sim.stop();
+    await db.drop();
+  });
+
+  test('its settlement, late after the expiry, is reconciled through the dispatcher: logged with the job id, billed as the provider billed', async () => {
+    const env = crashTestEnv(sim, db.url, 6000, { INITIAL_LATENCY_MS: '2500', ATTEMPT_LEASE_SECONDS: '1', BATCH_MAX: '1' });
+    const apiNode = await startNode('api', env);
+    nodes.push(apiNode);
+    const { createTenant } = await gqlAt(apiNode.url!, `mutation($i: CreateTenantInput!) { createTenant(input: $i) { tenant { id } apiKey } }`, { i: { name: 'frozen', tier: 'PRO' } });
+    const frozen = await startNode('worker', env);
+    nodes.push(frozen);
+    const email = 'frozen@example.com';
+    const { submitJobs } = await gqlAt(apiNode.url!, SUBMIT_MANY, { i: { jobs: [{ api: 'emailvalidator', params: { email } }] } }, createTenant.apiKey);
+    const jobId = submitJobs.jobs[0].id as string;
+    // Its call has reached the provider (billed on arrival, answered after 2.5 s): freeze the worker.
+    await eventually(async () => sim.stats().account.inFlight === 1, 30_000, 20);
+    frozen.child.kill('SIGSTOP');
+    // Another worker's sweeper finds the lease expired (billed by the timeout rule) and runs the job again.
+    nodes.push(await startNode('worker', env));
+    await eventually(async () => {
+      const [j] = await sql`select state from jobs where id = ${jobId}`;
+      return j!.state === 'SUCCEEDED';
+    }, 60_000, 100);
+    const [lost] = await sql`select count(*)::int as n from reservations where job_id = ${jobId} and outcome = 'node_lost'`;
+    assert.equal(lost!.n, 1, 'the frozen attempt was settled by expiry');
+    // Thawed: its answer (or, if its lease timer fires first, its abort) settles late.
+    frozen.child.kill('SIGCONT');
+    await eventually(async () => frozen.logs.some((l) => l.includes(`late settlement of job ${jobId}`)), 30_000, 100);
+    await eventually(async () => {
+      const [o] = await sql`select count(*)::int as n from reservations where settled_at is null`;
+      return o!.n === 0;
+    }, 10_000);
+    const stats = sim.stats();
+    const provider = stats.creditsByInput[billedInputKey('emailvalidator', { email })];
+    assert.equal(provider, 2 * COST, 'the provider billed both calls');
+    const [job] = await sql`select r.credits_billed from job_results r where r.job_id = ${jobId}`;
+    assert.equal(job!.credits_billed, provider, "the job's bill is the provider's, the late settlement not counted twice");
+    const [ledger] = await sql`select coalesce(sum(billed), 0)::int as n from tenant_ledger`;
+    assert.equal(ledger!.n, stats.totals.creditsBilled, "the tenant's ledger equals the simulator's count");
+    await assertJobsAccountedFor(sql);
+    await assertQuiescent(sql);
+    await assertLedgerBalances(sql);
+  });
+});
