@@ -290,33 +290,46 @@ describe('the sent mark costs one statement per lease', () => {
   });
 });
 
-describe('a worker SIGKILLed mid-call', () => {
-  let db: { url: string; drop(): Promise<void> };
-  let sql: postgres.Sql;
-  let sim: Simulator;
-  const nodes: NodeProcess[] = [];
-
+/**
+ * Real processes on a database and a simulator of their own, for one describe: `ctx` is filled
+ * before its tests, and every node pushed on `ctx.nodes` is killed after them (thawed first).
+ */
+function processWorld(latencyMs: number, seed: number) {
+  const ctx = { db: null as unknown as { url: string; drop(): Promise<void> }, sql: null as unknown as postgres.Sql, sim: null as unknown as Simulator, nodes: [] as NodeProcess[] };
   before(async () => {
-    db = await createTestDatabase();
-    sql = postgres(db.url, { max: 2, onnotice: () => {} });
-    sim = await startSimulator({ plan: 'PRO', ratePerMinute: 6000, latencyMs: 1500, latencyP95Ms: 1500, concurrentCalls: 100, seed: 4 });
+    ctx.db = await createTestDatabase();
+    ctx.sql = postgres(ctx.db.url, { max: 2, onnotice: () => {} });
+    ctx.sim = await startSimulator({ plan: 'PRO', ratePerMinute: 6000, latencyMs, latencyP95Ms: latencyMs, concurrentCalls: 100, seed });
   });
   after(async () => {
-    await Promise.all(nodes.map((n) => n.stop('SIGKILL')));
-    await sql.end();
-    await sim.stop();
-    await db.drop();
+    for (const n of ctx.nodes) if (n.child.exitCode === null && n.child.signalCode === null) n.child.kill('SIGCONT');
+    await Promise.all(ctx.nodes.map((n) => n.stop('SIGKILL')));
+    await ctx.sql.end();
+    await ctx.sim.stop();
+    await ctx.db.drop();
   });
+  return ctx;
+}
+
+/** An API process and a PRO tenant on it. */
+async function apiWithTenant(ctx: ReturnType<typeof processWorld>, env: Record<string, string>, name: string): Promise<{ url: string; apiKey: string }> {
+  const apiNode = await startNode('api', env);
+  ctx.nodes.push(apiNode);
+  const { createTenant } = await gqlAt(apiNode.url!, `mutation($i: CreateTenantInput!) { createTenant(input: $i) { tenant { id } apiKey } }`, { i: { name, tier: 'PRO' } });
+  return { url: apiNode.url!, apiKey: createTenant.apiKey as string };
+}
+
+describe('a worker SIGKILLed mid-call', () => {
+  const ctx = processWorld(1500, 4);
 
   test("each job's creditsBilled is what the simulator billed for it; the tenant's ledger is the simulator's count", async () => {
-    const env = crashTestEnv(sim, db.url, 6000, { INITIAL_LATENCY_MS: '1500', ATTEMPT_LEASE_SECONDS: '3', BATCH_MAX: '1' });
-    const apiNode = await startNode('api', env);
-    nodes.push(apiNode);
-    const { createTenant } = await gqlAt(apiNode.url!, `mutation($i: CreateTenantInput!) { createTenant(input: $i) { tenant { id } apiKey } }`, { i: { name: 'killed', tier: 'PRO' } });
+    const { sql, sim, nodes } = ctx;
+    const env = crashTestEnv(sim, ctx.db.url, 6000, { INITIAL_LATENCY_MS: '1500', ATTEMPT_LEASE_SECONDS: '3', BATCH_MAX: '1' });
+    const api = await apiWithTenant(ctx, env, 'killed');
     const emails = Array.from({ length: 12 }, (_, i) => `k${i}@example.com`);
     const victim = await startNode('worker', env);
     nodes.push(victim);
-    await gqlAt(apiNode.url!, SUBMIT_MANY, { i: { jobs: emails.map((email) => ({ api: 'emailvalidator', params: { email } })) } }, createTenant.apiKey);
+    await gqlAt(api.url, SUBMIT_MANY, { i: { jobs: emails.map((email) => ({ api: 'emailvalidator', params: { email } })) } }, api.apiKey);
     // Every open attempt of the victim has reached the provider (marked sent, and arrived), then kill it.
     await eventually(async () => {
       const [r] = await sql`select count(*)::int as n, count(sent_at)::int as sent from reservations where settled_at is null`;
@@ -350,33 +363,16 @@ describe('a worker SIGKILLed mid-call', () => {
 });
 
 describe('a worker frozen mid-call (SIGSTOP) while another takes its job over', () => {
-  let db: { url: string; drop(): Promise<void> };
-  let sql: postgres.Sql;
-  let sim: Simulator;
-  const nodes: NodeProcess[] = [];
-
-  before(async () => {
-    db = await createTestDatabase();
-    sql = postgres(db.url, { max: 2, onnotice: () => {} });
-    sim = await startSimulator({ plan: 'PRO', ratePerMinute: 6000, latencyMs: 2500, latencyP95Ms: 2500, concurrentCalls: 100, seed: 6 });
-  });
-  after(async () => {
-    for (const n of nodes) if (n.child.signalCode === 'SIGSTOP' || n.child.exitCode === null) n.child.kill('SIGCONT');
-    await Promise.all(nodes.map((n) => n.stop('SIGKILL')));
-    await sql.end();
-    await sim.stop();
-    await db.drop();
-  });
+  const ctx = processWorld(2500, 6);
 
   test('its settlement, late after the expiry, is reconciled through the dispatcher: logged with the job id, billed as the provider billed', async () => {
-    const env = crashTestEnv(sim, db.url, 6000, { INITIAL_LATENCY_MS: '2500', ATTEMPT_LEASE_SECONDS: '1', BATCH_MAX: '1' });
-    const apiNode = await startNode('api', env);
-    nodes.push(apiNode);
-    const { createTenant } = await gqlAt(apiNode.url!, `mutation($i: CreateTenantInput!) { createTenant(input: $i) { tenant { id } apiKey } }`, { i: { name: 'frozen', tier: 'PRO' } });
+    const { sql, sim, nodes } = ctx;
+    const env = crashTestEnv(sim, ctx.db.url, 6000, { INITIAL_LATENCY_MS: '2500', ATTEMPT_LEASE_SECONDS: '1', BATCH_MAX: '1' });
+    const api = await apiWithTenant(ctx, env, 'frozen');
     const frozen = await startNode('worker', env);
     nodes.push(frozen);
     const email = 'frozen@example.com';
-    const { submitJobs } = await gqlAt(apiNode.url!, SUBMIT_MANY, { i: { jobs: [{ api: 'emailvalidator', params: { email } }] } }, createTenant.apiKey);
+    const { submitJobs } = await gqlAt(api.url, SUBMIT_MANY, { i: { jobs: [{ api: 'emailvalidator', params: { email } }] } }, api.apiKey);
     const jobId = submitJobs.jobs[0].id as string;
     // Its call has reached the provider (billed on arrival, answered after 2.5 s): freeze the worker.
     await eventually(async () => sim.stats().account.inFlight === 1, 30_000, 20);
