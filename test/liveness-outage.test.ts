@@ -120,7 +120,7 @@ async function assertOnceAndBilledAsProvider(sql: postgres.Sql, counter: CallCou
   const jobs = await sql`
     select j.id, j.params->>'domain' as domain, j.state,
       coalesce((select sum(r.billed) from reservations r where r.job_id = j.id), 0)::int as billed,
-      (select count(*)::int from reservations r where r.job_id = j.id and r.outcome = 'node_lost') as lost
+      (select count(*)::int from reservations r where r.job_id = j.id and r.outcome in ('node_lost', 'never_sent')) as lost
     from jobs j`;
   assert.equal(jobs.length, expectedJobs);
   const byTarget = counter.byTarget();
@@ -158,7 +158,7 @@ describe('Postgres down for 3 attempt leases with calls in flight', () => {
         return r!.n === 0;
       }, 120_000, 200);
       assert.ok(inFlightAtKill > 0, 'calls were in flight when Postgres died');
-      const [lost] = await check`select count(*)::int as n from reservations where outcome = 'node_lost'`;
+      const [lost] = await check`select count(*)::int as n from reservations where outcome in ('node_lost', 'never_sent')`;
       assert.equal(lost!.n, 0, "no reservation of the live node was expired: it settled its known outcomes first");
       await assertOnceAndBilledAsProvider(check, rig.counter, rig.sim, total);
       await assertJobsAccountedFor(check);

@@ -69,7 +69,7 @@ describe('unexpectedOutcome: a run that threw', () => {
   test('nothing sent: a refunded put-back that uses no attempt', () => {
     const { outcome, putBack } = unexpectedOutcome(false, 5, 'billed', 'boom');
     assert.equal(putBack, true);
-    assert.equal(billedCredits(outcome.kind, outcome.creditsBilled, 5), 0, 'refunded');
+    assert.equal(billedCredits(outcome.creditsBilled, 5), 0, 'refunded');
     const plan = planSettlement('put_back', outcome, 1, 3, 1);
     assert.deepEqual(plan, { action: 'requeue', delaySeconds: 1, countsAsAttempt: false });
     assert.match(outcome.message!, /unexpected error: boom/);
@@ -79,11 +79,11 @@ describe('unexpectedOutcome: a run that threw', () => {
     const billed = unexpectedOutcome(true, 5, 'billed', 'boom');
     assert.equal(billed.putBack, false);
     assert.equal(billed.outcome.kind, 'timeout');
-    assert.equal(billedCredits(billed.outcome.kind, billed.outcome.creditsBilled, 5), 5);
+    assert.equal(billedCredits(billed.outcome.creditsBilled, 5), 5);
     assert.equal(planSettlement(reactionTo(billed.outcome), billed.outcome, 1, 3, 1).action, 'requeue');
     assert.equal(planSettlement(reactionTo(billed.outcome), billed.outcome, 4, 3, 1).action, 'fail', 'bounded by the retry limit like any timeout');
     const refunded = unexpectedOutcome(true, 5, 'refunded', 'boom');
-    assert.equal(billedCredits(refunded.outcome.kind, refunded.outcome.creditsBilled, 5), 0);
+    assert.equal(billedCredits(refunded.outcome.creditsBilled, 5), 0);
   });
 });
 

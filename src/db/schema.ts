@@ -267,6 +267,10 @@ export const reservations = pgTable(
     windowSlot: boolean('window_slot').notNull().default(true),
     /** The attempt lease (the one liveness authority): refreshed by the attempt's node; once past, the sweeper settles it. */
     leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }).notNull().defaultNow(),
+    /** Set by its node, one statement per lease, before the call is sent (0028): unset at expiry = refunded, never sent. */
+    sentAt: timestamp('sent_at', { withTimezone: true }),
+    /** A late settlement corrected the expiry's settlement (0028): at most once. */
+    reconciledAt: timestamp('reconciled_at', { withTimezone: true }),
   },
   (t) => [
     index('reservations_open_idx').on(t.nodeId).where(sql`${t.settledAt} is null`),

@@ -46,10 +46,11 @@ import { reactionOrder, requeueOrder } from '../scheduler/lock-order.ts';
 import { LatencyTracker, poolSize } from '../scheduler/pool.ts';
 import * as sched from '../scheduler/store.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
-import { errorCodeFor, planSettlement } from './retry.ts';
+import { planSettlement, resultOf } from './retry.ts';
 import { BreakerOpen, type Breakers } from './breakers.ts';
 import { dedupKey } from './batching.ts';
 import { classifySettleError, pickSettleUnits, planSettleFailure, sqlState, type SettleFailureStep } from './settle-groups.ts';
+import { reconcileLateSettlements } from './late-settlement.ts';
 import { leaseDeadline, leaseLost, refreshedDeadline, settleRetryDelayMs, unexpectedOutcome } from './liveness.ts';
 import type { Metrics } from '../metrics.ts';
 
@@ -163,6 +164,11 @@ interface BatchAttempt {
 interface Leased {
   singles: Attempt[];
   batches: BatchAttempt[];
+}
+
+/** Every attempt of a lease: its singles and each batch item's attempts (duplicates included). */
+function attemptsOf(l: Leased): Attempt[] {
+  return [...l.singles, ...l.batches.flatMap((b) => b.items.flatMap((it) => it.attempts))];
 }
 
 /**
@@ -367,12 +373,12 @@ export class Dispatcher {
       // (a pause, a stop), which wrote nothing: decide again at once.
       return leased === 'busy' ? LEASE_BUSY_RETRY_MS : 0;
     }
-    // A probe admitted but not sent must not hold its API's breaker half-open forever.
-    const sent = new Set([...leased.singles.map((a) => a.job.data.api), ...leased.batches.map((b) => b.api)]);
-    for (const api of probes) if (!sent.has(api)) this.o.breakers.release(api);
-    for (const a of leased.singles) this.track(w, [a], () => this.run(w, a));
-    for (const b of leased.batches) this.track(w, b.items.flatMap((it) => it.attempts), () => this.runBatch(w, b));
-    if (leased.singles.length + leased.batches.length > 0) return 0;
+    if (leased.singles.length + leased.batches.length > 0) {
+      // Marked sent and sent off the window's lease path: the next lease does not wait for the mark.
+      this.track(w, attemptsOf(leased), () => this.send(w, leased, probes));
+      return 0;
+    }
+    for (const api of probes) this.o.breakers.release(api);
     const [state] = await sched.readWindows(this.o.sql, [w.name]);
     if (!state) throw new Error(`window ${w.name} is not in the database`);
     // Credits exhausted: nothing leaves on any window until the renewal or an admin resumes.
@@ -456,12 +462,57 @@ export class Dispatcher {
   }
 
   /**
+   * Marks a lease's attempts sent (one statement), then sends what it marked. Resolves when all
+   * its calls have settled, so `stop()` waiting for it waits for them (each is tracked too: its end
+   * pokes the loops).
+   */
+  private async send(w: WindowSpec, leased: Leased, probes: readonly string[]): Promise<void> {
+    const { marked, unsent } = await this.markSent(w, leased);
+    // A probe admitted but not sent must not hold its API's breaker half-open forever.
+    const sent = new Set([...marked.singles.map((a) => a.job.data.api), ...marked.batches.map((b) => b.api)]);
+    for (const api of probes) if (!sent.has(api)) this.o.breakers.release(api);
+    const calls = [...marked.singles.map((a) => this.track(w, [a], () => this.run(w, a))), ...marked.batches.map((b) => this.track(w, attemptsOf({ singles: [], batches: [b] }), () => this.runBatch(w, b)))];
+    await Promise.allSettled([...calls, ...unsent]);
+  }
+
+  /**
+   * The "sent" mark (migration 0028): ONE statement for every reservation
+   * this lease returned, before any of their calls is sent. Returns what may
+   * be sent (the attempts it marked) and the settlements of the others. The others are settled at once as never
+   * sent (refunded, put back, not counted as an attempt): one not marked was
+   * settled meanwhile (its lease expired first), and when the mark itself
+   * fails we cannot know whether it committed, so nothing is sent (an expiry
+   * that finds the mark bills by the timeout rule, and this settlement, late,
+   * corrects it to 0: dispatch/late-settlement.ts).
+   */
+  private async markSent(w: WindowSpec, leased: Leased): Promise<{ marked: Leased; unsent: Promise<void>[] }> {
+    const all = attemptsOf(leased);
+    let marked: Set<string>;
+    try {
+      marked = await sched.markSent(this.o.sql, all.map((a) => a.reservationId));
+    } catch (err) {
+      this.o.log.warn({ err, attempts: all.length }, 'could not mark leased attempts sent: none is sent, all are put back');
+      marked = new Set();
+    }
+    const notSent = all.filter((a) => !marked.has(a.reservationId));
+    const outcome: CallOutcome = { kind: 'server_error', httpStatus: null, creditsBilled: 0, data: null, message: 'not sent: the attempt could not be marked sent', status: null, retryAfterSeconds: 0, latencyMs: 0 };
+    const unsent = notSent.map((a) => this.track(w, [a], () => this.settle(w, a, outcome, { putBack: true })));
+    if (notSent.length === 0) return { marked: leased, unsent };
+    const batches: BatchAttempt[] = [];
+    for (const b of leased.batches) {
+      const items = b.items.map((it) => ({ attempts: it.attempts.filter((a) => marked.has(a.reservationId)) })).filter((it) => it.attempts.length > 0);
+      if (items.length > 0) batches.push({ api: b.api, items });
+    }
+    return { marked: { singles: leased.singles.filter((a) => marked.has(a.reservationId)), batches }, unsent };
+  }
+
+  /**
    * Runs one call's work and keeps it in `inFlight` until its settlement lands. A throw that
    * escapes it (a client bug, an unreadable answer the client did not classify, our own code)
    * must not leave its attempts open, their leases refreshed for the life of the process: each
    * attempt not yet queued for settlement is settled here (settleUnexpected).
    */
-  private track(w: WindowSpec, attempts: Attempt[], work: () => Promise<void>): void {
+  private track(w: WindowSpec, attempts: readonly Attempt[], work: () => Promise<void>): Promise<void> {
     const tracked = (async () => {
       try {
         await work();
@@ -473,6 +524,7 @@ export class Dispatcher {
       this.poke();
     });
     this.inFlight.add(tracked);
+    return tracked;
   }
 
   /**
@@ -744,19 +796,35 @@ export class Dispatcher {
         outcome: outcome.kind,
         ...(s.plan.action === 'requeue'
           ? {}
-          : { finish: { id: a.job.id, attempt: a.attempt, state: s.plan.action === 'succeed' ? ('SUCCEEDED' as const) : ('FAILED' as const), queue: a.queue, result: this.result(outcome, s.billed, a.attempt, s.errorCode) } }),
+          : { finish: { id: a.job.id, attempt: a.attempt, state: s.plan.action === 'succeed' ? ('SUCCEEDED' as const) : ('FAILED' as const), queue: a.queue, result: resultOf(outcome, a.attempt, s.errorCode) } }),
       };
     };
     // react() acts on exactly the put-back signals (rate limit, credits, key).
     const oneCall = items.every((x) => x.s.plan.action !== 'requeue') && units.every((u) => u.reactions.every((o) => reactionTo(o) !== 'put_back'));
+    let settled: Set<string>;
     if (oneCall) {
-      this.noteSuperseded(items, await sched.settleGroup(this.o.sql, items.map(groupItem)));
-      return;
+      settled = await sched.settleGroup(this.o.sql, items.map(groupItem));
+    } else {
+      settled = await this.settleInTransaction(units, items, groupItem);
     }
-    await this.o.sql.begin(async (tx) => {
+    // Found settled already: by this settlement's own earlier try (nothing to do), or by the
+    // sweeper when the lease expired first: reconciled, never dropped (dispatch/late-settlement.ts).
+    // A failure here retries the whole unit, which then finds every reservation settled: fenced.
+    const late = items.filter((x) => !settled.has(x.a.reservationId));
+    if (late.length > 0) {
+      await reconcileLateSettlements(
+        this.o.sql,
+        late.map(({ a, outcome, s }) => ({ reservationId: a.reservationId, jobId: a.job.id, tenantId: a.job.data.tenantId, queue: a.queue, attempt: a.attempt, outcome, billed: s.billed })),
+        this.o.log,
+      );
+    }
+  }
+
+  /** A settlement group with a retry, a put-back or an account signal: the same locks first, requeues, then settleGroup. */
+  private async settleInTransaction(units: readonly PendingSettle[], items: PendingSettle['items'], groupItem: (x: PendingSettle['items'][number]) => sched.SettleGroupItem): Promise<Set<string>> {
+    return this.o.sql.begin(async (tx) => {
       const live = await sched.lockOpenReservations(tx, items.map((x) => x.a.reservationId));
       const settling = items.filter((x) => live.has(x.a.reservationId));
-      this.noteSuperseded(items, live);
       await sched.lockTenants(tx, settling.map((x) => x.a.job.data.tenantId));
       const events: JobEvent[] = [];
       // In queue key order (tenant id, class): each requeue moves its queue's depth (the trigger
@@ -774,21 +842,8 @@ export class Dispatcher {
         await this.react(tx, reactions[i]!.window, reactions[i]!.o);
       }
       await publishJobEvents(tx, events);
+      return live;
     });
-  }
-
-  /**
-   * Outcomes this process knew but could not apply: their reservations were settled already, by
-   * their lease's expiry (the sweeper: timeout rule, job queued again) or by an earlier try of this
-   * settlement whose answer was lost. Said, with the job ids, rather than dropped silently.
-   */
-  private noteSuperseded(items: ReadonlyArray<{ a: Attempt; outcome: CallOutcome }>, settled: ReadonlySet<string>): void {
-    const late = items.filter((x) => !settled.has(x.a.reservationId));
-    if (late.length === 0) return;
-    this.o.log.warn(
-      { jobs: late.map((x) => ({ jobId: x.a.job.id, attempt: x.a.attempt, outcome: x.outcome.kind })) },
-      'settlement found its reservation already settled (lease expired, or an earlier try landed): this outcome was not applied',
-    );
   }
 
   /** The plan and the bill of one attempt's outcome (and its metrics). */
@@ -798,7 +853,7 @@ export class Dispatcher {
     // ready again the moment an admin resumes (no stale retry-after on top).
     const heldByStop = outcome.kind === 'credits_exhausted' || outcome.kind === 'key_unusable';
     const plan = heldByStop && planned.action === 'requeue' ? { ...planned, delaySeconds: 0 } : planned;
-    const billed = billedCredits(outcome.kind, outcome.creditsBilled, a.credits);
+    const billed = billedCredits(outcome.creditsBilled, a.credits);
     const m = this.o.metrics;
     m?.outcome(outcome.kind);
     if (outcome.kind === 'rate_limited') m?.provider429('rate');
@@ -808,12 +863,12 @@ export class Dispatcher {
   }
 
   /** A retry or put-back: the job back to QUEUED after its delay, its result, re-inserted in pg-boss, fenced by the attempt. */
-  private async requeue(tx: postgres.TransactionSql, a: Attempt, outcome: CallOutcome, s: { plan: ReturnType<typeof planSettlement>; billed: number }): Promise<JobEvent[]> {
+  private async requeue(tx: postgres.TransactionSql, a: Attempt, outcome: CallOutcome, s: { plan: ReturnType<typeof planSettlement> }): Promise<JobEvent[]> {
     const { tenantId } = a.job.data;
-    const { plan, billed } = s;
+    const { plan } = s;
     if (plan.action !== 'requeue') return [];
     if (!(await requeueJob(tx, a.job.id, a.attempt, plan.countsAsAttempt, plan.delaySeconds))) return [];
-    await upsertResult(tx, a.job.id, this.result(outcome, billed, plan.countsAsAttempt ? a.attempt : a.attempt - 1));
+    await upsertResult(tx, a.job.id, resultOf(outcome, plan.countsAsAttempt ? a.attempt : a.attempt - 1));
     // Delete and re-insert under the same id: the job waits out its delay
     // without spending pg-boss's own retry budget, kept for crash redelivery.
     const startAfter = new Date(Date.now() + plan.delaySeconds * 1000);
@@ -847,16 +902,5 @@ export class Dispatcher {
       default:
         return;
     }
-  }
-
-  private result(outcome: CallOutcome, billed: number, attempts: number, errorCode?: string): ResultRecord {
-    return {
-      data: outcome.kind === 'billed' ? outcome.data : null,
-      errorCode: errorCode ?? errorCodeFor(outcome.kind),
-      errorMessage: outcome.message,
-      httpStatus: outcome.httpStatus,
-      creditsBilled: billed,
-      attempts,
-    };
   }
 }

@@ -48,6 +48,13 @@ interface OutcomeBase {
    */
   creditsBilled: number;
   /**
+   * True when `creditsBilled` is the timeout rule's guess (no answer to a
+   * request that was sent); absent when the bill is known (an answer, or a
+   * request never written). A late settlement corrects an expiry's bill only
+   * with a known one.
+   */
+  billedIsGuess?: boolean;
+  /**
    * Upstream data on success, storable as it is (no U+0000, no lone
    * surrogate: each became U+FFFD); null otherwise.
    */

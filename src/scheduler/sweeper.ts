@@ -31,7 +31,7 @@ import { queueName, reinsertJobs } from '../queue/boss.ts';
 import { type JobClass } from '../config/classes.ts';
 import { quotaPeriod } from '../tenants/policy.ts';
 import { expiryHoldMs } from '../dispatch/liveness.ts';
-import { billedCredits } from './ledger.ts';
+import { expirySettlement } from './ledger.ts';
 import { compareQueueKeys } from './lock-order.ts';
 import * as sched from './store.ts';
 
@@ -148,7 +148,11 @@ export class Sweeper {
    * transaction, once expiryHoldMs allows: right after Postgres or this node
    * is back from an outage, an expired lease may belong to a live owner that
    * holds its outcome and has not reconnected yet. No result was stored (result and settlement commit
-   * together), so the outcome is unknown: the timeout rule decides the bill.
+   * together), so the outcome is unknown: a reservation its node marked sent
+   * is billed by the timeout rule, one never marked is refunded (nothing went
+   * upstream). The bill reaches the job's creditsBilled in the same statement
+   * (sluice_settle), and a settlement arriving later is reconciled
+   * (dispatch/late-settlement.ts).
    * Lock order: reservations, tenants (id order), jobs, pgboss.job,
    * sched_queues, ledger, windows (inside sluice_settle, last).
    */
@@ -185,8 +189,8 @@ export class Sweeper {
           await reinsertJobs(boss, tx, queue, g.jobs.map((j) => ({ id: j.id, data: { tenantId: j.tenantId, api: j.api, params: j.params } })));
           await sched.markQueuesReady(tx, g.tenantId, [g.jobClass]);
         }
-        const bill = (credits: number) => billedCredits('timeout', this.o.timeoutBilling === 'billed' ? credits : 0, credits);
-        await sched.settleReservations(tx, expired.map((r) => ({ id: r.id, billed: bill(r.credits), outcome: 'node_lost' })));
+        // Never marked sent: refunded (nothing went upstream); sent: the timeout rule (ledger.ts).
+        await sched.settleReservations(tx, expired.map((r) => ({ id: r.id, ...expirySettlement(r.credits, r.sent, this.o.timeoutBilling) })));
         await publishJobEvents(tx, jobs.map((j) => ({ jobId: j.id, tenantId: j.tenantId, state: 'QUEUED' as const })));
         return expired.length;
       });
