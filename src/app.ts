@@ -207,7 +207,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       queuePolicy,
       lifecycle: { sql, boss, authChanged: (id) => apiKeys.invalidate(id) },
       agePromiseSeconds: parseClassNumbers(env.CLASS_AGE_PROMISE_SECONDS),
-      ...(env.REQUEST_BUDGET_ENABLED ? { budget: new RequestBudget(sql) } : {}),
+      ...(env.REQUEST_BUDGET_ENABLED ? { budget: new RequestBudget(sql, { refusalDelayMs: env.REQUEST_BUDGET_REFUSAL_DELAY_MS }) } : {}),
       tenantChanged: async (tenant) => {
         await ensureTenantQueues(boss, tenant.id, queuePolicy);
         await sched.syncTenant(sql, tenant);

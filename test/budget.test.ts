@@ -12,7 +12,7 @@ import assert from 'node:assert/strict';
 import { parse } from 'graphql';
 import { schema } from '../src/graphql/schema.ts';
 import { actualCost, requestedCost } from '../src/graphql/cost.ts';
-import { currentlyAvailable, rateLimitHeaders, secondsUntil } from '../src/http/budget.ts';
+import { currentlyAvailable, estimateAvailable, rateLimitHeaders, secondsUntil } from '../src/http/budget.ts';
 import { statementCount } from '../src/db/client.ts';
 import { tenantUsageFeed } from '../src/visibility/usage-feed.ts';
 import { ADMIN_TOKEN, collect, eventually, startTestApp, type TestApp } from './helpers/app.ts';
@@ -44,6 +44,10 @@ describe('cost model (pure)', () => {
     assert.deepEqual(rateLimitHeaders(s), { 'RateLimit-Policy': '"budget";q=100;w=10', RateLimit: '"budget";r=70;t=3' });
     assert.equal(secondsUntil(30, 5, 10), 3);
     assert.equal(secondsUntil(30, 40, 10), 0);
+    const known = { available: 10, at: 1_000, limits: { burst: 100, rate: 10 } };
+    assert.equal(estimateAvailable(known, 3_000), 30);
+    assert.equal(estimateAvailable(known, 100_000), 100);
+    assert.equal(estimateAvailable(known, 0), 10);
   });
 });
 
@@ -146,6 +150,24 @@ describe('request budget over HTTP and graphql-ws', () => {
     assert.deepEqual(codes, [200, 200]);
     assert.equal(other.status, 429, JSON.stringify(other.body));
     assert.equal(other.body.errors[0].extensions.code, 'THROTTLED');
+  });
+
+  test('a client that asks again before Retry-After is refused from this node\'s estimate, without a round trip', async () => {
+    await fresh(4, 1);
+    const q = '{ me { tenant { id } } }';
+    const budget = t.app.requestBudget!;
+    let status = 200;
+    while (status === 200) status = (await t.gql(q, {}, tenant.apiKey)).status;
+    assert.equal(status, 429);
+    const before = { ...budget.counts };
+    const again = await t.gql(q, {}, tenant.apiKey);
+    assert.equal(again.status, 429);
+    assert.equal(again.body.errors[0].extensions.code, 'THROTTLED');
+    assert.match(again.headers.get('retry-after')!, /^[1-9]\d*$/);
+    assert.equal(budget.counts.charges, before.charges, 'no statement for a refusal the estimate already knows');
+    assert.equal(budget.counts.localRefusals, before.localRefusals + 1);
+    // The estimate restores at the tenant's rate: served again once it has (here within a few seconds).
+    await eventually(async () => (await t.gql(q, {}, tenant.apiKey)).status === 200, 8_000, 500);
   });
 
   test('graphql-ws: an over-budget operation gets a THROTTLED error and the socket stays open', async () => {
