@@ -17,6 +17,7 @@ import { Dispatcher } from './dispatch/dispatcher.ts';
 import { Breakers } from './dispatch/breakers.ts';
 import { createMetrics } from './metrics.ts';
 import { queryLimitsFromEnv } from './http/hardening.ts';
+import { RequestBudget } from './http/budget.ts';
 import { systemStatus } from './visibility/status.ts';
 import { tokensAt } from './scheduler/pacer.ts';
 import { desiredAlerts } from './alerts/rules.ts';
@@ -53,6 +54,8 @@ export interface SluiceApp {
   simulator: Simulator | null;
   /** The admin token when this start generated it (shown once). */
   generatedAdminToken: string | null;
+  /** Tenants' request budgets as this process charges them (null: REQUEST_BUDGET_ENABLED=false). */
+  requestBudget: RequestBudget | null;
   stop(): Promise<void>;
 }
 
@@ -207,6 +210,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       queuePolicy,
       lifecycle: { sql, boss, authChanged: (id) => apiKeys.invalidate(id) },
       agePromiseSeconds: parseClassNumbers(env.CLASS_AGE_PROMISE_SECONDS),
+      ...(env.REQUEST_BUDGET_ENABLED ? { budget: new RequestBudget(sql, { refusalDelayMs: env.REQUEST_BUDGET_REFUSAL_DELAY_MS }) } : {}),
       tenantChanged: async (tenant) => {
         await ensureTenantQueues(boss, tenant.id, queuePolicy);
         await sched.syncTenant(sql, tenant);
@@ -390,7 +394,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       log.info({ nodeId, windows: windowSpecs.map((w) => ({ name: w.name, classes: w.classes, pacedPerMinute: w.pacedPerMinute })) }, 'dispatcher started');
     }
 
-    return { url, port, metricsPort, databaseUrl, simulator, generatedAdminToken: admin.generated, stop };
+    return { url, port, metricsPort, databaseUrl, simulator, generatedAdminToken: admin.generated, requestBudget: services.budget ?? null, stop };
   } catch (err) {
     await stop();
     throw err;

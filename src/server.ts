@@ -24,6 +24,7 @@ import { USAGE_CSV_PATH, serveUsageCsv } from './http/usage-csv.ts';
 import type { SubscriptionRegistry } from './events/subscriptions.ts';
 import { renderSluiceGraphiQL } from './http/graphiql.ts';
 import { serveConsole } from './http/console.ts';
+import { chargeOperation, throttledError, useRequestBudget } from './http/budget.ts';
 
 export const GRAPHQL_PATH = '/graphql';
 
@@ -83,6 +84,7 @@ export function createGraphQL(opts: Omit<ServerOptions, 'ops'>): YogaServerInsta
     plugins: [
       ...hardeningPlugins(opts.limits ?? DEFAULT_QUERY_LIMITS), // front door: CSRF, then query limits (before auth, before execution)
       useOperationAuth(),
+      useRequestBudget(), // after the credential is checked: tenants pay for what they run (http/budget.ts)
       useInputHardening(),
       useInputErrorCodes(),
       ...(opts.metrics ? [opts.metrics.yogaPlugin()] : []),
@@ -277,6 +279,9 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
           ctx.extra.socket.close(code, refused.message.slice(0, 120));
           return [refused];
         }
+        // Over its request budget: an error for this operation (THROTTLED), the socket stays open.
+        const charged = await chargeOperation(args);
+        if (charged && !charged.granted) return [throttledError(charged, { http: false })];
         // Counted once it will run; onComplete, onError or the socket's close uncount it.
         const overCap = opts.subscriptions?.start(ctx, id);
         if (overCap) return [overCap];
