@@ -78,4 +78,9 @@ test('submission, lease, settlement and fold look their rows up by key', async (
   assert.match(all, /Index Scan using jobs_pkey on jobs/);
   assert.match(all, /Index (Only )?Scan using sched_tenants_pkey on sched_tenants/);
   assert.match(all, /Index Scan using sched_queues_tenant_id_class_pk on sched_queues/);
+  // The depth counters are updated, and so locked, in key order: no plan of that update may hash
+  // (a hash join would meet the rows in the delta's order; docs/ARCHITECTURE.md "Lock order").
+  const depth = [...submitPlans, ...leasePlans, ...settlePlans].filter((p) => p.includes('UPDATE sched_queues q SET depth'));
+  assert.ok(depth.length >= 3, 'auto_explain reported the depth update of the submission, the lease and the settlement');
+  for (const p of depth) assert.doesNotMatch(p, /Hash Join|Hash Semi Join|HashAggregate/, p);
 });
