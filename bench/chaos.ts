@@ -451,9 +451,17 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
              (extract(epoch from j.finished_at) * 1000)::float8 as finished_ms,
              coalesce(r.credits_billed, 0)::int as credits_billed,
              (select count(*)::int from reservations x where x.job_id = j.id) as reservations,
-             (select coalesce(sum(x.billed), 0)::int from reservations x where x.job_id = j.id) as reservations_billed
+             (select coalesce(sum(x.billed), 0)::int from reservations x where x.job_id = j.id) as reservations_billed,
+             (select count(*)::int from reservations x where x.job_id = j.id and x.outcome = 'node_lost' and x.reconciled_at is null) as lost_with_worker
       from jobs j left join job_results r on r.job_id = j.id`;
-    const jobs: JobRecord[] = jobRows.map((r) => ({ id: r.id as string, tag: tagOfKey(r.idempotency_key as string | null), state: r.state as string, attempts: r.attempts as number, creditsBilled: r.credits_billed as number }));
+    const jobs: JobRecord[] = jobRows.map((r) => ({
+      id: r.id as string,
+      tag: tagOfKey(r.idempotency_key as string | null),
+      state: r.state as string,
+      attempts: r.attempts as number,
+      creditsBilled: r.credits_billed as number,
+      lostWithWorker: r.lost_with_worker as number,
+    }));
     const verdict = judgeJobs(accepted, jobs, perTag);
     const tenantIndex = new Map(tenants.map((t, i) => [t.id, i]));
     const finishes: number[][] = tenants.map(() => []);
@@ -528,10 +536,15 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
     const simStats = sim.stats();
     const maxRecovery = faults.reduce<number | null>((m, f) => (f.recoverySeconds === null ? m : Math.max(m ?? 0, f.recoverySeconds)), null);
     const doubleBilled = verdict.doubleBilled.length;
+    // A re-run after a lost worker belongs to a worker-kill fault (a SIGTERM settles what it knows).
+    const killSpans = faults.map((f, i) => [f, i] as const).filter(([f]) => f.kind === 'worker-kill').map(([, i]) => i);
+    const rerunFaults = faultOfJobs(verdict.rerunAfterWorkerLoss.map((d) => d.tag), callTimes, spans, 3_000, 2 * o.leaseS * 1000);
+    const rerunsOutsideKills = [...rerunFaults.values()].filter((i) => !killSpans.includes(i)).length;
 
     const targets: Record<string, Check> = {
       lost: check(verdict.lost.length, '= 0 (every accepted job ends)', verdict.lost.length === 0),
-      doubleBilled: check(doubleBilled, '= 0 (no job billed twice or called more than its attempts)', doubleBilled === 0),
+      doubleBilled: check(doubleBilled, '= 0 (no job billed twice but for a worker lost mid-call, nor called more than its attempts)', doubleBilled === 0),
+      rerunsOutsideWorkerKills: check(rerunsOutsideKills, '= 0 (a job is re-run after a lost worker only when a worker was killed)', rerunsOutsideKills === 0),
       perJobMismatches: check(verdict.perJobMismatches.length, "= 0 (each job's creditsBilled = what the provider billed for it)", verdict.perJobMismatches.length === 0),
       perTenantMismatches: check(perTenantMismatches.length, "= 0 (each tenant's ledger = what the provider billed for its jobs)", perTenantMismatches.length === 0),
       usageHistoryMismatches: check(historyMismatches.length, '= 0 (usage history = ledger)', historyMismatches.length === 0),
@@ -547,6 +560,7 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
       jobs: accepted.size,
       lost: verdict.lost.length,
       doubleBilled,
+      rerunAfterWorkerLoss: verdict.rerunAfterWorkerLoss.length,
       perJobMismatches: verdict.perJobMismatches.length,
       perTenantMismatches: perTenantMismatches.length,
       stalledTenants: stalled.map((s) => s.tenant),
@@ -570,6 +584,7 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
         storedButNeverAnswered: jobs.filter((j) => j.tag !== null && !accepted.has(j.id)).length,
         lostSample: sample(verdict.lost),
         doubleBilledSample: sample(verdict.doubleBilled),
+        rerunAfterWorkerLossSample: sample(verdict.rerunAfterWorkerLoss),
         doubleBilledWhy: {
           billedTwice: verdict.doubleBilled.filter((d) => d.why.includes('billedTwice')).length,
           callsOverAttempts: verdict.doubleBilled.filter((d) => d.why.includes('callsOverAttempts')).length,

@@ -37,6 +37,8 @@ describe('chaos judgement', () => {
       call('0-1', 1),
       call('0-2', 1),
       call('0-2', 1), // billed twice
+      call('0-3', 1),
+      call('0-3', 1), // billed twice: the first call's worker was lost with it (SIGKILL), so it ran again
       call('1-0', 5),
       call('1-0', 0, null), // a hang: a call, not billed, not counted by Sluice (attempts 1)
       call('9-9', 1), // a job Sluice has no row for
@@ -48,15 +50,17 @@ describe('chaos judgement', () => {
       { id: 'a', tag: '0-0', state: 'SUCCEEDED', attempts: 1, creditsBilled: 1 },
       { id: 'b', tag: '0-1', state: 'SUCCEEDED', attempts: 2, creditsBilled: 1 },
       { id: 'c', tag: '0-2', state: 'SUCCEEDED', attempts: 2, creditsBilled: 1 },
+      { id: 'f', tag: '0-3', state: 'SUCCEEDED', attempts: 2, creditsBilled: 2, lostWithWorker: 1 },
       { id: 'd', tag: '1-0', state: 'RUNNING', attempts: 1, creditsBilled: 0 },
     ];
-    const accepted = new Map([['a', ''], ['b', ''], ['c', ''], ['d', ''], ['e', '']]);
+    const accepted = new Map([['a', ''], ['b', ''], ['c', ''], ['d', ''], ['e', ''], ['f', '']]);
     const v = judgeJobs(accepted, jobs, perTag);
     assert.deepEqual(v.lost, [{ id: 'd', state: 'RUNNING' }, { id: 'e', state: null }]);
     assert.deepEqual(v.doubleBilled.map((d) => [d.tag, d.why]), [['0-2', ['billedTwice']], ['1-0', ['callsOverAttempts']]]);
+    assert.deepEqual(v.rerunAfterWorkerLoss.map((d) => [d.tag, d.billedCalls, d.lostWithWorker]), [['0-3', 2, 1]], 'a re-run after a lost worker is not double billing');
     assert.deepEqual(v.perJobMismatches.map((m) => [m.tag, m.creditsBilled, m.providerCredits]), [['0-2', 1, 2], ['1-0', 0, 5]]);
     assert.equal(v.callsForUnknownJobs, 1);
-    assert.deepEqual([...creditsPerTenant(perTag)].sort(), [[0, 4], [1, 5], [9, 1]]);
+    assert.deepEqual([...creditsPerTenant(perTag)].sort(), [[0, 6], [1, 5], [9, 1]]);
   });
 
   test('recovery waits for the slowest tenant on both sides; never = null', () => {

@@ -78,6 +78,12 @@ export interface JobRecord {
   state: string;
   attempts: number;
   creditsBilled: number;
+  /**
+   * Attempts whose worker was lost with the call in flight: settled by lease expiry (`node_lost`)
+   * and never corrected by a late settlement from that worker (it died with the answer). Each
+   * such attempt may be followed by another call (I9: the lease is the one liveness authority).
+   */
+  lostWithWorker?: number;
 }
 
 export const FINAL_STATES: ReadonlySet<string> = new Set(['SUCCEEDED', 'FAILED', 'CANCELLED']);
@@ -86,10 +92,17 @@ export interface JobVerdict {
   /** Accepted ids (the client got them back) whose job is missing or has not ended. */
   lost: Array<{ id: string; state: string | null }>;
   /**
-   * Jobs the provider billed more than once, or that sent more calls than Sluice counted attempts
-   * (`why` says which: `billedTwice`, `callsOverAttempts`, or both).
+   * Jobs the provider billed more than once for a reason other than a lost worker, or that sent
+   * more calls than Sluice counted attempts (`why` says which: `billedTwice`, `callsOverAttempts`,
+   * or both).
    */
   doubleBilled: Array<{ tag: string; attempts: number; why: Array<'billedTwice' | 'callsOverAttempts'> } & ProviderTally>;
+  /**
+   * Jobs called again because the worker holding their call was lost (SIGKILL): one more billed
+   * call per attempt lost with its worker, each charged once (the answer died with the worker;
+   * the provider takes no idempotency key). Allowed by I9; not double billing.
+   */
+  rerunAfterWorkerLoss: Array<{ tag: string; attempts: number; lostWithWorker: number } & ProviderTally>;
   /** Jobs whose creditsBilled differs from what the provider billed for them. */
   perJobMismatches: Array<{ tag: string; creditsBilled: number; providerCredits: number; state: string }>;
   /** Tags the provider saw that no job carries. */
@@ -104,6 +117,7 @@ export function judgeJobs(accepted: ReadonlyMap<string, string>, jobs: readonly 
     if (!j || !FINAL_STATES.has(j.state)) lost.push({ id, state: j?.state ?? null });
   }
   const doubleBilled: JobVerdict['doubleBilled'] = [];
+  const rerunAfterWorkerLoss: JobVerdict['rerunAfterWorkerLoss'] = [];
   const perJobMismatches: JobVerdict['perJobMismatches'] = [];
   const known = new Set<string>();
   for (const j of jobs) {
@@ -111,14 +125,16 @@ export function judgeJobs(accepted: ReadonlyMap<string, string>, jobs: readonly 
     known.add(j.tag);
     const p = perTag.get(j.tag) ?? { calls: 0, billedCalls: 0, credits: 0 };
     const why: JobVerdict['doubleBilled'][number]['why'] = [];
-    if (p.billedCalls > 1) why.push('billedTwice');
+    const lostWithWorker = j.lostWithWorker ?? 0;
+    if (p.billedCalls > 1 + lostWithWorker) why.push('billedTwice');
     if (p.calls > j.attempts) why.push('callsOverAttempts');
     if (why.length > 0) doubleBilled.push({ tag: j.tag, attempts: j.attempts, why, ...p });
+    else if (p.billedCalls > 1) rerunAfterWorkerLoss.push({ tag: j.tag, attempts: j.attempts, lostWithWorker, ...p });
     if (p.credits !== j.creditsBilled) perJobMismatches.push({ tag: j.tag, creditsBilled: j.creditsBilled, providerCredits: p.credits, state: j.state });
   }
   let callsForUnknownJobs = 0;
   for (const [tag, p] of perTag) if (!known.has(tag)) callsForUnknownJobs += p.calls;
-  return { lost, doubleBilled, perJobMismatches, callsForUnknownJobs };
+  return { lost, doubleBilled, rerunAfterWorkerLoss, perJobMismatches, callsForUnknownJobs };
 }
 
 /** Provider credits per tenant index, from the per-tag tally. */
