@@ -536,6 +536,19 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
     const simStats = sim.stats();
     const maxRecovery = faults.reduce<number | null>((m, f) => (f.recoverySeconds === null ? m : Math.max(m ?? 0, f.recoverySeconds)), null);
     const doubleBilled = verdict.doubleBilled.length;
+    // What Sluice and the provider each recorded for the first mis-billed jobs: enough to tell an
+    // attempt billed by expiry that never reached the provider from one billed twice.
+    const mismatchTags = new Set(verdict.perJobMismatches.slice(0, 10).map((m) => m.tag));
+    const mismatchIds = jobs.filter((j) => j.tag !== null && mismatchTags.has(j.tag)).map((j) => j.id);
+    const mismatchAttempts = mismatchIds.length === 0 ? [] : await sql`
+      select j.idempotency_key as key, x.attempt, x.outcome, x.billed, x.credits,
+             (extract(epoch from x.created_at) * 1000 - ${t0})::int as leased_ms,
+             (extract(epoch from x.sent_at) * 1000 - ${t0})::int as sent_ms,
+             (extract(epoch from x.settled_at) * 1000 - ${t0})::int as settled_ms,
+             x.reconciled_at is not null as reconciled
+      from reservations x join jobs j on j.id = x.job_id where x.job_id = any(${mismatchIds}::uuid[]) order by 1, 2`;
+    const mismatchCalls = calls.filter((c) => { const t = tagOfParams(c.params); return t !== null && mismatchTags.has(t); })
+      .map((c) => ({ tag: tagOfParams(c.params), atMs: Math.round(c.atMs - t0), status: c.status, credits: c.credits, batch: c.batch }));
     // A re-run after a lost worker belongs to a worker-kill fault (a SIGTERM settles what it knows).
     const killSpans = faults.map((f, i) => [f, i] as const).filter(([f]) => f.kind === 'worker-kill').map(([, i]) => i);
     const rerunFaults = faultOfJobs(verdict.rerunAfterWorkerLoss.map((d) => d.tag), callTimes, spans, 3_000, 2 * o.leaseS * 1000);
@@ -590,6 +603,8 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
           callsOverAttempts: verdict.doubleBilled.filter((d) => d.why.includes('callsOverAttempts')).length,
         },
         perJobMismatchSample: sample(verdict.perJobMismatches),
+        perJobMismatchAttempts: mismatchAttempts,
+        perJobMismatchCalls: mismatchCalls,
         jobsWhoseReservationsDisagreeWithCreditsBilled: reservationMismatches,
         perTenant,
         submissions: sub,
