@@ -316,7 +316,8 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         timeoutBilling: env.TIMEOUT_BILLING,
         breakers,
         creditsStopSeconds: env.CREDITS_STOP_SECONDS,
-        metrics,
+        onLeased: (window, jobClass, jobs) => metrics.dispatched(window, jobClass, jobs),
+        onSettled: ({ outcome, billed, reserved }) => metrics.attemptSettled(outcome, billed, reserved),
         log,
       });
       const reconciler = new Reconciler({ boss, intervalMs: env.RECONCILE_INTERVAL_SECONDS * 1000, log });
