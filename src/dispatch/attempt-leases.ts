@@ -15,7 +15,7 @@
 import type { Logger } from 'pino';
 import type { Sql } from '../db/client.ts';
 import type { JobClass } from '../config/classes.ts';
-import * as sched from '../scheduler/store.ts';
+import { markSent as markReservationsSent, refreshLeases } from '../scheduler/sql/reservations.ts';
 import { leaseDeadline, leaseLost, refreshedDeadline } from './liveness.ts';
 
 export interface JobData {
@@ -146,8 +146,7 @@ export class AttemptLeases {
     this.refreshing = true;
     const ids = [...this.open.keys()];
     const sentAt = performance.now();
-    sched
-      .refreshLeases(leaseSql ?? sql, ids, leaseSeconds)
+    refreshLeases(leaseSql ?? sql, ids, leaseSeconds)
       .then(({ live, settled }) => {
         for (const id of ids) {
           const a = this.open.get(id);
@@ -169,7 +168,7 @@ export class AttemptLeases {
    */
   async markSent(attempts: readonly Attempt[]): Promise<Set<string>> {
     try {
-      return await sched.markSent(
+      return await markReservationsSent(
         this.options.sql,
         attempts.map((a) => a.reservationId),
       );

@@ -25,7 +25,11 @@ import type { CallOutcome } from '../provider/types.ts';
 import { reinsertJobs } from '../queue/boss.ts';
 import { billedCredits } from '../scheduler/ledger.ts';
 import { reactionOrder, requeueOrder } from '../scheduler/lock-order.ts';
-import * as sched from '../scheduler/store.ts';
+import { stopAccount } from '../scheduler/sql/account.ts';
+import { markQueuesReady } from '../scheduler/sql/queues.ts';
+import { lockOpenReservations, settleGroup, type SettleGroupItem } from '../scheduler/sql/reservations.ts';
+import { lockTenants } from '../scheduler/sql/tenants.ts';
+import { pauseWindow, stopWindow } from '../scheduler/sql/windows.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
 import type { Attempt, AttemptLeases, BatchAttempt } from './attempt-leases.ts';
 import { planSettlement, resultOf, type SettlePlan } from './retry.ts';
@@ -317,7 +321,7 @@ export class Settler {
     const oneCall = items.every((x) => x.settlement.plan.action !== 'requeue') && units.every((u) => u.reactions.every((o) => reactionTo(o) !== 'put_back'));
     let settled: Set<string>;
     if (oneCall) {
-      settled = await sched.settleGroup(sql, items.map(groupItem));
+      settled = await settleGroup(sql, items.map(groupItem));
     } else {
       settled = await this.settleInTransaction(units, items);
     }
@@ -345,12 +349,12 @@ export class Settler {
   /** A settlement group with a retry, a put-back or an account signal: the same locks first, requeues, then settleGroup. */
   private async settleInTransaction(units: readonly PendingSettle[], items: readonly SettleItem[]): Promise<Set<string>> {
     return this.options.sql.begin(async (tx) => {
-      const live = await sched.lockOpenReservations(
+      const live = await lockOpenReservations(
         tx,
         items.map((x) => x.attempt.reservationId),
       );
       const settling = items.filter((x) => live.has(x.attempt.reservationId));
-      await sched.lockTenants(
+      await lockTenants(
         tx,
         settling.map((x) => tenantOf(x.attempt)),
       );
@@ -362,7 +366,7 @@ export class Settler {
         const x = requeues[i]!;
         events.push(...(await this.requeue(tx, x.attempt, x.outcome, x.settlement)));
       }
-      await sched.settleGroup(tx, settling.map(groupItem));
+      await settleGroup(tx, settling.map(groupItem));
       // A provider signal is about the account, whoever's attempt carried it: react even when
       // superseded. Windows (by name) before account_state: the lock order.
       const reactions = units.flatMap((u) => u.reactions.map((outcome) => ({ window: u.window, outcome })));
@@ -399,7 +403,7 @@ export class Settler {
     // without spending pg-boss's own retry budget, kept for crash redelivery.
     const startAfter = new Date(Date.now() + plan.delaySeconds * 1000);
     await reinsertJobs(this.options.boss, tx, attempt.queue, [{ id: job.id, data: job.data, startAfter }]);
-    await sched.markQueuesReady(tx, tenantId, [attempt.jobClass], startAfter);
+    await markQueuesReady(tx, tenantId, [attempt.jobClass], startAfter);
     return [{ jobId: job.id, tenantId, state: 'QUEUED' }];
   }
 
@@ -413,17 +417,17 @@ export class Settler {
     const { log } = this.options;
     switch (outcome.kind) {
       case 'rate_limited':
-        await sched.pauseWindow(tx, window.name, Math.max(1, outcome.retryAfterSeconds ?? 1), 'RATE_LIMITED');
+        await pauseWindow(tx, window.name, Math.max(1, outcome.retryAfterSeconds ?? 1), 'RATE_LIMITED');
         return;
       case 'credits_exhausted': {
         const renewal = outcome.status?.renewalAt?.getTime();
         const until = renewal && renewal > Date.now() ? new Date(renewal) : new Date(Date.now() + this.options.creditsStopSeconds * 1000);
-        await sched.stopAccount(tx, until, 'CREDITS_EXHAUSTED');
+        await stopAccount(tx, until, 'CREDITS_EXHAUSTED');
         log.error({ until, window: window.name, message: outcome.message }, 'provider credits exhausted: all dispatch stopped');
         return;
       }
       case 'key_unusable':
-        await sched.stopWindow(tx, window.name, 'KEY_UNUSABLE');
+        await stopWindow(tx, window.name, 'KEY_UNUSABLE');
         log.error({ window: window.name, status: outcome.httpStatus, message: outcome.message }, 'upstream key unusable: its window is stopped');
         return;
       default:
@@ -433,7 +437,7 @@ export class Settler {
 }
 
 /** One attempt as sluice_settle_group takes it: its reservation's bill, and its job's final state unless it is requeued. */
-function groupItem({ attempt, outcome, settlement }: SettleItem): sched.SettleGroupItem {
+function groupItem({ attempt, outcome, settlement }: SettleItem): SettleGroupItem {
   return {
     id: attempt.reservationId,
     tenantId: tenantOf(attempt),

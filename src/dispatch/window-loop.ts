@@ -24,7 +24,8 @@ import { classOrder } from '../scheduler/fair.ts';
 import { leaseBatchSpecs, leaseCosts } from '../scheduler/lease.ts';
 import { msUntilTokens, takeable } from '../scheduler/pacer.ts';
 import { LatencyTracker, poolSize } from '../scheduler/pool.ts';
-import * as sched from '../scheduler/store.ts';
+import { leaseJobs } from '../scheduler/sql/reservations.ts';
+import { readWindows } from '../scheduler/sql/windows.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
 import { BreakerOpen, type Breakers } from './breakers.ts';
 import { dedupKey } from './batching.ts';
@@ -199,7 +200,7 @@ export class WindowLoops {
       return 0;
     }
     for (const api of probes) breakers.release(api);
-    const [state] = await sched.readWindows(sql, [w.name]);
+    const [state] = await readWindows(sql, [w.name]);
     if (!state) throw new Error(`window ${w.name} is not in the database`);
     // Credits exhausted: nothing leaves on any window until the renewal or an admin resumes.
     if (state.accountStoppedUntil !== null && state.accountStoppedUntil > state.dbNow) return idlePollMs;
@@ -218,7 +219,7 @@ export class WindowLoops {
   private async lease(w: WindowSpec, pool: number, order: readonly JobClass[], hold: readonly string[]): Promise<Leased | 'busy' | 'changed'> {
     const { sql, catalog, nodeId, leaseMax, leaseSeconds, batchQuantum, leases, onLeased } = this.options;
     const batchMax = this.options.batchMax ?? 1;
-    const { status, rows } = await sched.leaseJobs(sql, {
+    const { status, rows } = await leaseJobs(sql, {
       window: w.name,
       nodeId,
       pool,
