@@ -22,60 +22,25 @@
  * Metrics are not the dispatcher's business: the process attaches them
  * through `onLeased` and `onSettled` (src/app.ts).
  */
-import type { Logger } from 'pino';
-import type { PgBoss } from 'pg-boss';
-import type { ApiCatalog } from '../config/apis.ts';
 import type { Sql } from '../db/client.ts';
 import { WORK_CHANNEL } from '../jobs/service.ts';
-import type { ProviderClient } from '../provider/types.ts';
 import { type JobClass } from '../config/classes.ts';
 import type { LatencyTracker } from '../scheduler/pool.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
-import type { Breakers } from './breakers.ts';
 import { AttemptLeases } from './attempt-leases.ts';
-import { Settler, type SettledAttempt } from './settler.ts';
-import { WindowLoops } from './window-loop.ts';
+import { Settler, type SettlerOptions } from './settler.ts';
+import { WindowLoops, type WindowLoopsOptions } from './window-loop.ts';
 
-export interface DispatcherOptions {
-  sql: Sql;
-  /**
-   * The attempt leases' refresh runs here: a connection of its own, so it never queues behind the
-   * hot path's statements on `sql` (a refresh that waits there could let a live lease expire).
-   * Default `sql`.
-   */
-  leaseSql?: Sql;
-  boss: PgBoss;
-  client: ProviderClient;
-  catalog: ApiCatalog;
-  windows: readonly WindowSpec[];
-  nodeId: string;
-  poolMax: number;
-  initialLatencyMs: number;
-  leaseMax: number;
-  /** Items per unit of weight one batch turn may take. */
-  batchQuantum: number;
-  /** Decision loops per window in this process: leases of different tenants run side by side. */
-  loopsPerWindow: number;
-  /** Most jobs one decision takes when the queue's head API batches (1 = never batch). Default 1. */
-  batchMax?: number;
-  idlePollMs: number;
-  maxWaitMs: Partial<Record<JobClass, number>>;
-  retryLimit: number;
-  retryDelaySeconds: number;
-  /** The attempt lease: how long an open attempt stays live without a refresh (the sweeper settles it after). */
-  leaseSeconds: number;
-  /** Settlements are grouped: one transaction per this interval (0 = as soon as one is ready). Default 2. */
-  settleIntervalMs?: number;
-  timeoutBilling: 'billed' | 'refunded';
-  breakers: Breakers;
-  /** How long a credits-exhausted account stops when the provider gave no renewal time. */
-  creditsStopSeconds: number;
-  /** Called once per lease with how many jobs of each class it dispatched on the window. */
-  onLeased?: (window: string, jobClass: JobClass, jobs: number) => void;
-  /** Called once per attempt when its outcome is planned and billed, as it is queued to settle. */
-  onSettled?: (attempt: SettledAttempt) => void;
-  log: Logger;
-}
+/** The window loops' and the settler's settings (documented there), and the lease refresh's connection. */
+export type DispatcherOptions = Omit<WindowLoopsOptions, 'leases' | 'settler' | 'running'> &
+  Omit<SettlerOptions, 'sql' | 'log' | 'leases' | 'stopping'> & {
+    /**
+     * The attempt leases' refresh runs here: a connection of its own, so it never queues behind the
+     * hot path's statements on `sql` (a refresh that waits there could let a live lease expire).
+     * Default `sql`.
+     */
+    leaseSql?: Sql;
+  };
 
 export class Dispatcher {
   private readonly options: DispatcherOptions;
@@ -87,43 +52,10 @@ export class Dispatcher {
 
   constructor(options: DispatcherOptions) {
     this.options = options;
-    const { sql, leaseSql, boss, leaseSeconds, log } = options;
+    const { sql, leaseSql, leaseSeconds, log } = options;
     this.leases = new AttemptLeases({ sql, leaseSql, leaseSeconds, log });
-    this.settler = new Settler({
-      sql,
-      boss,
-      leases: this.leases,
-      retryLimit: options.retryLimit,
-      retryDelaySeconds: options.retryDelaySeconds,
-      settleIntervalMs: options.settleIntervalMs,
-      creditsStopSeconds: options.creditsStopSeconds,
-      stopping: () => !this.running,
-      onSettled: options.onSettled,
-      log,
-    });
-    this.loops = new WindowLoops({
-      sql,
-      client: options.client,
-      catalog: options.catalog,
-      windows: options.windows,
-      nodeId: options.nodeId,
-      poolMax: options.poolMax,
-      initialLatencyMs: options.initialLatencyMs,
-      leaseMax: options.leaseMax,
-      batchQuantum: options.batchQuantum,
-      loopsPerWindow: options.loopsPerWindow,
-      batchMax: options.batchMax,
-      idlePollMs: options.idlePollMs,
-      maxWaitMs: options.maxWaitMs,
-      leaseSeconds,
-      timeoutBilling: options.timeoutBilling,
-      breakers: options.breakers,
-      leases: this.leases,
-      settler: this.settler,
-      running: () => this.running,
-      onLeased: options.onLeased,
-      log,
-    });
+    this.settler = new Settler({ ...options, leases: this.leases, stopping: () => !this.running });
+    this.loops = new WindowLoops({ ...options, leases: this.leases, settler: this.settler, running: () => this.running });
   }
 
   /** Each window's call latencies (p50/p95 feed its pool size; the sweeper publishes them). */

@@ -50,6 +50,7 @@ export interface WindowLoopsOptions {
   batchMax?: number | undefined;
   idlePollMs: number;
   maxWaitMs: Partial<Record<JobClass, number>>;
+  /** The attempt lease: how long an open attempt stays live without a refresh (the sweeper settles it after). */
   leaseSeconds: number;
   timeoutBilling: 'billed' | 'refunded';
   breakers: Breakers;
