@@ -23,7 +23,7 @@ interface Owners {
 }
 
 /** The map: the rows of the table under the heading "Who writes each table". */
-export function parseOwnerMap(markdown: string): Map<string, Owners> {
+function parseOwnerMap(markdown: string): Map<string, Owners> {
   const start = markdown.indexOf('## Who writes each table');
   assert.ok(start >= 0, 'docs/ARCHITECTURE.md has no "Who writes each table" section');
   const end = markdown.indexOf('\n## ', start + 1);
@@ -46,7 +46,7 @@ export function parseOwnerMap(markdown: string): Map<string, Owners> {
  * nested ones included), without comments, strings or code. A small lexer: comments, quoted
  * strings, regular expression literals (by the usual heuristic) and `${ }` nesting.
  */
-export function templateTexts(source: string): string[] {
+function templateTexts(source: string): string[] {
   const out: string[] = [];
   // The open templates, innermost last: each one's text so far and, while the lexer is in the code
   // of one of its `${ }`, that code's brace depth.
@@ -119,7 +119,7 @@ export function templateTexts(source: string): string[] {
 }
 
 /** The tables a piece of SQL writes (other schemas' tables, e.g. pgboss.job, are left out). */
-export function writtenTables(sqlText: string): string[] {
+function writtenTables(sqlText: string): string[] {
   const text = sqlText.replace(/--[^\n]*/g, '');
   const found = new Set<string>();
   for (const m of text.matchAll(/\b(?:insert\s+into|update|delete\s+from)\s+(?:only\s+)?(?!(?:set|of|skip|nowait)\b)"?([a-z_][a-z0-9_]*)\b"?(?!\.)/gi)) found.add(m[1]!.toLowerCase());
