@@ -31,7 +31,7 @@ import { newJobIds } from '../src/jobs/ids.ts';
 import { insertJobsQueued, type NewJobRow } from '../src/jobs/store.ts';
 import { queueName, startBoss } from '../src/queue/boss.ts';
 import { CLASSES } from '../src/config/classes.ts';
-import { markManyQueuesReady } from '../src/scheduler/store.ts';
+import { markManyQueuesReady } from '../src/scheduler/sql/queues.ts';
 import { startSimulator, type Simulator } from '../src/simulator/index.ts';
 import { generateSecret, hashSecret, TENANT_KEY_PREFIX } from '../src/tenants/keys.ts';
 import { effectiveLimits } from '../src/tenants/policy.ts';

@@ -37,7 +37,12 @@ import { startSimulator, type Simulator, type SimulatorOptions } from './simulat
 import { simulatorOptionsFromEnv } from './simulator/env.ts';
 import { TenantStore } from './tenants/store.ts';
 import { KeyCache } from './tenants/key-cache.ts';
-import * as sched from './scheduler/store.ts';
+import { publishProviderStatus, readAccount } from './scheduler/sql/account.ts';
+import { publishBreakers, readBreakers } from './scheduler/sql/breakers.ts';
+import { ensureClasses, oldestQueuedAgeByClass, oldestWaitByClass } from './scheduler/sql/classes.ts';
+import { foldRunning, tenantDepths } from './scheduler/sql/queues.ts';
+import { syncTenant, unscheduledTenantIds } from './scheduler/sql/tenants.ts';
+import { readWindows, reportWindowLatency, upsertWindows } from './scheduler/sql/windows.ts';
 import { Sweeper } from './scheduler/sweeper.ts';
 import { Reconciler } from './scheduler/reconcile.ts';
 import { parseClassWindows, planWindows } from './scheduler/windows.ts';
@@ -162,8 +167,8 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         }
       })(),
     });
-    await sched.ensureClasses(sql);
-    await sched.upsertWindows(sql, windowSpecs);
+    await ensureClasses(sql);
+    await upsertWindows(sql, windowSpecs);
 
     // 3. Shared services.
     const admin = await resolveAdminToken(sql, env.SLUICE_ADMIN_TOKEN);
@@ -213,11 +218,11 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       ...(env.REQUEST_BUDGET_ENABLED ? { budget: new RequestBudget(sql, { refusalDelayMs: env.REQUEST_BUDGET_REFUSAL_DELAY_MS }) } : {}),
       tenantChanged: async (tenant) => {
         await ensureTenantQueues(boss, tenant.id, queuePolicy);
-        await sched.syncTenant(sql, tenant);
+        await syncTenant(sql, tenant);
       },
     };
     // Tenants the scheduler does not know yet (created before it existed): give them their rows.
-    for (const id of await sched.unscheduledTenantIds(sql)) {
+    for (const id of await unscheduledTenantIds(sql)) {
       const tenant = await services.tenants.get(id);
       if (tenant) await services.tenantChanged(tenant);
     }
@@ -225,7 +230,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     const metrics = createMetrics({ tenantLabels: env.METRICS_TENANT_LABELS, onCollectError: (err) => log.warn({ err }, 'metrics collector failed') });
     metrics.setCollector(async () => {
       const status = await systemStatus(services);
-      const tenantRows = metrics.tenantLabels ? await sched.tenantDepths(sql) : [];
+      const tenantRows = metrics.tenantLabels ? await tenantDepths(sql) : [];
       return {
         queues: status.classes.map((c) => ({ class: c.priority, depth: c.depth, oldestAgeSeconds: c.oldestAgeSeconds })),
         windows: status.windows.map((w) => ({ window: w.name, tokens: w.ratePerMinute === null ? null : tokensAt(w, w.dbNow), poolSize: w.poolSize, busy: w.inFlight })),
@@ -320,7 +325,8 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         timeoutBilling: env.TIMEOUT_BILLING,
         breakers,
         creditsStopSeconds: env.CREDITS_STOP_SECONDS,
-        metrics,
+        onLeased: (window, jobClass, jobs) => metrics.dispatched(window, jobClass, jobs),
+        onSettled: ({ outcome, billed, reserved }) => metrics.attemptSettled(outcome, billed, reserved),
         log,
       });
       const reconciler = new Reconciler({ boss, intervalMs: env.RECONCILE_INTERVAL_SECONDS * 1000, log });
@@ -337,22 +343,22 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         onRound: async () => {
           for (const w of windowSpecs) {
             const lat = dispatcher.latency.get(w.name)!;
-            if (lat.count > 0) await sched.reportWindowLatency(sql, w.name, dispatcher.poolFor(w), lat.percentile(50), lat.percentile(95));
+            if (lat.count > 0) await reportWindowLatency(sql, w.name, dispatcher.poolFor(w), lat.percentile(50), lat.percentile(95));
           }
-          dispatcher.oldestWaitMs = await sched.oldestWaitByClass(sql);
-          await sched.publishBreakers(sql, breakers.states().map((b) => ({ ...b, retryAt: b.state === 'OPEN' ? new Date(breakers.retryAt(b.api) ?? Date.now()) : null })));
+          dispatcher.oldestWaitMs = await oldestWaitByClass(sql);
+          await publishBreakers(sql, breakers.states().map((b) => ({ ...b, retryAt: b.state === 'OPEN' ? new Date(breakers.retryAt(b.api) ?? Date.now()) : null })));
           const status = client.lastStatus();
-          if (status) await sched.publishProviderStatus(sql, status);
-          await sched.foldRunning(sql);
+          if (status) await publishProviderStatus(sql, status);
+          await foldRunning(sql);
           await retention.maybeRun();
         },
         desiredAlerts: async (tx) => {
           // Only the oldest ages: classTotals' sums read every queue's row, once a second here.
           const [oldest, account, windows, breakerRows] = await Promise.all([
-            sched.oldestQueuedAgeByClass(tx),
-            sched.readAccount(tx),
-            sched.readWindows(tx),
-            sched.readBreakers(tx),
+            oldestQueuedAgeByClass(tx),
+            readAccount(tx),
+            readWindows(tx),
+            readBreakers(tx),
           ]);
           return desiredAlerts({
             oldestAgeSeconds: oldest,

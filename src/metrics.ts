@@ -180,6 +180,14 @@ export class Metrics {
     if (refunded > 0) this.creditsRefunded.inc(refunded);
   }
 
+  /** An attempt's outcome as it is settled: its kind, the provider's 429s, its credits billed and refunded. */
+  attemptSettled(outcome: { kind: string; httpStatus: number | null }, billed: number, reserved: number): void {
+    this.outcome(outcome.kind);
+    if (outcome.kind === 'rate_limited') this.provider429('rate');
+    if (outcome.kind === 'credits_exhausted' && outcome.httpStatus === 429) this.provider429('credits');
+    this.credits(billed, reserved - billed);
+  }
+
   refused(code: string, cls: string, n = 1): void {
     this.admissionsRefused.inc({ code: this.labels.code.value(code), class: this.labels.class.value(cls) }, n);
   }

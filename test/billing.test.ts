@@ -19,7 +19,7 @@ import { classifyFailure } from '../src/provider/classify.ts';
 import { createProviderClient } from '../src/provider/client.ts';
 import { billedCredits, expirySettlement } from '../src/scheduler/ledger.ts';
 import { leaseCosts } from '../src/scheduler/lease.ts';
-import { leaseJobs, markSent } from '../src/scheduler/store.ts';
+import { leaseJobs, markSent } from '../src/scheduler/sql/reservations.ts';
 import { billedInputKey, startSimulator, type Simulator } from '../src/simulator/index.ts';
 import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
 import { createTestDatabase } from './helpers/db.ts';

@@ -9,7 +9,8 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import postgres from 'postgres';
-import { foldRunning, settleGroup } from '../src/scheduler/store.ts';
+import { foldRunning } from '../src/scheduler/sql/queues.ts';
+import { settleGroup } from '../src/scheduler/sql/reservations.ts';
 import { startTestApp, type TestApp } from './helpers/app.ts';
 import { leaseOnce, queueJobs, unlimitedWindow } from './helpers/lease.ts';
 

@@ -21,7 +21,7 @@ import type { PgBoss } from 'pg-boss';
 import { inTransaction, queueName, startBoss } from '../src/queue/boss.ts';
 import { CLASSES, type JobClass } from '../src/config/classes.ts';
 import { planPicks, type LeaseInput, type LeaseJob } from '../src/scheduler/lease.ts';
-import { leaseJobs } from '../src/scheduler/store.ts';
+import { leaseJobs } from '../src/scheduler/sql/reservations.ts';
 import { startTestApp, type TestApp } from './helpers/app.ts';
 
 const TENANTS = 5;

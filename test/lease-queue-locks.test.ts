@@ -16,7 +16,7 @@ import { randomUUID } from 'node:crypto';
 import postgres from 'postgres';
 import type { PgBoss } from 'pg-boss';
 import { inTransaction, queueName, startBoss } from '../src/queue/boss.ts';
-import { leaseJobs } from '../src/scheduler/store.ts';
+import { leaseJobs } from '../src/scheduler/sql/reservations.ts';
 import { startTestApp, type TestApp } from './helpers/app.ts';
 
 const WINDOW = 'lease-locks';

@@ -18,7 +18,9 @@ import postgres from 'postgres';
 import { newJobIds } from '../src/jobs/ids.ts';
 import { insertJobsQueued, requeueJob } from '../src/jobs/store.ts';
 import { reactionOrder, requeueOrder } from '../src/scheduler/lock-order.ts';
-import { leaseJobs, markManyQueuesReady, markQueuesReady, pauseWindow, settleReservations, type LeaseRequest } from '../src/scheduler/store.ts';
+import { markManyQueuesReady, markQueuesReady } from '../src/scheduler/sql/queues.ts';
+import { leaseJobs, settleReservations, type LeaseRequest } from '../src/scheduler/sql/reservations.ts';
+import { pauseWindow } from '../src/scheduler/sql/windows.ts';
 import { startTestApp, type TestApp } from './helpers/app.ts';
 import { queueJobs, unlimitedWindow } from './helpers/lease.ts';
 

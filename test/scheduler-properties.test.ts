@@ -3,7 +3,7 @@
  * order (fair.ts), the pacer's token bucket (pacer.ts), Little's-law pools
  * (pool.ts), the credit ledger rules (ledger.ts) and settlement (retry.ts).
  * No database: the dispatch loop that production runs against rows in
- * Postgres (store.ts) is modelled here in memory, built only from the
+ * Postgres (scheduler/sql/, sluice_lease) is modelled here in memory, built only from the
  * exported pure functions.
  *
  * Every fc.assert has a fixed seed, so a run is deterministic; a failure
@@ -28,7 +28,7 @@ const BIG = 1_000_000_000;
 const run = (numRuns: number) => ({ seed: SEED, numRuns });
 
 /* ------------------------------------------------------------------ */
-/* The simulation harness: the dispatch loop of store.ts + dispatcher.ts */
+/* The simulation harness: the dispatch loop of sluice_lease + dispatch/ */
 /* ------------------------------------------------------------------ */
 
 interface SimTenant {
@@ -544,7 +544,7 @@ describe('classes: strict order with a starvation guard', () => {
 });
 
 /* ------------------------------------------------------------------ */
-/* Production's candidate loading and quota blocks (store.ts)          */
+/* Production's candidate loading and quota blocks (sluice_lease)      */
 /* ------------------------------------------------------------------ */
 
 describe('fair order through store.ts’s candidate rows', () => {
@@ -734,7 +734,7 @@ const bucketArb = fc.record({
   fill: fc.double({ min: 0, max: 1, noNaN: true }),
 });
 
-/** Replays events against a bucket the way the SQL does (sluice_lease's window update, store.ts pauseWindow). */
+/** Replays events against a bucket the way the SQL does (sluice_lease's window update, scheduler/sql/windows.ts pauseWindow). */
 function replayPacer(b0: { ratePerMinute: number; burst: number; fill: number }, events: readonly PacerEvent[], onState?: (b: BucketState, now: number) => void) {
   const b: BucketState = { ratePerMinute: b0.ratePerMinute, burst: b0.burst, tokens: b0.burst * b0.fill, refilledAt: 0, pausedUntil: null };
   const taken: Array<{ at: number; n: number }> = [];

@@ -14,7 +14,7 @@ import assert from 'node:assert/strict';
 import { Writable } from 'node:stream';
 import { pino } from 'pino';
 import postgres from 'postgres';
-import { RESULT_NOT_STORED } from '../src/dispatch/dispatcher.ts';
+import { RESULT_NOT_STORED } from '../src/dispatch/settler.ts';
 import { startSimulator, type BadAnswerKind, type Simulator } from '../src/simulator/index.ts';
 import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
 import { assertJobsAccountedFor, assertLedgerBalances, assertQuiescent } from './helpers/invariants.ts';

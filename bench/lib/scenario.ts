@@ -10,7 +10,7 @@
  *    where one tenant submits everything, is attributed the same way);
  *  - B's completion: B's jobs' `finishedAt` read through GraphQL as B;
  *  - the pool: the admin `system { windows }` query when the schema has it,
- *    else the `windows` row through scheduler/store.ts readWindows.
+ *    else the `windows` row through scheduler/sql/windows.ts readWindows.
  *
  * Mode `fifo` is the baseline: one tenant submits every job in arrival order
  * (A's and C's t=0 jobs interleaved 2:1, B's at t=2 s), so B waits behind the
@@ -19,7 +19,7 @@
 import postgres from 'postgres';
 import { mulberry32, sampleLatencyMs } from '../../src/simulator/random.ts';
 import { defaultBurst, pacedRate } from '../../src/scheduler/pacer.ts';
-import { readWindows } from '../../src/scheduler/store.ts';
+import { readWindows } from '../../src/scheduler/sql/windows.ts';
 import { startSimulator, type Simulator } from '../../src/simulator/index.ts';
 import { createTenant, gql, gqlRaw, submitBody, type JobSpec } from './gql.ts';
 import { progress } from './log.ts';

@@ -39,3 +39,14 @@ export async function syncAlerts(tx: Tx, desired: readonly DesiredAlert[]): Prom
   }
   return { raised, cleared: cleared.map(toRow) };
 }
+
+/** Retention: one batch of alerts cleared more than `seconds` ago (rows another pass holds are skipped). Returns how many went. */
+export async function deleteClearedAlerts(sql: Tx, seconds: number, n: number): Promise<number> {
+  const deleted = await sql`
+    with doomed as (
+      select id from alerts
+      where cleared_at is not null and cleared_at < now() - make_interval(secs => ${seconds})
+      order by cleared_at limit ${n} for update skip locked)
+    delete from alerts a using doomed where a.id = doomed.id`;
+  return deleted.count;
+}

@@ -6,6 +6,8 @@ import postgres from 'postgres';
 import * as schema from './schema.ts';
 
 export type Sql = postgres.Sql;
+/** A statement's runner: the pool, or a transaction on it. */
+export type Tx = Sql | postgres.TransactionSql;
 export type Db = PostgresJsDatabase<typeof schema>;
 
 export interface Connection {

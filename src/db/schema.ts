@@ -1,7 +1,10 @@
 /**
  * Sluice's own tables (pg-boss owns the `pgboss` schema). Each table has one
- * owning module that writes it: tenants and tenant_api_keys → src/tenants,
- * jobs and job_results → src/jobs/store.ts, settings → src/db/settings.ts.
+ * owning TypeScript module that writes it (tenants and tenant_api_keys →
+ * src/tenants/store.ts, jobs and job_results → src/jobs/store.ts, settings →
+ * src/db/settings.ts, the scheduler's tables → src/scheduler/sql/<table>.ts, ...),
+ * and the SQL functions that write it own their own statements: the whole map
+ * is docs/ARCHITECTURE.md "Who writes each table" (test/table-owners.test.ts).
  * A change of a table here becomes a migration with `npm run db:generate` (drizzle-kit compares
  * this file with the newest snapshot in drizzle/meta, which matches it). Triggers, partial indexes
  * and data steps are written into a custom migration (`drizzle-kit generate --custom`); SQL
@@ -133,7 +136,7 @@ export const settings = pgTable('settings', {
   updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
 });
 
-/* ---- The scheduler's shared state (owned by src/scheduler/store.ts) ---- */
+/* ---- The scheduler's shared state (one module per table in src/scheduler/sql/) ---- */
 
 /** A tenant's effective limits and live counters, as the scheduler needs them in one row. */
 export const schedTenants = pgTable(

@@ -6,6 +6,16 @@ import { ADMIN_TOKEN_PREFIX, generateSecret, hashSecret } from '../tenants/keys.
 
 const ADMIN_TOKEN_HASH = 'admin_token_hash';
 
+/** A setting's value, or null when it was never written. */
+export async function readSetting(sql: Sql, key: string): Promise<string | null> {
+  const [row] = await sql`select value from settings where key = ${key}`;
+  return (row?.value as string | undefined) ?? null;
+}
+
+export async function writeSetting(sql: Sql, key: string, value: string): Promise<void> {
+  await sql`insert into settings (key, value) values (${key}, ${value}) on conflict (key) do update set value = excluded.value`;
+}
+
 /**
  * The admin token's hash. From SLUICE_ADMIN_TOKEN when set; otherwise the one
  * stored on first start. Returns `generated` only to the one process that

@@ -37,7 +37,9 @@ import { addJobCredits, finishWaitingJob, jobStateOf, upsertResult, type JobStat
 import { reactionTo } from '../provider/classify.ts';
 import type { CallOutcome } from '../provider/types.ts';
 import { deleteWaitingBossJob, lockBossJob } from '../queue/boss.ts';
-import * as sched from '../scheduler/store.ts';
+import { correctLedger } from '../scheduler/sql/ledger.ts';
+import { lockSettledReservations, reconcileReservation } from '../scheduler/sql/reservations.ts';
+import { lockTenants } from '../scheduler/sql/tenants.ts';
 import { addUsageCorrection } from '../usage/store.ts';
 import { resultOf } from './retry.ts';
 
@@ -97,7 +99,7 @@ export interface LateItem {
 export async function reconcileLateSettlements(sql: Sql, items: readonly LateItem[], log: Logger): Promise<number> {
   if (items.length === 0) return 0;
   return sql.begin(async (tx) => {
-    const expired = await sched.lockSettledReservations(tx, items.map((x) => x.reservationId));
+    const expired = await lockSettledReservations(tx, items.map((x) => x.reservationId));
     const todo = items.flatMap((x) => {
       const r = expired.get(x.reservationId);
       // Gone: deleted with its tenant, or by retention. Nothing is left to correct; say so.
@@ -115,7 +117,7 @@ export async function reconcileLateSettlements(sql: Sql, items: readonly LateIte
       const bill = planLateSettlement(r, null, lateOf(x));
       if (bill.action === 'reconcile' && bill.billedDelta !== 0) await addJobCredits(tx, x.jobId, bill.billedDelta);
     }
-    await sched.lockTenants(tx, todo.map(({ x }) => x.tenantId));
+    await lockTenants(tx, todo.map(({ x }) => x.tenantId));
     // Then per tenant (id order), its jobs in id order: waiting jobs, the ledger, history.
     todo.sort((a, b) => (a.x.tenantId < b.x.tenantId ? -1 : a.x.tenantId > b.x.tenantId ? 1 : 0));
     const events: JobEvent[] = [];
@@ -137,9 +139,9 @@ export async function reconcileLateSettlements(sql: Sql, items: readonly LateIte
           events.push({ jobId: x.jobId, tenantId: x.tenantId, state: plan.finish });
         }
       }
-      await sched.reconcileReservation(tx, x.reservationId, plan.billed);
+      await reconcileReservation(tx, x.reservationId, plan.billed);
       if (plan.billedDelta !== 0) {
-        await sched.correctLedger(tx, x.tenantId, r.periodStart, plan.billedDelta);
+        await correctLedger(tx, x.tenantId, r.periodStart, plan.billedDelta);
         await addUsageCorrection(tx, {
           tenantId: x.tenantId,
           periodStart: r.periodStart,

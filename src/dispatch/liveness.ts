@@ -3,7 +3,8 @@
  * sweeper's grace after an outage, the attempt's deadline on the node's own
  * monotonic clock, the outcome of an attempt whose run threw, and how soon a
  * failed settlement is tried again. The I/O that applies them lives in
- * scheduler/sweeper.ts and dispatch/dispatcher.ts.
+ * scheduler/sweeper.ts, dispatch/attempt-leases.ts, dispatch/window-loop.ts and
+ * dispatch/settler.ts.
  */
 import type { CallOutcome } from '../provider/types.ts';
 

@@ -2,7 +2,6 @@
  * What a worker does with an attempt's outcome, as pure functions.
  */
 import type { Reaction } from '../provider/classify.ts';
-import type { ResultRecord } from '../jobs/store.ts';
 import type { CallOutcome, OutcomeKind } from '../provider/types.ts';
 
 /** Delay before retry number `attempt` (1-based): exponential, capped. */
@@ -17,6 +16,15 @@ export function retryDelaySeconds(attempt: number, baseSeconds: number, maxSecon
 export function errorCodeFor(kind: OutcomeKind): string | null {
   if (kind === 'bad_response') return 'UPSTREAM_BAD_RESPONSE';
   return kind === 'billed' ? null : kind.toUpperCase();
+}
+
+/** A job's result row (job_results; written by jobs/store.ts upsertResult and the settlement's functions). */
+export interface ResultRecord {
+  data: unknown;
+  errorCode: string | null;
+  errorMessage: string | null;
+  httpStatus: number | null;
+  attempts: number;
 }
 
 /** The result row an outcome stores (its bill is added by the settlement itself, sluice_settle). */

@@ -29,7 +29,9 @@ import { retryAfterSeconds, tenantDrainRate, type Refusal } from '../admission/r
 import { planGroup, type SubmissionPlan } from '../admission/plan.ts';
 import { addAdmitted, claimRoom, lockGate, readTenants, reconcileGate, reserveRoom, type ReservedRoom, type TenantAdmissionState } from '../admission/store.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
-import { busyWeights, lockTenants, markManyQueuesReady, readWindows, tenantSchedState } from '../scheduler/store.ts';
+import { markManyQueuesReady } from '../scheduler/sql/queues.ts';
+import { busyWeights, lockTenants, tenantSchedState } from '../scheduler/sql/tenants.ts';
+import { readWindows } from '../scheduler/sql/windows.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../tenants/policy.ts';
 import { GroupCommit, type ItemResult } from './group-commit.ts';
 

@@ -11,6 +11,7 @@ import type { Sql } from '../db/client.ts';
 import { queueName } from '../queue/boss.ts';
 import { type JobClass } from '../config/classes.ts';
 import type { ValidJob } from './validate.ts';
+import type { ResultRecord } from '../dispatch/retry.ts';
 import { BOSS_QUEUE_DEFAULTS } from '../queue/insert.ts';
 
 export const JOB_STATES = ['QUEUED', 'WAITING_QUOTA', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'] as const;
@@ -182,13 +183,40 @@ export async function cancelQueuedJob(tx: Tx, tenantId: string, id: string): Pro
   return (rows[0]?.priority as JobClass) ?? null;
 }
 
-export interface ResultRecord {
-  data: unknown;
-  errorCode: string | null;
-  errorMessage: string | null;
-  httpStatus: number | null;
-  attempts: number;
+/**
+ * A deleted tenant's waiting jobs → CANCELLED (they hold no reservation: nothing to bill or
+ * refund); returns their ids.
+ */
+export async function cancelTenantWaitingJobs(tx: Tx, tenantId: string): Promise<string[]> {
+  const rows = await tx`
+    update jobs set state = 'CANCELLED', finished_at = now(), updated_at = now()
+    where tenant_id = ${tenantId} and state in ('QUEUED', 'WAITING_QUOTA') returning id`;
+  return rows.map((r) => r.id as string);
 }
+
+/** A lifted quota block: the tenant's WAITING_QUOTA jobs → QUEUED; returns each one's class. */
+export async function queueQuotaWaitingJobs(tx: Tx, tenantId: string): Promise<JobClass[]> {
+  const rows = await tx`
+    update jobs set state = 'QUEUED', updated_at = now() where tenant_id = ${tenantId} and state = 'WAITING_QUOTA'
+    returning priority`;
+  return rows.map((r) => r.priority as JobClass);
+}
+
+/**
+ * Retention: one batch of jobs finished more than `seconds` ago (their results go with them, on
+ * delete cascade); rows another pass holds are skipped. Returns how many went.
+ */
+export async function deleteFinishedJobs(sql: Tx, seconds: number, n: number): Promise<number> {
+  const deleted = await sql`
+    with doomed as (
+      select id from jobs
+      where state in ('SUCCEEDED', 'FAILED', 'CANCELLED') and finished_at < now() - make_interval(secs => ${seconds})
+      order by finished_at limit ${n} for update skip locked)
+    delete from jobs j using doomed where j.id = doomed.id`;
+  return deleted.count;
+}
+
+export type { ResultRecord };
 
 /**
  * The result row, upserted by job id (invariant I6: one result per job id).

@@ -8,6 +8,7 @@
 import { PgBoss } from 'pg-boss';
 import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
+import { readSetting, writeSetting } from '../db/settings.ts';
 import { CLASSES, type JobClass } from '../config/classes.ts';
 
 
@@ -128,12 +129,11 @@ export async function applyFinishedJobRetention(sql: Sql, seconds: number): Prom
  */
 export async function alignTenantQueues(sql: Sql, finishedJobRetentionSeconds: number): Promise<number | null> {
   const marker = `v1 retention=${TENANT_QUEUE_RETENTION_SECONDS} deletion=${finishedJobRetentionSeconds} heartbeat=off`;
-  const [row] = await sql`select value from settings where key = ${QUEUE_POLICY_SETTING}`;
-  if (row?.value === marker) return null;
+  if ((await readSetting(sql, QUEUE_POLICY_SETTING)) === marker) return null;
   await disableBossHeartbeats(sql);
   const extended = await extendTenantQueueRetention(sql);
   await applyFinishedJobRetention(sql, finishedJobRetentionSeconds);
-  await sql`insert into settings (key, value) values (${QUEUE_POLICY_SETTING}, ${marker}) on conflict (key) do update set value = excluded.value`;
+  await writeSetting(sql, QUEUE_POLICY_SETTING, marker);
   return extended;
 }
 

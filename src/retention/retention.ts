@@ -16,6 +16,9 @@
  */
 import type { Logger } from 'pino';
 import type { Sql } from '../db/client.ts';
+import { deleteClearedAlerts } from '../alerts/store.ts';
+import { deleteFinishedJobs } from '../jobs/store.ts';
+import { deleteSettledReservations } from '../scheduler/sql/reservations.ts';
 import { foldDeltas } from '../usage/store.ts';
 
 /** Arbitrary, fixed: only one process runs retention at a time. */
@@ -41,26 +44,11 @@ export interface RetentionPass {
   foldedDeltas: number;
 }
 
-/** Deletes one batch of each kind; the statements, named. */
+/** Deletes one batch of each kind, by each table's owning module. */
 const DELETE_BATCH = {
-  jobs: (sql: Sql, seconds: number, n: number) => sql`
-    with doomed as (
-      select id from jobs
-      where state in ('SUCCEEDED', 'FAILED', 'CANCELLED') and finished_at < now() - make_interval(secs => ${seconds})
-      order by finished_at limit ${n} for update skip locked)
-    delete from jobs j using doomed where j.id = doomed.id`,
-  reservations: (sql: Sql, seconds: number, n: number) => sql`
-    with doomed as (
-      select id from reservations
-      where settled_at is not null and settled_at < now() - make_interval(secs => ${seconds})
-      order by settled_at limit ${n} for update skip locked)
-    delete from reservations r using doomed where r.id = doomed.id`,
-  alerts: (sql: Sql, seconds: number, n: number) => sql`
-    with doomed as (
-      select id from alerts
-      where cleared_at is not null and cleared_at < now() - make_interval(secs => ${seconds})
-      order by cleared_at limit ${n} for update skip locked)
-    delete from alerts a using doomed where a.id = doomed.id`,
+  jobs: deleteFinishedJobs,
+  reservations: deleteSettledReservations,
+  alerts: deleteClearedAlerts,
 } as const;
 
 export class Retention {
@@ -90,7 +78,7 @@ export class Retention {
         const pass: RetentionPass = { jobs: 0, reservations: 0, alerts: 0, foldedDeltas: 0 };
         for (const kind of ['jobs', 'reservations', 'alerts'] as const) {
           for (let i = 0; i < this.o.maxBatches; i++) {
-            const deleted = (await DELETE_BATCH[kind](sql, this.o.retentionSeconds, this.o.batchSize)).count;
+            const deleted = await DELETE_BATCH[kind](sql, this.o.retentionSeconds, this.o.batchSize);
             pass[kind] += deleted;
             if (deleted < this.o.batchSize) break;
           }

@@ -1,6 +1,6 @@
 /**
  * Credit ledger rules: pure. Reservations are made at dispatch and settled
- * exactly once, by the attempt's outcome (store.ts holds the SQL).
+ * exactly once, by the attempt's outcome (scheduler/sql/reservations.ts and ledger.ts hold the SQL).
  */
 /**
  * Credits a settled attempt bills the tenant: what the client's

@@ -19,7 +19,7 @@ import { publishJobEvents } from '../events/bus.ts';
 import { failWaitingJob, upsertResult } from '../jobs/store.ts';
 import { inTransaction, queueName } from '../queue/boss.ts';
 import { type JobClass } from '../config/classes.ts';
-import { markQueuesReady } from './store.ts';
+import { markQueuesReady } from './sql/queues.ts';
 
 export const LOST_JOB_CODE = 'QUEUE_ENTRY_LOST';
 

@@ -33,7 +33,11 @@ import { quotaPeriod } from '../tenants/policy.ts';
 import { expiryHoldMs } from '../dispatch/liveness.ts';
 import { expirySettlement } from './ledger.ts';
 import { compareQueueKeys } from './lock-order.ts';
-import * as sched from './store.ts';
+import { ledgerFor } from './sql/ledger.ts';
+import { databaseUpForMs, forgetDeadNodes, heartbeatNode, removeNode } from './sql/nodes.ts';
+import { markQueuesReady } from './sql/queues.ts';
+import { lockExpiredReservations, settleReservations } from './sql/reservations.ts';
+import { lockTenants, unblockableTenants, unblockQuota } from './sql/tenants.ts';
 
 /** Arbitrary, fixed: only one process evaluates alerts at a time. */
 const SWEEP_LOCK = 0x736c7377;
@@ -84,7 +88,7 @@ export class Sweeper {
     { name: 'publish', run: async () => this.o.onRound?.() },
     { name: 'expired leases', run: async (r) => void (r.released += await this.releaseExpired()) },
     { name: 'quota blocks', run: async (r) => void (r.unblocked += await this.liftQuotaBlocks()) },
-    { name: 'dead nodes', run: () => sched.forgetDeadNodes(this.o.sql, this.o.nodeTimeoutSeconds) },
+    { name: 'dead nodes', run: () => forgetDeadNodes(this.o.sql, this.o.nodeTimeoutSeconds) },
     // Room reserved by a bulk submission whose process died before writing its jobs (admission/store.ts).
     { name: 'admission reservations', run: async (r) => void (r.reclaimedRooms += await reclaimExpiredRooms(this.o.sql)) },
     { name: 'reconcile', run: () => this.reconcile() },
@@ -96,7 +100,7 @@ export class Sweeper {
   }
 
   async start(): Promise<void> {
-    await sched.heartbeatNode(this.o.sql, this.o.nodeId, this.o.role);
+    await heartbeatNode(this.o.sql, this.o.nodeId, this.o.role);
     const tick = () => {
       if (this.stopped) return;
       this.round = this.sweepOnce()
@@ -113,7 +117,7 @@ export class Sweeper {
     this.stopped = true;
     if (this.timer) clearTimeout(this.timer);
     await this.round;
-    await sched.removeNode(this.o.sql, this.o.nodeId).catch(() => {});
+    await removeNode(this.o.sql, this.o.nodeId).catch(() => {});
   }
 
   /** One round; exported for tests that drive the sweep themselves. */
@@ -132,7 +136,7 @@ export class Sweeper {
   /** The node list's heartbeat, which also tells when this node reaches Postgres again after failing to. */
   private async heartbeat(): Promise<void> {
     try {
-      await sched.heartbeatNode(this.o.sql, this.o.nodeId, this.o.role);
+      await heartbeatNode(this.o.sql, this.o.nodeId, this.o.role);
     } catch (err) {
       this.cutOff = true;
       throw err;
@@ -160,7 +164,7 @@ export class Sweeper {
     const { sql, boss } = this.o;
     const hold = expiryHoldMs({
       leaseMs: (this.o.leaseSeconds ?? this.o.nodeTimeoutSeconds) * 1000,
-      dbUpForMs: await sched.databaseUpForMs(sql),
+      dbUpForMs: await databaseUpForMs(sql),
       nodeBackForMs: this.backAt === null ? Infinity : performance.now() - this.backAt,
     });
     if (hold > 0) {
@@ -172,9 +176,9 @@ export class Sweeper {
     let released = 0;
     for (;;) {
       const n = await sql.begin(async (tx) => {
-        const expired = await sched.lockExpiredReservations(tx, EXPIRED_BATCH);
+        const expired = await lockExpiredReservations(tx, EXPIRED_BATCH);
         if (expired.length === 0) return 0;
-        await sched.lockTenants(tx, expired.map((r) => r.tenantId));
+        await lockTenants(tx, expired.map((r) => r.tenantId));
         const jobs = await releaseLostJobs(tx, expired.map((r) => ({ jobId: r.jobId, attempt: r.attempt })));
         const byQueue = new Map<string, { tenantId: string; jobClass: JobClass; jobs: typeof jobs }>();
         for (const j of jobs) {
@@ -187,10 +191,10 @@ export class Sweeper {
         // (releaseLostJobs' depth trigger has locked these rows already, in that order).
         for (const [queue, g] of [...byQueue].sort(([, a], [, b]) => compareQueueKeys(a, b))) {
           await reinsertJobs(boss, tx, queue, g.jobs.map((j) => ({ id: j.id, data: { tenantId: j.tenantId, api: j.api, params: j.params } })));
-          await sched.markQueuesReady(tx, g.tenantId, [g.jobClass]);
+          await markQueuesReady(tx, g.tenantId, [g.jobClass]);
         }
         // Never marked sent: refunded (nothing went upstream); sent: the timeout rule (ledger.ts).
-        await sched.settleReservations(tx, expired.map((r) => ({ id: r.id, ...expirySettlement(r.credits, r.sent, this.o.timeoutBilling) })));
+        await settleReservations(tx, expired.map((r) => ({ id: r.id, ...expirySettlement(r.credits, r.sent, this.o.timeoutBilling) })));
         await publishJobEvents(tx, jobs.map((j) => ({ jobId: j.id, tenantId: j.tenantId, state: 'QUEUED' as const })));
         return expired.length;
       });
@@ -206,10 +210,10 @@ export class Sweeper {
     const { sql } = this.o;
     let unblocked = 0;
     const now = new Date();
-    for (const t of await sched.unblockableTenants(sql)) {
+    for (const t of await unblockableTenants(sql)) {
       const period = quotaPeriod(t.periodAnchor, now);
-      const ledger = await sched.ledgerFor(sql, t.tenantId, period.start);
-      if (ledger.billed + ledger.reserved + t.cost <= t.quota) unblocked += await sql.begin((tx) => sched.unblockQuota(tx, t.tenantId));
+      const ledger = await ledgerFor(sql, t.tenantId, period.start);
+      if (ledger.billed + ledger.reserved + t.cost <= t.quota) unblocked += await sql.begin((tx) => unblockQuota(tx, t.tenantId));
     }
     return unblocked;
   }

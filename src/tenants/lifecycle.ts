@@ -18,13 +18,16 @@
  *   foreign key to tenants and is kept for the operator.
  */
 import type { PgBoss } from 'pg-boss';
-import type postgres from 'postgres';
-import type { Sql } from '../db/client.ts';
+import type { Sql, Tx } from '../db/client.ts';
 import { SluiceError } from '../errors.ts';
 import { publishJobEvents } from '../events/bus.ts';
 import { queueName } from '../queue/boss.ts';
 import { CLASSES, type JobClass } from '../config/classes.ts';
-import { markQueuesReady } from '../scheduler/store.ts';
+import { cancelTenantWaitingJobs } from '../jobs/store.ts';
+import { deleteTenantReservations } from '../scheduler/sql/reservations.ts';
+import { markQueuesReady } from '../scheduler/sql/queues.ts';
+import { setTenantSuspended } from '../scheduler/sql/tenants.ts';
+import { clearTenantSuspended, deleteTenantRow, markTenantSuspended, revokeTenantKeys } from './store.ts';
 import { notifyAuthChanged } from './auth-notice.ts';
 import { WORK_CHANNEL } from '../jobs/service.ts';
 
@@ -45,8 +48,8 @@ async function exists(sql: Sql, id: string): Promise<void> {
 export async function suspendTenant(deps: LifecycleDeps, id: string): Promise<void> {
   await exists(deps.sql, id);
   await deps.sql.begin(async (tx) => {
-    await tx`update tenants set suspended_at = coalesce(suspended_at, now()), updated_at = now() where id = ${id}`;
-    await tx`update sched_tenants set suspended = true where tenant_id = ${id}`;
+    await markTenantSuspended(tx, id);
+    await setTenantSuspended(tx, id, true);
     // The cached TenantRecord carries suspendedAt: every node's key cache forgets it (tenants/key-cache.ts).
     await notifyAuthChanged(tx, id);
   });
@@ -56,8 +59,8 @@ export async function suspendTenant(deps: LifecycleDeps, id: string): Promise<vo
 export async function resumeTenant(deps: LifecycleDeps, id: string): Promise<void> {
   await exists(deps.sql, id);
   await deps.sql.begin(async (tx) => {
-    await tx`update tenants set suspended_at = null, updated_at = now() where id = ${id}`;
-    await tx`update sched_tenants set suspended = false where tenant_id = ${id}`;
+    await clearTenantSuspended(tx, id);
+    await setTenantSuspended(tx, id, false);
     const queued = await tx`select distinct priority from jobs where tenant_id = ${id} and state = 'QUEUED'`;
     await markQueuesReady(tx, id, queued.map((r) => r.priority as JobClass));
     await tx`select pg_notify(${WORK_CHANNEL}, ${id})`;
@@ -67,21 +70,19 @@ export async function resumeTenant(deps: LifecycleDeps, id: string): Promise<voi
 }
 
 /** Cancels the tenant's waiting jobs (no reservation is held for them: nothing to bill or refund). */
-async function cancelWaiting(tx: Sql | postgres.TransactionSql, id: string): Promise<number> {
-  const rows = await tx`
-    update jobs set state = 'CANCELLED', finished_at = now(), updated_at = now()
-    where tenant_id = ${id} and state in ('QUEUED', 'WAITING_QUOTA') returning id`;
-  await publishJobEvents(tx, rows.map((r) => ({ jobId: r.id as string, tenantId: id, state: 'CANCELLED' })));
-  return rows.length;
+async function cancelWaiting(tx: Tx, id: string): Promise<number> {
+  const cancelled = await cancelTenantWaitingJobs(tx, id);
+  await publishJobEvents(tx, cancelled.map((jobId) => ({ jobId, tenantId: id, state: 'CANCELLED' })));
+  return cancelled.length;
 }
 
 export async function deleteTenant(deps: LifecycleDeps, id: string): Promise<{ cancelledJobs: number }> {
   const { sql, boss } = deps;
   await exists(sql, id);
   let cancelledJobs = await sql.begin(async (tx) => {
-    await tx`update tenants set suspended_at = coalesce(suspended_at, now()), updated_at = now() where id = ${id}`;
-    await tx`update sched_tenants set suspended = true where tenant_id = ${id}`;
-    await tx`update tenant_api_keys set revoked_at = now() where tenant_id = ${id} and revoked_at is null`;
+    await markTenantSuspended(tx, id);
+    await setTenantSuspended(tx, id, true);
+    await revokeTenantKeys(tx, id);
     const n = await cancelWaiting(tx, id);
     await notifyAuthChanged(tx, id);
     return n;
@@ -104,9 +105,9 @@ export async function deleteTenant(deps: LifecycleDeps, id: string): Promise<{ c
   await sql.begin(async (tx) => {
     // A retry requeued while we waited: cancelled too, never sent.
     cancelledJobs += await cancelWaiting(tx, id);
-    await tx`delete from reservations where tenant_id = ${id} and settled_at is not null`;
+    await deleteTenantReservations(tx, id);
     // jobs, job_results, keys, sched_* rows and the ledger go with the tenant (on delete cascade).
-    await tx`delete from tenants where id = ${id}`;
+    await deleteTenantRow(tx, id);
   });
   return { cancelledJobs };
 }

@@ -3,7 +3,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { and, asc, eq, inArray, isNull, sql } from 'drizzle-orm';
-import type { Db } from '../db/client.ts';
+import type { Db, Tx } from '../db/client.ts';
 import { tenantApiKeys, tenants } from '../db/schema.ts';
 import type { TierName } from '../config/tiers.ts';
 import { SluiceError } from '../errors.ts';
@@ -12,6 +12,27 @@ import type { TenantRecord } from './policy.ts';
 import { AUTH_CHANNEL, authNoticePayload } from './auth-notice.ts';
 
 type Row = typeof tenants.$inferSelect;
+
+/* The lifecycle's statements (tenants/lifecycle.ts), on postgres.js transactions. */
+
+/** Suspended (kept when already): submissions are refused. */
+export async function markTenantSuspended(tx: Tx, id: string): Promise<void> {
+  await tx`update tenants set suspended_at = coalesce(suspended_at, now()), updated_at = now() where id = ${id}`;
+}
+
+export async function clearTenantSuspended(tx: Tx, id: string): Promise<void> {
+  await tx`update tenants set suspended_at = null, updated_at = now() where id = ${id}`;
+}
+
+/** Revokes every key of the tenant still valid. */
+export async function revokeTenantKeys(tx: Tx, id: string): Promise<void> {
+  await tx`update tenant_api_keys set revoked_at = now() where tenant_id = ${id} and revoked_at is null`;
+}
+
+/** The tenant's row; its jobs, results, keys, scheduler rows and ledger go with it (on delete cascade). */
+export async function deleteTenantRow(tx: Tx, id: string): Promise<void> {
+  await tx`delete from tenants where id = ${id}`;
+}
 
 /** notifyAuthChanged's notice, on a drizzle transaction. */
 async function notifyAuth(tx: { execute(q: ReturnType<typeof sql>): Promise<unknown> }, tenantId: string): Promise<void> {

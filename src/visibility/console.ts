@@ -7,7 +7,10 @@
  */
 import type { Sql } from '../db/client.ts';
 import type { Services } from '../graphql/context.ts';
-import * as sched from '../scheduler/store.ts';
+import { readAccount } from '../scheduler/sql/account.ts';
+import { readBreakers } from '../scheduler/sql/breakers.ts';
+import { tenantsQueues } from '../scheduler/sql/queues.ts';
+import { readWindows } from '../scheduler/sql/windows.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../tenants/policy.ts';
 import { classStatuses, type QueueStatus, type Usage } from './status.ts';
 
@@ -82,15 +85,15 @@ export async function tenantRowsStatus(services: Services, tenants: readonly Ten
   const now = new Date();
   const periods = new Map(tenants.map((t) => [t.id, quotaPeriod(t.periodAnchor, now)]));
   const [queueRows, stateRows, ledgerRows, windows, account, breakers] = await Promise.all([
-    sched.tenantsQueues(sql, ids),
+    tenantsQueues(sql, ids),
     sql`select tenant_id, in_flight, cap, weight, quota_blocked, suspended from sched_tenants where tenant_id = any(${ids}::uuid[])`,
     sql`
       select l.tenant_id, l.billed, l.reserved from tenant_ledger l
       join unnest(${ids}::uuid[], ${tenants.map((t) => periods.get(t.id)!.start.toISOString())}::timestamptz[]) as p(tenant_id, period_start)
         on p.tenant_id = l.tenant_id and p.period_start = l.period_start`,
-    sched.readWindows(sql),
-    sched.readAccount(sql),
-    sched.readBreakers(sql),
+    readWindows(sql),
+    readAccount(sql),
+    readBreakers(sql),
   ]);
   const out = new Map<string, TenantRowStatus>();
   for (const tenant of tenants) {

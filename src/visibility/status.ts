@@ -9,7 +9,12 @@ import { isTransientOutage } from '../db/availability.ts';
 import type { Sql } from '../db/client.ts';
 import type { Services } from '../graphql/context.ts';
 import { CLASSES, type JobClass } from '../config/classes.ts';
-import * as sched from '../scheduler/store.ts';
+import { type AccountRow, readAccount } from '../scheduler/sql/account.ts';
+import { readBreakers } from '../scheduler/sql/breakers.ts';
+import { ledgerFor } from '../scheduler/sql/ledger.ts';
+import { classTotals, tenantQueues } from '../scheduler/sql/queues.ts';
+import { tenantSchedState } from '../scheduler/sql/tenants.ts';
+import { readWindows, type WindowRow } from '../scheduler/sql/windows.ts';
 import { drainSeconds, waitReason, type WaitReason } from '../scheduler/waits.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../tenants/policy.ts';
 
@@ -32,17 +37,17 @@ export interface Usage {
 
 export async function tenantUsage(services: Services, tenant: TenantRecord): Promise<Usage> {
   const period = quotaPeriod(tenant.periodAnchor, new Date());
-  const ledger = await sched.ledgerFor(services.sql, tenant.id, period.start);
+  const ledger = await ledgerFor(services.sql, tenant.id, period.start);
   return { creditsUsed: ledger.billed, creditsReserved: ledger.reserved, quota: effectiveLimits(tenant).monthlyQuota, periodStart: period.start, periodEnd: period.end };
 }
 
 /** What classStatuses reads: the tenant's queues and scheduler row, and the shared machinery. */
 export interface ClassStatusReads {
-  queues: Awaited<ReturnType<typeof sched.tenantQueues>>;
-  state: Awaited<ReturnType<typeof sched.tenantSchedState>>;
-  windows: sched.WindowRow[];
-  account: sched.AccountRow;
-  breakers: Awaited<ReturnType<typeof sched.readBreakers>>;
+  queues: Awaited<ReturnType<typeof tenantQueues>>;
+  state: Awaited<ReturnType<typeof tenantSchedState>>;
+  windows: WindowRow[];
+  account: AccountRow;
+  breakers: Awaited<ReturnType<typeof readBreakers>>;
 }
 
 /** Each class of one tenant: depth, running, oldest age and why its head job waits (no drain estimate); pure. */
@@ -72,11 +77,11 @@ export function classStatuses(windowSpecs: Services['windows'], tenant: TenantRe
 export async function tenantQueueStatus(services: Services, tenant: TenantRecord): Promise<QueueStatus[]> {
   const { sql } = services;
   const [queues, state, windows, account, breakers] = await Promise.all([
-    sched.tenantQueues(sql, tenant.id),
-    sched.tenantSchedState(sql, tenant.id),
-    sched.readWindows(sql),
-    sched.readAccount(sql),
-    sched.readBreakers(sql),
+    tenantQueues(sql, tenant.id),
+    tenantSchedState(sql, tenant.id),
+    readWindows(sql),
+    readAccount(sql),
+    readBreakers(sql),
   ]);
   const statuses = classStatuses(services.windows, tenant, { queues, state, windows, account, breakers });
   // One busy-weight read per class with waiting work, side by side; windows and the scheduler row are shared.
@@ -146,9 +151,9 @@ export function jobWaitReason(job: { priority: JobClass; state: string }, queues
 }
 
 export interface SystemStatus {
-  windows: Array<sched.WindowRow & { callsPerSecond: number }>;
-  account: sched.AccountRow;
-  breakers: Awaited<ReturnType<typeof sched.readBreakers>>;
+  windows: Array<WindowRow & { callsPerSecond: number }>;
+  account: AccountRow;
+  breakers: Awaited<ReturnType<typeof readBreakers>>;
   alerts: AlertRow[];
   classes: Array<{ priority: JobClass; depth: number; running: number; oldestAgeSeconds: number | null }>;
   estimatedDrainSeconds: number | null;
@@ -157,12 +162,12 @@ export interface SystemStatus {
 export async function systemStatus(services: Services): Promise<SystemStatus> {
   const { sql } = services;
   const [rawWindows, rates, account, breakers, alerts, totals] = await Promise.all([
-    sched.readWindows(sql),
+    readWindows(sql),
     windowCallRates(sql),
-    sched.readAccount(sql),
-    sched.readBreakers(sql),
+    readAccount(sql),
+    readBreakers(sql),
     activeAlerts(sql),
-    sched.classTotals(sql),
+    classTotals(sql),
   ]);
   const windows = rawWindows.map((w) => ({ ...w, callsPerSecond: rates.get(w.name) ?? 0 }));
   const depth = totals.reduce((s, c) => s + c.depth, 0);

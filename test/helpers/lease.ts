@@ -7,7 +7,8 @@ import { randomUUID } from 'node:crypto';
 import type postgres from 'postgres';
 import { newJobIds } from '../../src/jobs/ids.ts';
 import { insertJobsQueued, type NewJobRow } from '../../src/jobs/store.ts';
-import { leaseJobs, markManyQueuesReady, type LeaseRow } from '../../src/scheduler/store.ts';
+import { markManyQueuesReady } from '../../src/scheduler/sql/queues.ts';
+import { leaseJobs, type LeaseRow } from '../../src/scheduler/sql/reservations.ts';
 
 /** A window with no rate limit, for leases of its own. */
 export async function unlimitedWindow(sql: postgres.Sql, name: string): Promise<void> {

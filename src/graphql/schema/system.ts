@@ -1,5 +1,6 @@
 import type { AlertRow } from '../../alerts/store.ts';
-import { resumeDispatch, type AccountRow, type WindowRow } from '../../scheduler/store.ts';
+import { resumeDispatch, type AccountRow } from '../../scheduler/sql/account.ts';
+import { type WindowRow } from '../../scheduler/sql/windows.ts';
 import { changes, systemStatus, type SystemStatus } from '../../visibility/status.ts';
 import { PriorityEnum } from './jobs.ts';
 import { tokensAt } from '../../scheduler/pacer.ts';

@@ -1,0 +1,22 @@
+/**
+ * The statements on tenant_ledger: each tenant's credits per quota period, reserved, billed and
+ * refunded. The lease and sluice_release_settled move it on the hot path; a late settlement corrects it
+ * here.
+ *
+ * Every TypeScript statement that writes the table is here (docs/ARCHITECTURE.md "Who writes each
+ * table"; test/table-owners.test.ts). Shared state changes with single conditional statements, never
+ * read-then-write, and rows are locked in the one order of docs/ARCHITECTURE.md "Lock order".
+ */
+import type { Tx } from '../../db/client.ts';
+
+/** Moves a tenant's billed credits for a period by `delta` (a late settlement's correction); refunds move the other way. */
+export async function correctLedger(tx: Tx, tenantId: string, periodStart: Date, delta: number): Promise<void> {
+  await tx`
+    update tenant_ledger set billed = billed + ${delta}, refunded = refunded - ${delta}
+    where tenant_id = ${tenantId} and period_start = ${periodStart}`;
+}
+
+export async function ledgerFor(sql: Tx, tenantId: string, periodStart: Date): Promise<{ billed: number; reserved: number; refunded: number }> {
+  const [row] = await sql`select billed, reserved, refunded from tenant_ledger where tenant_id = ${tenantId} and period_start = ${periodStart}`;
+  return { billed: Number(row?.billed ?? 0), reserved: Number(row?.reserved ?? 0), refunded: Number(row?.refunded ?? 0) };
+}

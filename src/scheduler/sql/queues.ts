@@ -1,0 +1,111 @@
+/**
+ * The statements on sched_queues: one row per tenant and class: its virtual time, when it is ready, its
+ * depth and running counters. SQL functions write it too (sluice_lease, sluice_fold_running,
+ * sluice_apply_depth_delta).
+ *
+ * Every TypeScript statement that writes the table is here (docs/ARCHITECTURE.md "Who writes each
+ * table"; test/table-owners.test.ts). Shared state changes with single conditional statements, never
+ * read-then-write, and rows are locked in the one order of docs/ARCHITECTURE.md "Lock order".
+ */
+import type { Tx } from '../../db/client.ts';
+import { CLASSES, type JobClass } from '../../config/classes.ts';
+import { oldestQueuedAgeByClass } from './classes.ts';
+
+/** A tenant's queues, one per class (in the transaction that writes its scheduler row: syncTenant). */
+export async function addQueues(tx: Tx, tenantId: string): Promise<void> {
+  await tx`
+    insert into sched_queues (tenant_id, class)
+    select ${tenantId}, c from unnest(${CLASSES as unknown as string[]}::text[]) as c
+    on conflict do nothing`;
+}
+
+/**
+ * Marks queues as having work ready now. A queue that was idle (or only had
+ * delayed work) joins at the class clock: no credit for idle time.
+ */
+export async function markQueuesReady(tx: Tx, tenantId: string, classes: readonly JobClass[], at: Date | null = null): Promise<void> {
+  await markManyQueuesReady(tx, classes.map((jobClass) => ({ tenantId, jobClass })), at);
+}
+
+/** markQueuesReady for the queues of many tenants in one statement (a group commit). */
+export async function markManyQueuesReady(tx: Tx, queues: ReadonlyArray<{ tenantId: string; jobClass: JobClass }>, at: Date | null = null): Promise<void> {
+  if (queues.length === 0) return;
+  await tx`
+    update sched_queues q set
+      vtime = case when q.ready_at is null or q.ready_at > now() then greatest(q.vtime, c.clock) else q.vtime end,
+      ready_at = least(coalesce(q.ready_at, 'infinity'), coalesce(${at}::timestamptz, now()))
+    from sched_classes c, jsonb_to_recordset(${tx.json(queues.map((x) => ({ t: x.tenantId, c: x.jobClass })) as never)}::jsonb) as r(t uuid, c text)
+    where q.tenant_id = r.t and q.class = r.c and c.class = q.class
+      -- The queues' tenants by id: an index lookup each, where the join alone reads every queue.
+      and q.tenant_id = any(${[...new Set(queues.map((x) => x.tenantId))]}::uuid[])
+      -- A queue already ready (by now and by \`at\`) would be rewritten unchanged: skip it. Every
+      -- submission group marks its queues, and a busy queue is nearly always ready already, so this
+      -- saves a row version (and WAL) per queue per group. An UPDATE evaluates this on the row's
+      -- latest version (after waiting for a concurrent writer), so no concurrent change is missed.
+      and (q.ready_at is null or q.ready_at > least(now(), coalesce(${at}::timestamptz, now())))`;
+}
+
+/**
+ * Per class: waiting jobs (exact, from the depth counters), running jobs, and the oldest queued
+ * job's age. The sums read every queue's row (O(registered tenants)): for the status page, not
+ * for anything that runs every round.
+ */
+export async function classTotals(sql: Tx): Promise<Array<{ jobClass: JobClass; depth: number; running: number; oldestAgeSeconds: number | null }>> {
+  const [rows, oldest] = await Promise.all([
+    sql`
+      select c.class,
+        (select coalesce(sum(depth), 0) from sched_queues q where q.class = c.class)::int as depth,
+        ((select coalesce(sum(running), 0) from sched_queues q where q.class = c.class)
+          + (select coalesce(sum(n), 0) from sched_running_deltas d where d.class = c.class))::int as running
+      from unnest(${CLASSES as unknown as string[]}::text[]) as c(class)`,
+    oldestQueuedAgeByClass(sql),
+  ]);
+  return rows.map((r) => ({ jobClass: r.class as JobClass, depth: r.depth as number, running: r.running as number, oldestAgeSeconds: oldest[r.class as JobClass] ?? null }));
+}
+
+/** Per class of one tenant: waiting, running, oldest waiting job's age, quota block, and the tenant's cap state. */
+export async function tenantQueues(sql: Tx, tenantId: string): Promise<Array<{ jobClass: JobClass; depth: number; running: number; oldestAgeSeconds: number | null; headApi: string | null }>> {
+  return (await tenantsQueues(sql, [tenantId])).get(tenantId) ?? [];
+}
+
+/** tenantQueues for many tenants in one statement (the console's tenants table). */
+export async function tenantsQueues(sql: Tx, tenantIds: readonly string[]): Promise<Map<string, Awaited<ReturnType<typeof tenantQueues>>>> {
+  const rows = await sql`
+    select q.tenant_id, q.class, q.depth,
+      q.running + coalesce((select sum(n) from sched_running_deltas d where d.tenant_id = q.tenant_id and d.class = q.class), 0)::int as running,
+      h.age, h.api
+    from sched_queues q
+    left join lateral (
+      select extract(epoch from now() - created_at) as age, api from jobs j
+      where j.tenant_id = q.tenant_id and j.priority = q.class and j.state in ('QUEUED', 'WAITING_QUOTA')
+      order by created_at limit 1
+    ) h on true
+    where q.tenant_id = any(${tenantIds as string[]}::uuid[])`;
+  const order = CLASSES as readonly string[];
+  const out = new Map<string, Awaited<ReturnType<typeof tenantQueues>>>();
+  for (const r of rows) {
+    const list = out.get(r.tenant_id as string) ?? [];
+    list.push({ jobClass: r.class as JobClass, depth: r.depth as number, running: r.running as number, oldestAgeSeconds: r.age === null ? null : Number(r.age), headApi: (r.api as string | null) ?? null });
+    out.set(r.tenant_id as string, list);
+  }
+  for (const list of out.values()) list.sort((a, b) => order.indexOf(a.jobClass) - order.indexOf(b.jobClass));
+  return out;
+}
+
+/**
+ * Folds the RUNNING deltas the job triggers appended into sched_queues.running
+ * (drizzle/functions/sluice_fold_running.sql; the sweeper calls it every round). Returns the deltas folded.
+ */
+export async function foldRunning(sql: Tx): Promise<number> {
+  const [r] = await sql`select sluice_fold_running() as n`;
+  return (r?.n as number) ?? 0;
+}
+
+/** Per tenant and class: waiting and running (only for METRICS_TENANT_LABELS). */
+export async function tenantDepths(sql: Tx): Promise<Array<{ tenant: string; class: string; depth: number; running: number }>> {
+  const rows = await sql`
+    select q.tenant_id, q.class, q.depth, r.running from sched_queues q
+    cross join lateral (select q.running + coalesce((select sum(n) from sched_running_deltas d where d.tenant_id = q.tenant_id and d.class = q.class), 0)::int as running) r
+    where q.depth > 0 or r.running > 0`;
+  return rows.map((r) => ({ tenant: r.tenant_id as string, class: r.class as string, depth: r.depth as number, running: r.running as number }));
+}

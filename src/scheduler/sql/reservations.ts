@@ -1,0 +1,264 @@
+/**
+ * The statements on reservations: one per attempt: its credits, its attempt lease and sent mark, how it
+ * was settled. Created by the lease (sluice_lease) and settled by sluice_settle_reservations (through
+ * sluice_settle and sluice_settle_group), both called from here.
+ *
+ * Every TypeScript statement that writes the table is here (docs/ARCHITECTURE.md "Who writes each
+ * table"; test/table-owners.test.ts). Shared state changes with single conditional statements, never
+ * read-then-write, and rows are locked in the one order of docs/ARCHITECTURE.md "Lock order".
+ */
+import type { Tx } from '../../db/client.ts';
+import { finishItem, type FinishedJob } from '../../jobs/store.ts';
+import type { JobClass } from '../../config/classes.ts';
+
+/**
+ * How a lease call ended. `busy`: another lease of the window was under way (sluice_lease does not
+ * wait for it): lease again soon. `changed`: the window was paused or stopped, or its tokens taken,
+ * while the call ran (a provider signal); the call wrote nothing: decide again. Both are normal
+ * contention, returned as results (no statement error, no ERROR line in Postgres's log).
+ */
+export type LeaseStatus = 'leased' | 'busy' | 'changed';
+
+export interface LeaseResult {
+  status: LeaseStatus;
+  /** The jobs leased (empty unless `leased`; may be empty then too: nothing eligible). */
+  rows: LeaseRow[];
+}
+
+export interface LeaseRow {
+  /** The turn that took it: one queue's jobs. */
+  turn: number;
+  reservationId: string;
+  jobId: string;
+  attempt: number;
+  tenantId: string;
+  jobClass: JobClass;
+  queue: string;
+  data: { tenantId: string; api: string; params: Record<string, unknown> };
+  credits: number;
+  batched: boolean;
+  windowSlot: boolean;
+  /** A batched job's call (the turn that opened it: one batch call may carry many tenants' turns); null for a single call. */
+  call: number | null;
+}
+
+export interface LeaseRequest {
+  window: string;
+  nodeId: string;
+  pool: number;
+  max: number;
+  leaseMax: number;
+  /** Classes in the order to serve them (fair.ts classOrder). */
+  classes: readonly JobClass[];
+  leaseSeconds: number;
+  costs: Record<string, number>;
+  hold: readonly string[];
+  batch: Record<string, [number, number]>;
+  batchMax: number;
+  batchQuantum: number;
+}
+
+/**
+ * The lease in ONE round trip (drizzle/functions/sluice_lease.sql; pure model:
+ * lease.ts planPicks): fair order across tenants, caps, quotas, the window's
+ * tokens and pool, pg-boss activation, claims and reservations, in one call.
+ */
+export async function leaseJobs(sql: Tx, r: LeaseRequest): Promise<LeaseResult> {
+  const rows = await sql`
+    select * from sluice_lease(${r.window}, ${r.nodeId}, ${r.pool}, ${r.max}, ${r.leaseMax}, ${r.classes as string[]}::text[],
+      ${r.leaseSeconds}, ${sql.json(r.costs)}::jsonb, ${r.hold as string[]}::text[], ${sql.json(r.batch as never)}::jsonb,
+      ${r.batchMax}, ${r.batchQuantum})`;
+  // A call that leased nothing because of contention says so in one row without a job.
+  const status = rows.length === 1 && rows[0]!.job_id === null ? (rows[0]!.status as LeaseStatus) : 'leased';
+  if (status !== 'leased') return { status, rows: [] };
+  return { status, rows: rows.map((x) => ({
+    turn: x.turn as number,
+    reservationId: x.reservation_id as string,
+    jobId: x.job_id as string,
+    attempt: x.attempt as number,
+    tenantId: x.tenant_id as string,
+    jobClass: x.class as JobClass,
+    queue: x.queue as string,
+    data: x.data as LeaseRow['data'],
+    credits: x.credits as number,
+    batched: x.batched as boolean,
+    windowSlot: x.window_slot as boolean,
+    call: (x.call as number | null) ?? null,
+  })) };
+}
+
+export interface SettleRow {
+  id: string;
+  billed: number;
+  outcome: string;
+}
+
+/**
+ * Settles reservations exactly once (I5), all in one statement
+ * (`sluice_settle`, drizzle/functions/sluice_settle.sql): billed or refunded, their tenant and
+ * window slots released, hot rows last. Returns the ids it settled; one
+ * missing was settled already (the sweeper found its lease expired, or an
+ * earlier try committed but its acknowledgement was lost).
+ */
+export async function settleReservations(tx: Tx, rows: readonly SettleRow[]): Promise<Set<string>> {
+  if (rows.length === 0) return new Set();
+  const out = await tx`select sluice_settle(${tx.json(rows as never)}::jsonb) as id`;
+  return new Set(out.map((r) => r.id as string));
+}
+
+/** One attempt of a settlement group: its reservation's bill, and its final state unless the caller requeued it. */
+export interface SettleGroupItem extends SettleRow {
+  tenantId: string;
+  finish?: FinishedJob;
+}
+
+/**
+ * A settlement group in ONE statement (drizzle/functions/sluice_settle_group.sql):
+ * locks the reservations still open, finishes the jobs of those with a final
+ * state (result and pg-boss ack with it, I6), queues the events of the jobs
+ * it finished, then settles the reservations (sluice_settle: their tenants'
+ * rows, taken last so they are held only to the commit; the ledger; the
+ * window's slot deltas). Returns the reservations it settled; the
+ * others were settled already (a superseded attempt changes nothing). With
+ * `sql` outside a transaction this is the whole settlement: one round trip,
+ * no transaction held open between round trips.
+ */
+export async function settleGroup(sql: Tx, items: readonly SettleGroupItem[]): Promise<Set<string>> {
+  if (items.length === 0) return new Set();
+  const rows = items.map((x) => ({ rid: x.id, tenant: x.tenantId, billed: x.billed, outcome: x.outcome, ...(x.finish ? { finish: finishItem(x.finish) } : {}) }));
+  const out = await sql`select sluice_settle_group(${sql.json(rows as never)}::jsonb) as id`;
+  return new Set(out.map((r) => r.id as string));
+}
+
+/**
+ * The first step of a settlement (lock order: reservations first): locks
+ * the reservations still open among `ids`, returning them. A settlement
+ * changes nothing for the others: their attempt was superseded.
+ */
+export async function lockOpenReservations(tx: Tx, ids: readonly string[]): Promise<Set<string>> {
+  if (ids.length === 0) return new Set();
+  const rows = await tx`
+    select id from reservations where id = any(${ids as string[]}::uuid[]) and settled_at is null
+    order by id for update`;
+  return new Set(rows.map((r) => r.id as string));
+}
+
+/** A reservation a settlement found settled already, as it was settled (dispatch/late-settlement.ts). */
+export interface SettledReservation {
+  outcome: string;
+  billed: number;
+  credits: number;
+  reconciled: boolean;
+  periodStart: Date;
+  /** Its job's API and class (for the usage correction); 'unknown' when the job is gone. */
+  api: string;
+  jobClass: string;
+}
+
+/**
+ * The first step of a late settlement (lock order: reservations first): locks
+ * those of `ids` that are settled, returning how they were settled.
+ */
+export async function lockSettledReservations(tx: Tx, ids: readonly string[]): Promise<Map<string, SettledReservation>> {
+  if (ids.length === 0) return new Map();
+  const rows = await tx`
+    select r.id, r.outcome, r.billed, r.credits, r.reconciled_at is not null as reconciled, r.period_start,
+      coalesce(j.api, 'unknown') as api, coalesce(j.priority, 'UNKNOWN') as class
+    from reservations r left join jobs j on j.id = r.job_id
+    where r.id = any(${ids as string[]}::uuid[]) and r.settled_at is not null
+    order by r.id for update of r`;
+  return new Map(
+    rows.map((r) => [
+      r.id as string,
+      { outcome: r.outcome as string, billed: Number(r.billed ?? 0), credits: r.credits as number, reconciled: r.reconciled as boolean, periodStart: r.period_start as Date, api: r.api as string, jobClass: r.class as string },
+    ]),
+  );
+}
+
+/** A late settlement's bill for a reservation the sweeper settled: once (reconciled_at fences a second). */
+export async function reconcileReservation(tx: Tx, id: string, billed: number): Promise<void> {
+  await tx`update reservations set billed = ${billed}, reconciled_at = clock_timestamp() where id = ${id} and reconciled_at is null`;
+}
+
+/**
+ * The attempt lease: extends the leases of this node's open reservations.
+ * Returns the ids it extended (`live`) and, among the others, the ones now
+ * settled (`settled`): settled by someone else (the sweeper found the lease
+ * expired), so their calls must stop. A row locked right now (its settlement
+ * or a sweep is under way) is skipped, not waited for: the refresh never
+ * queues behind a slow settlement.
+ */
+export async function refreshLeases(sql: Tx, ids: readonly string[], leaseSeconds: number): Promise<{ live: Set<string>; settled: Set<string> }> {
+  if (ids.length === 0) return { live: new Set(), settled: new Set() };
+  const rows = await sql`
+    with mine as (
+      select id from reservations where id = any(${ids as string[]}::uuid[]) and settled_at is null
+      for update skip locked
+    )
+    update reservations r set lease_expires_at = clock_timestamp() + make_interval(secs => ${leaseSeconds})
+    from mine where r.id = mine.id
+    returning r.id`;
+  const live = new Set(rows.map((r) => r.id as string));
+  const missing = ids.filter((id) => !live.has(id));
+  if (missing.length === 0) return { live, settled: new Set() };
+  const gone = await sql`select id from reservations where id = any(${missing}::uuid[]) and settled_at is not null`;
+  return { live, settled: new Set(gone.map((r) => r.id as string)) };
+}
+
+/**
+ * The "sent" mark (migration 0028): ONE statement for all the reservations a
+ * lease returned, before their calls are sent. Returns the ids it marked; the
+ * node sends only those (one missing was settled meanwhile: its lease
+ * expired). All rows of one call share the statement's `now()`, so the
+ * distinct marks count the statements. A lease whose rows never reached its
+ * node is never marked, and its expiry refunds it. Rows are not locked
+ * against a settlement: a mark waits for a sweep holding the row, then finds
+ * it settled and leaves it out.
+ */
+export async function markSent(sql: Tx, ids: readonly string[]): Promise<Set<string>> {
+  if (ids.length === 0) return new Set();
+  const rows = await sql`
+    update reservations set sent_at = now()
+    where id = any(${ids as string[]}::uuid[]) and settled_at is null
+    returning id`;
+  return new Set(rows.map((r) => r.id as string));
+}
+
+export interface ExpiredReservation {
+  id: string;
+  jobId: string;
+  attempt: number;
+  tenantId: string;
+  credits: number;
+  /** Its node marked it sent before calling (markSent); unmarked ones are refunded. */
+  sent: boolean;
+}
+
+/**
+ * Open reservations whose attempt lease expired (the one liveness
+ * authority), locked; rows another sweeper holds are skipped. In a short
+ * transaction, `limit` at a time.
+ */
+export async function lockExpiredReservations(tx: Tx, limit: number): Promise<ExpiredReservation[]> {
+  const rows = await tx`
+    select id, job_id, attempt, tenant_id, credits, sent_at is not null as sent from reservations
+    where settled_at is null and lease_expires_at < clock_timestamp()
+    order by id limit ${limit} for update skip locked`;
+  return rows.map((r) => ({ id: r.id as string, jobId: r.job_id as string, attempt: r.attempt as number, tenantId: r.tenant_id as string, credits: r.credits as number, sent: r.sent as boolean }));
+}
+
+/** Retention: one batch of settled reservations older than `seconds` (rows another pass holds are skipped). Returns how many went. */
+export async function deleteSettledReservations(sql: Tx, seconds: number, n: number): Promise<number> {
+  const deleted = await sql`
+    with doomed as (
+      select id from reservations
+      where settled_at is not null and settled_at < now() - make_interval(secs => ${seconds})
+      order by settled_at limit ${n} for update skip locked)
+    delete from reservations r using doomed where r.id = doomed.id`;
+  return deleted.count;
+}
+
+/** A deleted tenant's settled reservations (none is open: its calls in flight have settled first). */
+export async function deleteTenantReservations(tx: Tx, tenantId: string): Promise<void> {
+  await tx`delete from reservations where tenant_id = ${tenantId} and settled_at is not null`;
+}
