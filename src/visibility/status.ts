@@ -13,7 +13,7 @@ import { type AccountRow, readAccount } from '../scheduler/sql/account.ts';
 import { readBreakers } from '../scheduler/sql/breakers.ts';
 import { ledgerFor } from '../scheduler/sql/ledger.ts';
 import { classTotals, tenantQueues } from '../scheduler/sql/queues.ts';
-import { tenantSchedState } from '../scheduler/sql/tenants.ts';
+import { busyWeights, tenantSchedState } from '../scheduler/sql/tenants.ts';
 import { readWindows, type WindowRow } from '../scheduler/sql/windows.ts';
 import { drainSeconds, waitReason, type WaitReason } from '../scheduler/waits.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../tenants/policy.ts';
@@ -87,7 +87,7 @@ export async function tenantQueueStatus(services: Services, tenant: TenantRecord
   // One busy-weight read per class with waiting work, side by side; windows and the scheduler row are shared.
   return Promise.all(
     statuses.map(async (q) => {
-      const rate = q.depth > 0 ? services.jobs.drainRatesFrom(tenant, [q.priority], { windows, state, busy: await sched.busyWeights(sql, [q.priority]) }).tenant : 0;
+      const rate = q.depth > 0 ? services.jobs.drainRatesFrom(tenant, [q.priority], { windows, state, busy: await busyWeights(sql, [q.priority]) }).tenant : 0;
       return { ...q, estimatedDrainSeconds: drainSeconds(q.depth, rate) };
     }),
   );
