@@ -21,8 +21,10 @@ import { DEFAULT_QUERY_LIMITS, hardeningPlugins, type QueryLimits } from './http
 import type { Metrics } from './metrics.ts';
 import { serveOps, type OpsOptions } from './http/ops.ts';
 import { USAGE_CSV_PATH, serveUsageCsv } from './http/usage-csv.ts';
-import type { SubscriptionRegistry } from './events/subscriptions.ts';
-import { renderSluiceGraphiQL } from './http/graphiql.ts';
+import { useSubscriptionsOverWsOnly, type SubscriptionRegistry } from './events/subscriptions.ts';
+import { renderSluiceGraphiQL, useGraphiQLHeaders } from './http/graphiql.ts';
+import { AuthFailureBudget, admit, applyTimeouts, limitSocketPayload, type HttpTimeouts } from './http/front-door.ts';
+import { useAdminAudit } from './http/audit.ts';
 import { serveConsole } from './http/console.ts';
 
 export const GRAPHQL_PATH = '/graphql';
@@ -42,6 +44,12 @@ export interface ServerOptions {
   ops: OpsOptions;
   /** graphql-ws caps and the sockets closed when keys change; absent: no caps. */
   subscriptions?: SubscriptionRegistry;
+  /** Limits before authentication (http/front-door.ts); defaults: 64 KiB, 20 failures a minute, Node's timeouts. */
+  unauthenticatedMaxBodyBytes?: number;
+  authFailuresPerMinute?: number;
+  httpTimeouts?: HttpTimeouts;
+  /** GraphiQL at GET /graphql (GRAPHIQL); default off. */
+  graphiql?: boolean;
 }
 
 /** SluiceError → a GraphQL error with its code; anything else is logged and masked (no stack traces outside development). */
@@ -69,32 +77,41 @@ export function createGraphQL(opts: Omit<ServerOptions, 'ops'>): YogaServerInsta
   return createYoga<Record<string, unknown>, Context>({
     schema,
     graphqlEndpoint: GRAPHQL_PATH,
-    graphiql: { title: 'Sluice', subscriptionsProtocol: 'WS' },
+    graphiql: opts.graphiql ? { title: 'Sluice', subscriptionsProtocol: 'WS' } : false,
     renderGraphiQL: renderSluiceGraphiQL, // offline (assets inlined), subscriptions authenticated
 
     landingPage: false,
     logging: false,
     maskedErrors: { maskError: (e, m, d) => maskError(opts.log, e, m, d), isDev: opts.development },
-    context: async ({ request, connectionParams, req, gate, socket }: { request?: Request; connectionParams?: Record<string, unknown>; req?: IncomingMessage; gate?: CommitGate; socket?: { close(code: number, reason: string): void } }) => {
+    context: async ({ request, connectionParams, req, gate, socket, auth, address }: { request?: Request; connectionParams?: Record<string, unknown>; req?: IncomingMessage; gate?: CommitGate; socket?: { close(code: number, reason: string): void }; auth?: Context['auth']; address?: string }) => {
+      // HTTP: the front door authenticated from the headers already (before reading the body).
       // Over graphql-ws there is no Request: the connection's params, else its upgrade request's header.
       const authorization = request ? request.headers.get('authorization') : connectionAuthorization(connectionParams, req?.headers.authorization);
-      return { auth: await authenticate(opts.services, authorization), services: opts.services, ...(gate ? { gate } : {}), ...(socket ? { socket } : {}) };
+      return {
+        auth: auth ?? (await authenticate(opts.services, authorization)),
+        services: opts.services,
+        address: address ?? req?.socket.remoteAddress ?? null,
+        ...(gate ? { gate } : {}),
+        ...(socket ? { socket } : {}),
+      };
     },
     plugins: [
+      useSubscriptionsOverWsOnly(), // SSE is off: before auth, so any caller learns where subscriptions are
+      useGraphiQLHeaders(),
       ...hardeningPlugins(opts.limits ?? DEFAULT_QUERY_LIMITS), // front door: CSRF, then query limits (before auth, before execution)
       useOperationAuth(),
       useInputHardening(),
       useInputErrorCodes(),
+      useAdminAudit(opts.log),
       ...(opts.metrics ? [opts.metrics.yogaPlugin()] : []),
     ],
   });
 }
 
-function tooLarge(res: ServerResponse, max: number): void {
+function tooLarge(res: ServerResponse, max: number, unauthenticated = false): void {
   res.writeHead(413, { 'content-type': 'application/json', connection: 'close' });
-  res.end(
-    JSON.stringify({ errors: [{ message: `request body is larger than ${max} bytes`, extensions: { code: 'BODY_TOO_LARGE', maxBytes: max } }] }),
-  );
+  const message = unauthenticated ? `request body is larger than ${max} bytes, the limit without an API key: send Authorization: Bearer <api key>` : `request body is larger than ${max} bytes`;
+  res.end(JSON.stringify({ errors: [{ message, extensions: { code: 'BODY_TOO_LARGE', maxBytes: max } }] }));
 }
 
 function sendErrors(res: ServerResponse, status: number, error: { message: string; extensions: Record<string, unknown> }, headers: Record<string, string> = {}): void {
@@ -131,11 +148,24 @@ async function readBody(req: IncomingMessage, max: number): Promise<Buffer | nul
 
 export function createHttpServer(opts: ServerOptions): { server: Server; yoga: ReturnType<typeof createGraphQL>; closeSubscriptions(): Promise<void>; connections: WsConnections } {
   const yoga = createGraphQL(opts);
+  const budget = new AuthFailureBudget({ perMinute: opts.authFailuresPerMinute ?? 20 });
+  const unauthenticatedMax = opts.unauthenticatedMaxBodyBytes ?? 64 * 1024;
+  const addressOf = (req: IncomingMessage) => req.socket.remoteAddress ?? 'unknown';
 
   const server = createServer(async (req, res) => {
     try {
       const url = new URL(req.url ?? '/', 'http://localhost');
       if (await serveOps(req, res, opts.ops)) return;
+      const guarded = url.pathname === GRAPHQL_PATH || url.pathname === USAGE_CSV_PATH;
+      // The key is checked from the headers, before any body is read (http/front-door.ts).
+      const door = guarded
+        ? await admit(
+            { authorization: req.headers.authorization, address: addressOf(req) },
+            { budget, authenticate: (a) => authenticate(opts.services, a), maxBodyBytes: opts.maxBodyBytes, unauthenticatedMaxBodyBytes: unauthenticatedMax },
+          )
+        : null;
+      if (door && !door.admitted) return sendErrors(res, door.status, door.error, { ...door.headers, connection: 'close' });
+      const maxBody = door?.admitted ? door.maxBodyBytes : unauthenticatedMax;
       if (url.pathname === USAGE_CSV_PATH && req.method === 'GET') return await serveUsageCsv(req, res, opts.services);
       if (await serveConsole(req, res, url.pathname)) return;
       if (url.pathname === '/' && req.method === 'GET') {
@@ -145,9 +175,9 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
       let body: Buffer | undefined;
       if (req.method !== 'GET' && req.method !== 'HEAD') {
         const declared = Number(req.headers['content-length'] ?? 0);
-        if (declared > opts.maxBodyBytes) return tooLarge(res, opts.maxBodyBytes);
-        const read = await readBody(req, opts.maxBodyBytes);
-        if (read === null) return tooLarge(res, opts.maxBodyBytes);
+        if (declared > maxBody) return tooLarge(res, maxBody, maxBody < opts.maxBodyBytes);
+        const read = await readBody(req, maxBody);
+        if (read === null) return tooLarge(res, maxBody, maxBody < opts.maxBodyBytes);
         body = read;
       }
       if (req.method === 'GET' && url.pathname === GRAPHQL_PATH) {
@@ -166,7 +196,7 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
           headers,
           ...(body ? { body: new Uint8Array(body) } : {}),
         }),
-        { gate },
+        { gate, address: addressOf(req), ...(door?.admitted ? { auth: door.auth } : {}) },
       ));
       const response = await withDeadline(pending, opts.requestTimeoutMs ?? 30_000, gate);
       if (response === null) {
@@ -203,7 +233,19 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
   // Re-validation after a revocation notice reads the database, not the key cache: the cache may
   // not have seen the same notice yet (both listen on sluice_auth, in no set order).
   const connections = new WsConnections((authorization) => authenticate(opts.services, authorization, { fresh: true }));
-  const wss = new WebSocketServer({ server, path: GRAPHQL_PATH, maxPayload: opts.maxBodyBytes });
+  const wss = new WebSocketServer({
+    server,
+    path: GRAPHQL_PATH,
+    maxPayload: opts.maxBodyBytes,
+    // An address past its failed-authentication budget is refused at the upgrade, before any key lookup.
+    verifyClient: (info, done) => {
+      const wait = budget.retryAfter(addressOf(info.req));
+      if (wait === null) done(true);
+      else done(false, 429, `Too Many Requests: too many failed authentications from this address, retry in ${wait} s`, { 'retry-after': String(wait) });
+    },
+  });
+  // Until its connection_init is accepted, a socket reads small messages only (ws's maxPayload is per server).
+  wss.on('connection', (socket) => limitSocketPayload(socket as never, unauthenticatedMax));
   const wsServer = useServer(
     {
       // Close reasons of internal errors carry no message unless in development (graphql-ws reads NODE_ENV otherwise).
@@ -223,9 +265,11 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
           return false;
         }
         if (auth.kind !== 'admin' && auth.kind !== 'tenant') {
+          if (auth.kind === 'invalid') budget.fail(addressOf(ctx.extra.request));
           socket.close(WS_CLOSE.unauthorized, auth.kind === 'anonymous' ? 'missing credential: send connectionParams.authorization = "Bearer <api key>"' : 'unknown or revoked API key');
           return false;
         }
+        limitSocketPayload(socket as never, opts.maxBodyBytes);
         connections.add(socket, auth, authorization!);
         opts.subscriptions?.connected(ctx, auth.kind === 'tenant' ? auth.tenant.id : null);
         return true;
@@ -270,11 +314,12 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
         };
         const errors = validate(args.schema, args.document);
         if (errors.length) return errors;
-        // An operation this credential may not run closes the connection: 4403 (4401 if the key was revoked meanwhile).
+        // An operation this credential may not run is refused alone (FORBIDDEN): its siblings keep running.
+        // A key revoked meanwhile is the connection's failure: 4401.
         const refused = operationRefusal(args);
         if (refused) {
-          const code = refused.extensions.code === 'FORBIDDEN' ? WS_CLOSE.forbidden : WS_CLOSE.unauthorized;
-          ctx.extra.socket.close(code, refused.message.slice(0, 120));
+          if (refused.extensions.code === 'FORBIDDEN') return [new GraphQLError(refused.message, { extensions: { code: 'FORBIDDEN' } })];
+          ctx.extra.socket.close(WS_CLOSE.unauthorized, refused.message.slice(0, 120));
           return [refused];
         }
         // Counted once it will run; onComplete, onError or the socket's close uncount it.
@@ -295,6 +340,7 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
     socket.end(`HTTP/1.1 ${status}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
   });
   server.on('close', () => wss.close());
+  if (opts.httpTimeouts) applyTimeouts(server, opts.httpTimeouts);
   // On stop: every open subscription socket is closed with 1001 Going away, so clients know to reconnect elsewhere.
   let closed: Promise<void> | null = null;
   const closeSubscriptions = () => (closed ??= Promise.resolve(wsServer.dispose()).catch(() => {}));

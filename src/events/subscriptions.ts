@@ -5,6 +5,7 @@
  * Closing connections whose key was revoked is http/ws-auth.ts's job.
  */
 import { GraphQLError } from 'graphql';
+import type { Plugin } from 'graphql-yoga';
 
 interface Connection {
   tenantId: string | null;
@@ -74,4 +75,27 @@ export class SubscriptionRegistry {
     for (const id of [...c.operations]) this.end(key, id);
     this.connections.delete(key);
   }
+}
+
+/**
+ * Subscriptions are served over graphql-ws only. Over HTTP (Yoga's SSE) they
+ * would need every control above again (caps, closing on revocation,
+ * suspension and deletion, the slow-consumer close, an abort when the client
+ * goes away); one transport keeps them in one place. A subscription over HTTP
+ * gets this coded error, before authentication and before anything runs.
+ */
+export function sseRefusal(): GraphQLError {
+  return new GraphQLError(
+    'subscriptions are served over graphql-ws only: open a WebSocket to /graphql (protocol graphql-transport-ws) and send connectionParams.authorization = "Bearer <api key>"',
+    { extensions: { code: 'SUBSCRIPTIONS_NEED_GRAPHQL_WS', http: { status: 400 } } },
+  );
+}
+
+/** Refuses subscriptions that did not come over graphql-ws (their context has no socket). */
+export function useSubscriptionsOverWsOnly(): Plugin<{ socket?: unknown }> {
+  return {
+    onSubscribe({ args, setResultAndStopExecution }) {
+      if (!(args.contextValue as { socket?: unknown }).socket) setResultAndStopExecution({ errors: [sseRefusal()] });
+    },
+  };
 }

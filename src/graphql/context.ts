@@ -51,7 +51,8 @@ export interface Context {
   /** HTTP only: the request deadline's commit gate (a submission must not commit once the deadline answered). */
   gate?: CommitGate;
   /** The graphql-ws socket of a subscription (absent over HTTP): closed if the subscriber falls behind. */
-  socket?: SubscriberSocket;
+  socket?: SubscriberSocket;  /** The client's address (the socket's peer), for the audit log; null when unknown. */
+  address?: string | null;
 }
 
 /**
