@@ -23,7 +23,7 @@ import { serveOps, type OpsOptions } from './http/ops.ts';
 import { USAGE_CSV_PATH, serveUsageCsv } from './http/usage-csv.ts';
 import { useSubscriptionsOverWsOnly, type SubscriptionRegistry } from './events/subscriptions.ts';
 import { renderSluiceGraphiQL, useGraphiQLHeaders } from './http/graphiql.ts';
-import { AuthFailureBudget, admit, applyTimeouts, limitSocketPayload, type HttpTimeouts } from './http/front-door.ts';
+import { AuthFailureBudget, CONNECTIONS_CHECK_MS, admit, applyTimeouts, limitSocketPayload, type HttpTimeouts } from './http/front-door.ts';
 import { useAdminAudit } from './http/audit.ts';
 import { serveConsole } from './http/console.ts';
 
@@ -121,6 +121,11 @@ function sendErrors(res: ServerResponse, status: number, error: { message: strin
   res.end(body);
 }
 
+function timedOut(res: ServerResponse, ms: number): void {
+  const e = databaseUnavailable(`the request waited ${ms} ms for the database`);
+  sendErrors(res, 503, { message: e.message, extensions: { code: e.code, ...e.extensions } }, e.httpHeaders);
+}
+
 /** The response, or null when the deadline passed first and `gate` let it answer (no commit under way). */
 async function withDeadline<T>(pending: Promise<T>, ms: number, gate: CommitGate): Promise<T | null> {
   let timer: NodeJS.Timeout | undefined;
@@ -152,18 +157,27 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
   const unauthenticatedMax = opts.unauthenticatedMaxBodyBytes ?? 64 * 1024;
   const addressOf = (req: IncomingMessage) => req.socket.remoteAddress ?? 'unknown';
 
-  const server = createServer(async (req, res) => {
+  // Node enforces headersTimeout and requestTimeout when it checks its connections: every second, not its default 30.
+  const server = createServer({ connectionsCheckingInterval: CONNECTIONS_CHECK_MS }, async (req, res) => {
     try {
       const url = new URL(req.url ?? '/', 'http://localhost');
       if (await serveOps(req, res, opts.ops)) return;
       const guarded = url.pathname === GRAPHQL_PATH || url.pathname === USAGE_CSV_PATH;
       // The key is checked from the headers, before any body is read (http/front-door.ts).
+      // Its lookup counts against the request deadline like any other wait on the database.
+      const startedAt = Date.now();
+      const deadlineMs = opts.requestTimeoutMs ?? 30_000;
       const door = guarded
-        ? await admit(
-            { authorization: req.headers.authorization, address: addressOf(req) },
-            { budget, authenticate: (a) => authenticate(opts.services, a), maxBodyBytes: opts.maxBodyBytes, unauthenticatedMaxBodyBytes: unauthenticatedMax },
+        ? await withDeadline(
+            admit(
+              { authorization: req.headers.authorization, address: addressOf(req) },
+              { budget, authenticate: (a) => authenticate(opts.services, a), maxBodyBytes: opts.maxBodyBytes, unauthenticatedMaxBodyBytes: unauthenticatedMax },
+            ),
+            deadlineMs,
+            new CommitGate(),
           )
-        : null;
+        : undefined;
+      if (door === null) return timedOut(res, deadlineMs);
       if (door && !door.admitted) return sendErrors(res, door.status, door.error, { ...door.headers, connection: 'close' });
       const maxBody = door?.admitted ? door.maxBodyBytes : unauthenticatedMax;
       if (url.pathname === USAGE_CSV_PATH && req.method === 'GET') return await serveUsageCsv(req, res, opts.services);
@@ -198,12 +212,11 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
         }),
         { gate, address: addressOf(req), ...(door?.admitted ? { auth: door.auth } : {}) },
       ));
-      const response = await withDeadline(pending, opts.requestTimeoutMs ?? 30_000, gate);
+      const response = await withDeadline(pending, Math.max(1, deadlineMs - (Date.now() - startedAt)), gate);
       if (response === null) {
         // Still waiting (on the database) at the deadline, and no commit under way: answer now; the late result is dropped.
         void pending.then((late) => late.body?.cancel().catch(() => {}), () => {});
-        const e = databaseUnavailable(`the request waited ${opts.requestTimeoutMs ?? 30_000} ms for the database`);
-        return sendErrors(res, 503, { message: e.message, extensions: { code: e.code, ...e.extensions } }, e.httpHeaders);
+        return timedOut(res, deadlineMs);
       }
       // Yoga answers some refusals (406, 415) with an empty body: give them a body with a code, like every other error.
       const coded = codedEmptyError(response.status);
@@ -335,8 +348,11 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
   server.on('clientError', (err: NodeJS.ErrnoException, socket) => {
     if (!socket.writable) return socket.destroy();
     const tooLarge = err.code === 'HPE_HEADER_OVERFLOW';
-    const status = tooLarge ? '431 Request Header Fields Too Large' : '400 Bad Request';
-    const body = JSON.stringify({ errors: [{ message: tooLarge ? 'request headers (or the URL) are too large: send the query in a POST body' : 'malformed HTTP request', extensions: { code: tooLarge ? 'HEADERS_TOO_LARGE' : 'BAD_REQUEST' } }] });
+    // Headers or body slower than HTTP_HEADERS_TIMEOUT_MS / HTTP_REQUEST_TIMEOUT_MS (http/front-door.ts).
+    const slow = err.code === 'ERR_HTTP_REQUEST_TIMEOUT';
+    const status = tooLarge ? '431 Request Header Fields Too Large' : slow ? '408 Request Timeout' : '400 Bad Request';
+    const message = tooLarge ? 'request headers (or the URL) are too large: send the query in a POST body' : slow ? 'the request did not arrive in time' : 'malformed HTTP request';
+    const body = JSON.stringify({ errors: [{ message, extensions: { code: tooLarge ? 'HEADERS_TOO_LARGE' : slow ? 'REQUEST_TIMEOUT' : 'BAD_REQUEST' } }] });
     socket.end(`HTTP/1.1 ${status}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
   });
   server.on('close', () => wss.close());

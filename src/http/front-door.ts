@@ -86,6 +86,9 @@ export interface HttpTimeouts {
   keepAliveMs: number;
 }
 
+/** How often Node checks its connections against headersTimeout and requestTimeout (its default, 30 s, would let a slow client hold a socket that long past them). */
+export const CONNECTIONS_CHECK_MS = 1_000;
+
 export function applyTimeouts(server: Server, t: HttpTimeouts): void {
   server.headersTimeout = t.headersMs;
   server.requestTimeout = t.requestMs;
@@ -101,6 +104,18 @@ interface PayloadLimited {
 const tooBigCode = 1009; // RFC 6455: message too big
 
 /**
+ * ws reports a message past the limit as an 'error' on the socket (and closes it with 1009 itself);
+ * graphql-ws prints every socket error with its stack to the console. An oversize message is a
+ * client's mistake, answered by the close code: not an error of ours to print.
+ */
+function quietOversize(socket: { emit(event: string | symbol, ...args: unknown[]): boolean; sluiceQuiet?: true }): void {
+  if (socket.sluiceQuiet) return;
+  socket.sluiceQuiet = true;
+  const emit = socket.emit.bind(socket);
+  socket.emit = (event, ...args) => (event === 'error' && (args[0] as { code?: string } | undefined)?.code === 'WS_ERR_UNSUPPORTED_MESSAGE_LENGTH' ? false : emit(event, ...args));
+}
+
+/**
  * The largest message this socket reads from now on. ws's `maxPayload` is one
  * value per server, so the socket's own receiver is set: frames past it close
  * the socket with 1009 as their header arrives, before their payload is
@@ -108,6 +123,7 @@ const tooBigCode = 1009; // RFC 6455: message too big
  * the socket (after they were read).
  */
 export function limitSocketPayload(socket: PayloadLimited, bytes: number): void {
+  quietOversize(socket as unknown as { emit(event: string | symbol, ...args: unknown[]): boolean; sluiceQuiet?: true });
   const receiver = socket._receiver;
   if (receiver && typeof receiver._maxPayload === 'number') {
     receiver._maxPayload = bytes;
