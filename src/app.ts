@@ -244,6 +244,8 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     };
     if (ops.metricsOff) log.error({ host: env.HOST }, 'GET /metrics is refused (403): this process listens on a non-loopback address and METRICS_TOKEN is not set; set METRICS_TOKEN to serve it');
     if (env.SLUICE_ROLE !== 'worker') {
+      // In demo mode and development GraphiQL is on unless GRAPHIQL=false; in production only with GRAPHIQL=true.
+      const graphiql = env.GRAPHIQL ?? (!env.APIVERVE_API_KEY || env.NODE_ENV === 'development');
       const subscriptions = new SubscriptionRegistry({ perTenant: env.MAX_SUBSCRIPTIONS_PER_TENANT, perProcess: env.MAX_SUBSCRIPTIONS_PER_PROCESS });
       const { server, closeSubscriptions, connections } = createHttpServer({
         services,
@@ -258,8 +260,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         unauthenticatedMaxBodyBytes: env.UNAUTHENTICATED_MAX_BODY_BYTES,
         authFailuresPerMinute: env.AUTH_FAILURES_PER_MINUTE,
         httpTimeouts: { headersMs: env.HTTP_HEADERS_TIMEOUT_MS, requestMs: env.HTTP_REQUEST_TIMEOUT_MS, keepAliveMs: env.HTTP_KEEP_ALIVE_TIMEOUT_MS },
-        // In demo mode and development GraphiQL is on unless GRAPHIQL=false; in production only with GRAPHIQL=true.
-        graphiql: env.GRAPHIQL ?? (!env.APIVERVE_API_KEY || env.NODE_ENV === 'development'),
+        graphiql,
       });
       // Revoked keys lose their open subscriptions on every node (http/ws-auth.ts).
       await connections.start(sql, (err) => log.warn({ err }, 'could not re-validate graphql-ws connections'));
@@ -276,7 +277,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       port = (server.address() as AddressInfo).port;
       const shownHost = env.HOST === '0.0.0.0' || env.HOST === '::' ? 'localhost' : env.HOST;
       url = `http://${shownHost}:${port}${GRAPHQL_PATH}`;
-      log.info({ url, console: url.replace(/\/graphql$/, '/console') }, 'GraphQL API and GraphiQL are up (graphql-ws on the same path); the console is at /console');
+      log.info({ url, console: url.replace(/\/graphql$/, '/console'), graphiql: graphiql }, `GraphQL API${graphiql ? ' and GraphiQL' : ''} are up (graphql-ws on the same path); the console is at /console`);
     }
     if (env.SLUICE_ROLE !== 'api') {
       const nodeId = randomUUID();
