@@ -148,7 +148,7 @@ export const envSchema = z.object({
   /**
    * Tenant API keys are cached per process this long (0 = no cache). A rotation, suspension,
    * resumption, limit change or deletion reaches every process at once through NOTIFY sluice_auth;
-   * the TTL only bounds what a lost notice could leave behind. Unknown keys are never cached.
+   * the TTL only bounds what a lost notice could leave behind. Unknown keys: AUTH_NEGATIVE_CACHE_MS.
    */
   AUTH_CACHE_TTL_MS: int(5_000, 0),
   /** Admission: the bound on waiting jobs across all tenants, and the share of it each class may fill. */
