@@ -242,7 +242,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       metricsOff: metricsRefused(isLoopbackHost(env.HOST), env.METRICS_TOKEN),
       ...(env.SLUICE_ROLE !== 'api' ? { dispatcherRunning: () => dispatcherUp } : {}),
     };
-    if (ops.metricsOff) log.error({ host: env.HOST }, 'GET /metrics is refused (403): this process listens on a non-loopback address and METRICS_TOKEN is not set; set METRICS_TOKEN to serve it');
+    if (ops.metricsOff) log.warn({ host: env.HOST }, 'GET /metrics is refused (403): this process listens on a non-loopback address and METRICS_TOKEN is not set; set METRICS_TOKEN to serve it');
     if (env.SLUICE_ROLE !== 'worker') {
       // In demo mode and development GraphiQL is on unless GRAPHIQL=false; in production only with GRAPHIQL=true.
       const graphiql = env.GRAPHIQL ?? (!env.APIVERVE_API_KEY || env.NODE_ENV === 'development');
@@ -277,7 +277,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       port = (server.address() as AddressInfo).port;
       const shownHost = env.HOST === '0.0.0.0' || env.HOST === '::' ? 'localhost' : env.HOST;
       url = `http://${shownHost}:${port}${GRAPHQL_PATH}`;
-      log.info({ url, console: url.replace(/\/graphql$/, '/console'), graphiql: graphiql }, `GraphQL API${graphiql ? ' and GraphiQL' : ''} are up (graphql-ws on the same path); the console is at /console`);
+      log.info({ url, console: url.replace(/\/graphql$/, '/console'), graphiql }, 'GraphQL API is up (graphql-ws on the same path, GraphiQL when `graphiql` is true); the console is at /console');
     }
     if (env.SLUICE_ROLE !== 'api') {
       const nodeId = randomUUID();

@@ -279,7 +279,7 @@ describe('a production-like API process: failed-auth budget, GraphiQL off, /metr
     const res = await fetch(`${base}/metrics`);
     assert.equal(res.status, 403);
     assert.match(await res.text(), /METRICS_TOKEN/);
-    assert.ok(logs.lines.some((l) => l.level === 50 && /METRICS_TOKEN is not set/.test(String(l.msg))), 'an error line at start');
+    assert.ok(logs.lines.some((l) => l.level === 40 && /METRICS_TOKEN is not set/.test(String(l.msg))), 'a warning at start');
   });
 
   test('failed authentications from one address: 401, then 429 with Retry-After (HTTP and graphql-ws); no-key requests still pass', async () => {
