@@ -26,6 +26,7 @@ import * as cluster from './cluster.ts';
 import * as consoleReads from './console.ts';
 import * as maintenance from './maintenance.ts';
 import * as chaos from './chaos.ts';
+import * as noisyNeighbor from './noisy-neighbor.ts';
 
 interface Benchmark {
   description: string;
@@ -44,6 +45,7 @@ const BENCHMARKS: Record<string, Benchmark> = {
   console: consoleReads,
   maintenance,
   chaos,
+  'noisy-neighbor': noisyNeighbor,
 };
 
 function usage(): string {

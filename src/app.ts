@@ -9,7 +9,7 @@ import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { buildCatalog } from './config/apis.ts';
 import { ConfigError, type Env } from './config/env.ts';
-import { connect, ensureDatabase, poolSizes } from './db/client.ts';
+import { connect, connectDedicated, ensureDatabase, poolSizes } from './db/client.ts';
 import { startEmbeddedPostgres, type EmbeddedDatabase } from './db/embedded.ts';
 import { runMigrations, shippedMigrations } from './db/migrate.ts';
 import { resolveAdminToken } from './db/settings.ts';
@@ -17,6 +17,7 @@ import { Dispatcher } from './dispatch/dispatcher.ts';
 import { Breakers } from './dispatch/breakers.ts';
 import { createMetrics } from './metrics.ts';
 import { queryLimitsFromEnv } from './http/hardening.ts';
+import { RequestBudget } from './http/budget.ts';
 import { systemStatus } from './visibility/status.ts';
 import { tokensAt } from './scheduler/pacer.ts';
 import { desiredAlerts } from './alerts/rules.ts';
@@ -26,6 +27,7 @@ import type { Services } from './graphql/context.ts';
 import { JobService } from './jobs/service.ts';
 import type { Logger } from './log.ts';
 import { createProviderClient } from './provider/client.ts';
+import type { ProviderClient } from './provider/types.ts';
 import { BossMaintenance, TENANT_QUEUE_RETENTION_SECONDS, alignTenantQueues, ensureTenantQueues, startBoss } from './queue/boss.ts';
 import { createOpsServer, metricsRefused, type OpsOptions } from './http/ops.ts';
 import { isLoopbackHost } from './http/front-door.ts';
@@ -53,6 +55,8 @@ export interface SluiceApp {
   simulator: Simulator | null;
   /** The admin token when this start generated it (shown once). */
   generatedAdminToken: string | null;
+  /** Tenants' request budgets as this process charges them (null: REQUEST_BUDGET_ENABLED=false). */
+  requestBudget: RequestBudget | null;
   stop(): Promise<void>;
 }
 
@@ -60,6 +64,8 @@ export interface SluiceApp {
 export interface StartOverrides {
   /** Options for the demo-mode simulator, on top of the SIMULATOR_* environment. */
   simulator?: Partial<SimulatorOptions>;
+  /** Wraps the real provider client (tests: a fault on a chosen request, through the real path). */
+  wrapProviderClient?: (client: ProviderClient) => ProviderClient;
 }
 
 export async function startSluice(env: Env, log: Logger, overrides: StartOverrides = {}): Promise<SluiceApp> {
@@ -90,17 +96,16 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       log.info({ dataDir: path.resolve(env.SLUICE_DATA_DIR) }, 'embedded Postgres is running (set DATABASE_URL to use your own)');
     }
     await runMigrations(databaseUrl);
-    const connection = connect(databaseUrl, {
-      max: env.DB_POOL_MAX,
+    const poolSettings = {
       timeouts: {
         lockTimeoutMs: env.DB_LOCK_TIMEOUT_MS,
         statementTimeoutMs: env.DB_STATEMENT_TIMEOUT_MS,
         idleInTransactionTimeoutMs: env.DB_IDLE_IN_TRANSACTION_TIMEOUT_MS,
       },
-      countStatements: env.SLUICE_COUNT_SQL,
       // A connection attempt gives up within 5 s (and within the request deadline): a request never hangs on a Postgres that is away.
       connectTimeoutSeconds: Math.max(1, Math.min(5, Math.ceil(env.REQUEST_TIMEOUT_MS / 1000))),
-    });
+    };
+    const connection = connect(databaseUrl, { ...poolSettings, max: env.DB_POOL_MAX, countStatements: env.SLUICE_COUNT_SQL });
     const { sql, db } = connection;
     cleanups.push(() => connection.end());
     const boss = await startBoss(databaseUrl, { supervise: false, max: poolSizes(env.DB_POOL_MAX).boss });
@@ -139,7 +144,8 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       baseUrl = simulator.url;
       log.warn({ simulator: simulator.url }, 'DEMO MODE: no APIVERVE_API_KEY is set, so jobs run against the bundled provider simulator, not the real APIVerve');
     }
-    const client = createProviderClient({ baseUrl, timeoutMs: env.PROVIDER_TIMEOUT_MS, catalog, timeoutBilling: env.TIMEOUT_BILLING, maxResultBytes: env.MAX_RESULT_BYTES });
+    const realClient = createProviderClient({ baseUrl, timeoutMs: env.PROVIDER_TIMEOUT_MS, catalog, timeoutBilling: env.TIMEOUT_BILLING, maxResultBytes: env.MAX_RESULT_BYTES });
+    const client = overrides.wrapProviderClient?.(realClient) ?? realClient;
     cleanups.push(() => client.close());
     const windowSpecs = planWindows({
       plan: env.APIVERVE_PLAN,
@@ -205,6 +211,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       queuePolicy,
       lifecycle: { sql, boss, authChanged: (id) => apiKeys.invalidate(id) },
       agePromiseSeconds: parseClassNumbers(env.CLASS_AGE_PROMISE_SECONDS),
+      ...(env.REQUEST_BUDGET_ENABLED ? { budget: new RequestBudget(sql, { refusalDelayMs: env.REQUEST_BUDGET_REFUSAL_DELAY_MS }) } : {}),
       tenantChanged: async (tenant) => {
         await ensureTenantQueues(boss, tenant.id, queuePolicy);
         await sched.syncTenant(sql, tenant);
@@ -296,8 +303,12 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         intervalSeconds: env.RETENTION_INTERVAL_SECONDS,
         log,
       });
+      // The attempt-lease refresh's own connection: it never waits behind the hot path on `sql`.
+      const leaseSql = connectDedicated(databaseUrl, { ...poolSettings, max: 1 });
+      cleanups.push(() => leaseSql.end({ timeout: 5 }));
       const dispatcher = new Dispatcher({
         sql,
+        leaseSql,
         boss,
         client,
         catalog,
@@ -329,6 +340,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         role: env.SLUICE_ROLE,
         intervalMs: env.SWEEP_INTERVAL_MS,
         nodeTimeoutSeconds: env.NODE_TIMEOUT_SECONDS,
+        leaseSeconds: env.ATTEMPT_LEASE_SECONDS ?? env.NODE_TIMEOUT_SECONDS,
         timeoutBilling: env.TIMEOUT_BILLING,
         log,
         onRound: async () => {
@@ -391,7 +403,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       log.info({ nodeId, windows: windowSpecs.map((w) => ({ name: w.name, classes: w.classes, pacedPerMinute: w.pacedPerMinute })) }, 'dispatcher started');
     }
 
-    return { url, port, metricsPort, databaseUrl, simulator, generatedAdminToken: admin.generated, stop };
+    return { url, port, metricsPort, databaseUrl, simulator, generatedAdminToken: admin.generated, requestBudget: services.budget ?? null, stop };
   } catch (err) {
     await stop();
     throw err;

@@ -26,6 +26,7 @@ import { renderSluiceGraphiQL, useGraphiQLHeaders } from './http/graphiql.ts';
 import { AuthFailureBudget, CONNECTIONS_CHECK_MS, admit, applyTimeouts, limitSocketPayload, type HttpTimeouts } from './http/front-door.ts';
 import { useAdminAudit } from './http/audit.ts';
 import { serveConsole } from './http/console.ts';
+import { chargeOperation, throttledError, useRequestBudget } from './http/budget.ts';
 
 export const GRAPHQL_PATH = '/graphql';
 
@@ -100,6 +101,7 @@ export function createGraphQL(opts: Omit<ServerOptions, 'ops'>): YogaServerInsta
       useGraphiQLHeaders(),
       ...hardeningPlugins(opts.limits ?? DEFAULT_QUERY_LIMITS), // front door: CSRF, then query limits (before auth, before execution)
       useOperationAuth(),
+      useRequestBudget(), // after the credential is checked: tenants pay for what they run (http/budget.ts)
       useInputHardening(),
       useInputErrorCodes(),
       useAdminAudit(opts.log),
@@ -335,6 +337,9 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
           ctx.extra.socket.close(WS_CLOSE.unauthorized, refused.message.slice(0, 120));
           return [refused];
         }
+        // Over its request budget: an error for this operation (THROTTLED), the socket stays open.
+        const charged = await chargeOperation(args);
+        if (charged && !charged.granted) return [throttledError(charged, { http: false })];
         // Counted once it will run; onComplete, onError or the socket's close uncount it.
         const overCap = opts.subscriptions?.start(ctx, id);
         if (overCap) return [overCap];

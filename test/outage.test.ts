@@ -85,7 +85,9 @@ describe('Postgres killed and restarted mid-run', () => {
 
   test('the process lives, answers 503 DATABASE_UNAVAILABLE meanwhile, then every accepted job runs once and every event arrives', async (t) => {
     const databaseUrl = pg!.urlFor('sluice');
-    node = await startNode('all', crashTestEnv(sim, databaseUrl, 6000, { BATCH_MAX: '1', REQUEST_TIMEOUT_MS: '3000', NODE_TIMEOUT_SECONDS: '30', DISPATCH_IDLE_POLL_MS: '200' }));
+    // The attempt lease (2 s) is a fraction of the outage (10-20 s): known outcomes wait through it and
+    // land after recovery, before any sweep may expire their leases (calls take ≤ 0.6 s, under ¾ of it).
+    node = await startNode('all', crashTestEnv(sim, databaseUrl, 6000, { BATCH_MAX: '1', REQUEST_TIMEOUT_MS: '3000', NODE_TIMEOUT_SECONDS: '30', ATTEMPT_LEASE_SECONDS: '2', DISPATCH_IDLE_POLL_MS: '200' }));
     const url = node.url!;
     const { createTenant } = await gqlAt(url, CREATE, { i: { name: 'outage', tier: 'PRO' } });
     const key = createTenant.apiKey as string;

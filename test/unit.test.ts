@@ -8,7 +8,7 @@ import { buildCatalog, DEFAULT_CATALOG } from '../src/config/apis.ts';
 import { loadEnv, ConfigError } from '../src/config/env.ts';
 import { validateSubmission, validateJob } from '../src/jobs/validate.ts';
 import { SluiceError } from '../src/errors.ts';
-import { effectiveLimits, quotaPeriod } from '../src/tenants/policy.ts';
+import { effectiveLimits, quotaPeriod, requestBudgetLimits } from '../src/tenants/policy.ts';
 import { TIERS } from '../src/config/tiers.ts';
 import { planSettlement, retryDelaySeconds } from '../src/dispatch/retry.ts';
 import { authorize } from '../src/graphql/auth-plugin.ts';
@@ -85,7 +85,10 @@ describe('configuration', () => {
 describe('tenant limits and quota periods', () => {
   test('overrides win over the tier, null falls back to it', () => {
     const base = { tier: 'PRO' as const, weight: null, concurrencyCap: 3, monthlyQuota: null, queueBound: null };
-    assert.deepEqual(effectiveLimits(base), { ...TIERS.PRO, concurrencyCap: 3 });
+    const { requestBurst, requestRate, ...pro } = TIERS.PRO; // the request budget has its own function
+    assert.deepEqual(effectiveLimits(base), { ...pro, concurrencyCap: 3 });
+    assert.deepEqual(requestBudgetLimits({ ...base, requestBurst: 7, requestRate: null }), { burst: 7, rate: requestRate });
+    assert.equal(requestBudgetLimits(base).burst, requestBurst);
   });
   test('the period starts on the anchor anniversary, clamped to short months', () => {
     const anchor = new Date('2026-01-31T10:00:00Z');

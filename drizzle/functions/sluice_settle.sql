@@ -1,8 +1,10 @@
 -- sluice_settle: settles reservations exactly once (settled_at null -> set: billed on success,
--- refunded otherwise, as each outcome says) and releases what they held: the tenants' cap slots
--- (rows locked in id order), the ledger's reserved credits (billed ones added), and the window's
--- pool slots, appended to window_slot_deltas instead of updating the window's hot row (the next
--- lease folds them). Returns the reservations it settled.
+-- refunded otherwise, as each outcome says), adds what it bills to their jobs' creditsBilled (I11),
+-- and releases what they held: the tenants' cap slots (rows locked in id order), the ledger's
+-- reserved credits (billed ones added), and the window's pool slots, appended to
+-- window_slot_deltas instead of updating the window's hot row (the next lease folds them). Returns
+-- the reservations it settled. Its two halves are sluice_settle_reservations and
+-- sluice_release_settled (sluice_settle_group runs the events between them).
 -- Counters are not clamped: releasing more than was taken raises (CHECK in_flight >= 0, reserved
 -- >= 0). The bill alone is clamped to [0, credits]: an input from the provider, not a counter.
 -- outcomes: [{"id", "billed", "outcome"}, ...]
@@ -11,34 +13,6 @@ CREATE OR REPLACE FUNCTION sluice_settle(outcomes jsonb)
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
 AS $function$
-DECLARE
-  settled jsonb;
 BEGIN
-  WITH s AS (
-    UPDATE reservations r SET settled_at = clock_timestamp(),
-      billed = least(r.credits, greatest(0, (o->>'billed')::int)), outcome = o->>'outcome'
-    FROM jsonb_array_elements(outcomes) o
-    WHERE r.id = (o->>'id')::uuid AND r.settled_at IS NULL
-    RETURNING r.id, r.tenant_id, r.period_start, r."window", r.credits, r.billed, r.window_slot)
-  SELECT coalesce(jsonb_agg(s), '[]'::jsonb) INTO settled FROM s;
-  IF jsonb_array_length(settled) = 0 THEN
-    RETURN;
-  END IF;
-  PERFORM 1 FROM sched_tenants t
-    WHERE t.tenant_id IN (SELECT (x->>'tenant_id')::uuid FROM jsonb_array_elements(settled) x)
-    ORDER BY t.tenant_id FOR UPDATE;
-  UPDATE sched_tenants t SET in_flight = t.in_flight - d.n
-    FROM (SELECT (x->>'tenant_id')::uuid AS tenant_id, count(*)::int AS n FROM jsonb_array_elements(settled) x GROUP BY 1) d
-    WHERE t.tenant_id = d.tenant_id;
-  UPDATE tenant_ledger l SET reserved = l.reserved - d.credits, billed = l.billed + d.billed,
-      refunded = l.refunded + d.credits - d.billed
-    FROM (SELECT (x->>'tenant_id')::uuid AS tenant_id, (x->>'period_start')::timestamptz AS period_start,
-            sum((x->>'credits')::int) AS credits, sum((x->>'billed')::int) AS billed
-          FROM jsonb_array_elements(settled) x GROUP BY 1, 2) d
-    WHERE l.tenant_id = d.tenant_id AND l.period_start = d.period_start;
-  -- The window's pool slots: appended, never a row lock.
-  INSERT INTO window_slot_deltas ("window", n)
-    SELECT x->>'window', -count(*)::int FROM jsonb_array_elements(settled) x
-    WHERE (x->>'window_slot')::boolean GROUP BY 1;
-  RETURN QUERY SELECT (x->>'id')::uuid FROM jsonb_array_elements(settled) x;
+  RETURN QUERY SELECT r FROM sluice_release_settled(sluice_settle_reservations(outcomes)) r;
 END $function$;

@@ -1,8 +1,9 @@
 -- sluice_settle_group: a settlement group in one statement: the reservations still open, locked
 -- (the fence: a superseded attempt changes nothing), the final states (jobs, result, pg-boss ack in
 -- one statement: sluice_finish_jobs, so the ack commits with the stored result, I6), the events of
--- the jobs it finished, then the bills and slots (sluice_settle: its tenants' rows in id order, the
--- ledger, the window's slot deltas). One call instead of seven round trips with tenant rows held
+-- the jobs it finished, then the bills and slots (sluice_settle's halves: the reservations and the
+-- jobs' creditsBilled before the events, so a final state's event carries its bill; then its
+-- tenants' rows in id order, the ledger, the window's slot deltas). One call instead of seven round trips with tenant rows held
 -- across them. The tenants' rows come after the jobs' here: the hot rows are held only for the end
 -- of the statement and its commit (a lease holds tenant rows, then waiting jobs; this holds RUNNING
 -- jobs under their locked reservations: the two never meet; the sweeper takes a reservation first
@@ -19,6 +20,7 @@ DECLARE
   live uuid[];
   fin jsonb;
   done uuid[];
+  settled jsonb;
 BEGIN
   SELECT coalesce(array_agg(r.id), '{}') INTO live FROM (
     SELECT r.id FROM reservations r
@@ -31,11 +33,14 @@ BEGIN
     FROM jsonb_array_elements(items) WITH ORDINALITY AS x(e, o)
     WHERE (e->>'rid')::uuid = ANY (live) AND e ? 'finish';
   SELECT coalesce(array_agg(f), '{}') INTO done FROM sluice_finish_jobs(fin) f;
-  -- The events before the bills: a NOTIFY is only queued here (sent at commit), and the tenants'
-  -- rows, locked by sluice_settle, are then held only for the last steps and the commit.
+  -- The reservations and the jobs' bills (rows this statement holds already) before the events,
+  -- so each event carries its job's creditsBilled; the events before the tenants' rows: a NOTIFY
+  -- is only queued here (sent at commit), and the tenants' rows, locked by sluice_release_settled,
+  -- are then held only for the last steps and the commit.
+  settled := sluice_settle_reservations((SELECT jsonb_agg(jsonb_build_object('id', e->>'rid', 'billed', e->'billed', 'outcome', e->>'outcome'))
+    FROM jsonb_array_elements(items) e WHERE (e->>'rid')::uuid = ANY (live)));
   PERFORM sluice_job_events((SELECT coalesce(jsonb_agg(jsonb_build_object('jobId', f->>'id', 'tenantId', f->>'tenant', 'state', f->>'state') ORDER BY o), '[]')
     FROM jsonb_array_elements(fin) WITH ORDINALITY AS x(f, o) WHERE (f->>'id')::uuid = ANY (done)));
-  PERFORM sluice_settle((SELECT jsonb_agg(jsonb_build_object('id', e->>'rid', 'billed', e->'billed', 'outcome', e->>'outcome'))
-    FROM jsonb_array_elements(items) e WHERE (e->>'rid')::uuid = ANY (live)));
+  PERFORM sluice_release_settled(settled);
   RETURN QUERY SELECT unnest(live);
 END $function$;

@@ -198,6 +198,10 @@ export const envSchema = z.object({
   METRICS_TOKEN: optionalString,
   /** Open graphql-ws operations one tenant may hold on one process, and one process in all. */
   MAX_SUBSCRIPTIONS_PER_TENANT: int(100, 1),
+  /** Charge tenant operations to a per-tenant request budget of cost points (src/http/budget.ts); sizes per tier, overridable per tenant. */
+  REQUEST_BUDGET_ENABLED: bool(true),
+  /** A tenant asking again before its Retry-After passed gets its THROTTLED answer this much later (bounds what a closed loop costs). */
+  REQUEST_BUDGET_REFUSAL_DELAY_MS: int(250),
   MAX_SUBSCRIPTIONS_PER_PROCESS: int(20_000, 1),
   /** Events one subscriber may have waiting; a subscriber that falls further behind is closed (4408). */
   SUBSCRIPTION_BUFFER_MAX: int(1_000, 1),

@@ -93,6 +93,15 @@ export function connect(url: string, o: ConnectOptions = {}): Connection {
   };
 }
 
+/**
+ * A small pool of its own, with the same settings as `connect`'s: for work
+ * that must never queue behind the hot path's statements (the attempt-lease
+ * refresh, one connection per dispatching process).
+ */
+export function connectDedicated(url: string, o: ConnectOptions & { max: number }): Sql {
+  return postgres(url, options(o.max, o.timeouts ?? DEFAULT_TIMEOUTS, o.countStatements ?? false, o.connectTimeoutSeconds ?? 30));
+}
+
 /** Creates a database if it does not exist (used by tests and the embedded default). */
 export async function ensureDatabase(adminUrl: string, name: string): Promise<void> {
   const admin = postgres(adminUrl, { max: 1, onnotice: () => {} });

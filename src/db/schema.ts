@@ -26,6 +26,9 @@ export const tenants = pgTable(
     concurrencyCap: integer('concurrency_cap'),
     monthlyQuota: integer('monthly_quota'),
     queueBound: integer('queue_bound'),
+    /** Request budget overrides in cost points (burst) and points per second (rate); null: the tier's. */
+    requestBurst: integer('request_burst'),
+    requestRate: integer('request_rate'),
     /** What happens when the next job would pass the quota: WAIT (visible) or FAIL (QUOTA_EXCEEDED). */
     quotaPolicy: text('quota_policy').notNull().default('WAIT'),
     /** The quota period starts on this instant's monthly anniversary. */
@@ -40,6 +43,20 @@ export const tenants = pgTable(
     check('tenants_quota_policy_check', sql`${t.quotaPolicy} in ('WAIT', 'FAIL')`),
   ],
 );
+
+/**
+ * Each tenant's request budget (a token bucket of cost points), shared by every API node; owned by
+ * src/tenants/budget-store.ts. The bucket's size and rate are not stored here: they are the tenant's
+ * effective limits, passed in by each statement, so an override applies at the next request.
+ */
+export const tenantRequestBudgets = pgTable('tenant_request_budgets', {
+  tenantId: uuid('tenant_id')
+    .primaryKey()
+    .references(() => tenants.id, { onDelete: 'cascade' }),
+  /** Points left at `updated_at` (restored lazily: rate × elapsed, capped at the burst). */
+  tokens: doublePrecision('tokens').notNull(),
+  updatedAt: timestamp('updated_at', { withTimezone: true }).notNull(),
+});
 
 export const tenantApiKeys = pgTable(
   'tenant_api_keys',
@@ -267,6 +284,10 @@ export const reservations = pgTable(
     windowSlot: boolean('window_slot').notNull().default(true),
     /** The attempt lease (the one liveness authority): refreshed by the attempt's node; once past, the sweeper settles it. */
     leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }).notNull().defaultNow(),
+    /** Set by its node, one statement per lease, before the call is sent (0028): unset at expiry = refunded, never sent. */
+    sentAt: timestamp('sent_at', { withTimezone: true }),
+    /** A late settlement corrected the expiry's settlement (0028): at most once. */
+    reconciledAt: timestamp('reconciled_at', { withTimezone: true }),
   },
   (t) => [
     index('reservations_open_idx').on(t.nodeId).where(sql`${t.settledAt} is null`),

@@ -46,14 +46,22 @@ import { reactionOrder, requeueOrder } from '../scheduler/lock-order.ts';
 import { LatencyTracker, poolSize } from '../scheduler/pool.ts';
 import * as sched from '../scheduler/store.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
-import { errorCodeFor, planSettlement } from './retry.ts';
+import { planSettlement, resultOf } from './retry.ts';
 import { BreakerOpen, type Breakers } from './breakers.ts';
 import { dedupKey } from './batching.ts';
 import { classifySettleError, pickSettleUnits, planSettleFailure, sqlState, type SettleFailureStep } from './settle-groups.ts';
+import { reconcileLateSettlements } from './late-settlement.ts';
+import { leaseDeadline, leaseLost, refreshedDeadline, settleRetryDelayMs, unexpectedOutcome } from './liveness.ts';
 import type { Metrics } from '../metrics.ts';
 
 export interface DispatcherOptions {
   sql: Sql;
+  /**
+   * The attempt leases' refresh runs here: a connection of its own, so it never queues behind the
+   * hot path's statements on `sql` (a refresh that waits there could let a live lease expire).
+   * Default `sql`.
+   */
+  leaseSql?: Sql;
   boss: PgBoss;
   client: ProviderClient;
   catalog: ApiCatalog;
@@ -98,10 +106,17 @@ interface Attempt {
   attempt: number;
   reservationId: string;
   credits: number;
-  /** Local clock (ms): the lease is surely live until then (the last refresh's send time + the lease). */
+  /**
+   * Monotonic clock (performance.now, ms): the lease is surely live until then (from when the lease
+   * returned, then from each refresh's send time; dispatch/liveness.ts).
+   */
   deadline: number;
   /** Aborts the call: the lease could not be refreshed in time, or it was superseded. */
   abort: AbortController;
+  /** The provider client said the request may have left (CallRequest.onSent): a throw after this may have been billed. */
+  sent: boolean;
+  /** Its outcome is queued for settlement (or landed): an unexpected throw after this needs no settling. */
+  settling: boolean;
 }
 
 /** One unit of settlement (one call: a single attempt or a batch's attempts), waiting to land. */
@@ -149,6 +164,11 @@ interface BatchAttempt {
 interface Leased {
   singles: Attempt[];
   batches: BatchAttempt[];
+}
+
+/** Every attempt of a lease: its singles and each batch item's attempts (duplicates included). */
+function attemptsOf(l: Leased): Attempt[] {
+  return [...l.singles, ...l.batches.flatMap((b) => b.items.flatMap((it) => it.attempts))];
 }
 
 /**
@@ -228,8 +248,14 @@ export class Dispatcher {
     const unsettled = clean ? 0 : this.open.size;
     if (!clean) {
       this.abandoned = true;
-      this.o.log.warn({ open: this.open.size }, 'stop grace over: open attempts are left to their leases');
-      for (const a of this.open.values()) a.abort.abort();
+      // Past the grace: what is still open is left to its lease. Say which jobs, and whether their
+      // outcome was known (it will be settled by the timeout rule, and the job called again).
+      const open = [...this.open.values()];
+      this.o.log.warn(
+        { open: open.length, knownOutcomes: open.filter((a) => a.settling).map((a) => a.job.id), callsAborted: open.filter((a) => !a.settling).map((a) => a.job.id) },
+        'stop grace over: open attempts are abandoned to their leases (known outcomes not stored)',
+      );
+      for (const a of open) a.abort.abort();
       for (const u of this.settleQueue.splice(0)) u.done();
     }
     if (this.leaseTimer) clearInterval(this.leaseTimer);
@@ -251,20 +277,19 @@ export class Dispatcher {
    * nothing.
    */
   private leaseTick(): void {
-    const now = Date.now();
-    const margin = this.leaseMs() / 4;
-    for (const a of this.open.values()) if (now > a.deadline - margin && !a.abort.signal.aborted) a.abort.abort();
+    const now = performance.now();
+    for (const a of this.open.values()) if (leaseLost(now, a.deadline, this.leaseMs()) && !a.abort.signal.aborted) a.abort.abort();
     if (this.refreshing || this.open.size === 0 || this.abandoned) return;
     this.refreshing = true;
     const ids = [...this.open.keys()];
-    const sentAt = Date.now();
+    const sentAt = performance.now();
     sched
-      .refreshLeases(this.o.sql, ids, this.o.leaseSeconds)
+      .refreshLeases(this.o.leaseSql ?? this.o.sql, ids, this.o.leaseSeconds)
       .then(({ live, settled }) => {
         for (const id of ids) {
           const a = this.open.get(id);
           if (!a) continue;
-          if (live.has(id)) a.deadline = Math.max(a.deadline, sentAt + this.leaseMs());
+          if (live.has(id)) a.deadline = refreshedDeadline(a.deadline, sentAt, this.leaseMs());
           else if (settled.has(id)) a.abort.abort();
         }
       })
@@ -348,12 +373,12 @@ export class Dispatcher {
       // (a pause, a stop), which wrote nothing: decide again at once.
       return leased === 'busy' ? LEASE_BUSY_RETRY_MS : 0;
     }
-    // A probe admitted but not sent must not hold its API's breaker half-open forever.
-    const sent = new Set([...leased.singles.map((a) => a.job.data.api), ...leased.batches.map((b) => b.api)]);
-    for (const api of probes) if (!sent.has(api)) this.o.breakers.release(api);
-    for (const a of leased.singles) this.track(this.run(w, a));
-    for (const b of leased.batches) this.track(this.runBatch(w, b));
-    if (leased.singles.length + leased.batches.length > 0) return 0;
+    if (leased.singles.length + leased.batches.length > 0) {
+      // Marked sent and sent off the window's lease path: the next lease does not wait for the mark.
+      this.track(w, attemptsOf(leased), () => this.send(w, leased, probes));
+      return 0;
+    }
+    for (const api of probes) this.o.breakers.release(api);
     const [state] = await sched.readWindows(this.o.sql, [w.name]);
     if (!state) throw new Error(`window ${w.name} is not in the database`);
     // Credits exhausted: nothing leaves on any window until the renewal or an admin resumes.
@@ -372,8 +397,6 @@ export class Dispatcher {
    */
   private async lease(w: WindowSpec, pool: number, order: readonly JobClass[], hold: readonly string[]): Promise<Leased | 'busy' | 'changed'> {
     const { catalog } = this.o;
-    // The reservations' leases start inside the call, after this instant.
-    const deadline = Date.now() + this.leaseMs();
     const batchMax = this.o.batchMax ?? 1;
     const { status, rows } = await sched.leaseJobs(this.o.sql, {
       window: w.name,
@@ -389,6 +412,8 @@ export class Dispatcher {
       batchMax,
       batchQuantum: this.o.batchQuantum,
     });
+    // The reservations' leases start inside the call, after any lock it waited on: count from its return.
+    const deadline = leaseDeadline(performance.now(), this.leaseMs());
     if (status !== 'leased') return status;
     const out: Leased = { singles: [], batches: [] };
     // Per batch call (many tenants' turns may share one): the call and its items by tenant and input,
@@ -406,6 +431,8 @@ export class Dispatcher {
         credits: r.credits,
         deadline,
         abort: new AbortController(),
+        sent: false,
+        settling: false,
       };
       this.open.set(a.reservationId, a);
       perClass.set(r.jobClass, (perClass.get(r.jobClass) ?? 0) + 1);
@@ -434,21 +461,103 @@ export class Dispatcher {
     return out;
   }
 
-  private track(p: Promise<void>): void {
-    const tracked = p
-      .catch((err) => this.o.log.error({ err }, 'job run failed'))
-      .finally(() => {
-        this.inFlight.delete(tracked);
-        this.poke();
-      });
+  /**
+   * Marks a lease's attempts sent (one statement), then sends what it marked. Resolves when all
+   * its calls have settled, so `stop()` waiting for it waits for them (each is tracked too: its end
+   * pokes the loops).
+   */
+  private async send(w: WindowSpec, leased: Leased, probes: readonly string[]): Promise<void> {
+    const { marked, unsent } = await this.markSent(w, leased);
+    // A probe admitted but not sent must not hold its API's breaker half-open forever.
+    const sent = new Set([...marked.singles.map((a) => a.job.data.api), ...marked.batches.map((b) => b.api)]);
+    for (const api of probes) if (!sent.has(api)) this.o.breakers.release(api);
+    const calls = [...marked.singles.map((a) => this.track(w, [a], () => this.run(w, a))), ...marked.batches.map((b) => this.track(w, attemptsOf({ singles: [], batches: [b] }), () => this.runBatch(w, b)))];
+    await Promise.allSettled([...calls, ...unsent]);
+  }
+
+  /**
+   * The "sent" mark (migration 0028): ONE statement for every reservation
+   * this lease returned, before any of their calls is sent. Returns what may
+   * be sent (the attempts it marked) and the settlements of the others. The others are settled at once as never
+   * sent (refunded, put back, not counted as an attempt): one not marked was
+   * settled meanwhile (its lease expired first), and when the mark itself
+   * fails we cannot know whether it committed, so nothing is sent (an expiry
+   * that finds the mark bills by the timeout rule, and this settlement, late,
+   * corrects it to 0: dispatch/late-settlement.ts).
+   */
+  private async markSent(w: WindowSpec, leased: Leased): Promise<{ marked: Leased; unsent: Promise<void>[] }> {
+    const all = attemptsOf(leased);
+    let marked: Set<string>;
+    try {
+      marked = await sched.markSent(this.o.sql, all.map((a) => a.reservationId));
+    } catch (err) {
+      this.o.log.warn({ err, attempts: all.length }, 'could not mark leased attempts sent: none is sent, all are put back');
+      marked = new Set();
+    }
+    const notSent = all.filter((a) => !marked.has(a.reservationId));
+    const outcome: CallOutcome = { kind: 'server_error', httpStatus: null, creditsBilled: 0, data: null, message: 'not sent: the attempt could not be marked sent', status: null, retryAfterSeconds: 0, latencyMs: 0 };
+    const unsent = notSent.map((a) => this.track(w, [a], () => this.settle(w, a, outcome, { putBack: true })));
+    if (notSent.length === 0) return { marked: leased, unsent };
+    const batches: BatchAttempt[] = [];
+    for (const b of leased.batches) {
+      const items = b.items.map((it) => ({ attempts: it.attempts.filter((a) => marked.has(a.reservationId)) })).filter((it) => it.attempts.length > 0);
+      if (items.length > 0) batches.push({ api: b.api, items });
+    }
+    return { marked: { singles: leased.singles.filter((a) => marked.has(a.reservationId)), batches }, unsent };
+  }
+
+  /**
+   * Runs one call's work and keeps it in `inFlight` until its settlement lands. A throw that
+   * escapes it (a client bug, an unreadable answer the client did not classify, our own code)
+   * must not leave its attempts open, their leases refreshed for the life of the process: each
+   * attempt not yet queued for settlement is settled here (settleUnexpected).
+   */
+  private track(w: WindowSpec, attempts: readonly Attempt[], work: () => Promise<void>): Promise<void> {
+    const tracked = (async () => {
+      try {
+        await work();
+      } catch (err) {
+        await this.settleUnexpected(w, attempts, err);
+      }
+    })().finally(() => {
+      this.inFlight.delete(tracked);
+      this.poke();
+    });
     this.inFlight.add(tracked);
+    return tracked;
+  }
+
+  /**
+   * The attempts of a run that threw, not yet queued for settlement: nothing sent, a refunded
+   * put-back (QUEUED again, no attempt used); possibly sent, settled like a timeout (billed per
+   * TIMEOUT_BILLING, retried). Their calls are aborted first, in case the request still runs.
+   * If even that throws, they are dropped from this process's open attempts, so their leases
+   * expire and the sweeper settles them (timeout rule): never open for the life of the process.
+   */
+  private async settleUnexpected(w: WindowSpec, attempts: readonly Attempt[], err: unknown): Promise<void> {
+    const left = attempts.filter((a) => !a.settling && this.open.has(a.reservationId));
+    const message = err instanceof Error ? err.message : String(err);
+    this.o.log.error({ err, jobs: left.map((a) => ({ jobId: a.job.id, sent: a.sent })) }, 'job run failed unexpectedly: its attempts are settled');
+    if (left.length === 0) return;
+    for (const a of left) a.abort.abort();
+    try {
+      await Promise.all(
+        left.map((a) => {
+          const { outcome, putBack } = unexpectedOutcome(a.sent, a.credits, this.o.timeoutBilling, message);
+          return this.settle(w, a, outcome, { putBack });
+        }),
+      );
+    } catch (again) {
+      for (const a of left) if (!a.settling) this.open.delete(a.reservationId);
+      this.o.log.error({ err: again, jobIds: left.map((a) => a.job.id) }, 'could not settle the attempts of a failed run: left to their leases');
+    }
   }
 
   private async run(w: WindowSpec, a: Attempt): Promise<void> {
     let outcome: CallOutcome;
     try {
       outcome = await this.o.breakers.run(a.job.data.api, () =>
-        this.o.client.call({ api: a.job.data.api, params: a.job.data.params, apiKey: w.apiKey, signal: a.abort.signal }),
+        this.o.client.call({ api: a.job.data.api, params: a.job.data.params, apiKey: w.apiKey, signal: a.abort.signal, onSent: () => void (a.sent = true) }),
       );
     } catch (err) {
       if (!(err instanceof BreakerOpen)) throw err;
@@ -476,6 +585,10 @@ export class Dispatcher {
           items: b.items.map((it, i) => ({ id: String(i), params: it.attempts[0]!.job.data.params })),
           apiKey: w.apiKey,
           signal: abort.signal,
+          // Only an item's first attempt is sent; its duplicates ride on it and are never billed.
+          onSent: () => {
+            for (const it of b.items) it.attempts[0]!.sent = true;
+          },
         });
         return batch.call;
       });
@@ -527,6 +640,7 @@ export class Dispatcher {
   }
 
   private enqueueSettle(w: WindowSpec, items: PendingSettle['items'], reactions: CallOutcome[]): Promise<void> {
+    for (const x of items) x.a.settling = true;
     if (this.abandoned) return Promise.resolve();
     return new Promise<void>((done) => {
       this.settleQueue.push({ w, items, reactions, done, tenants: [...new Set(items.map((x) => x.a.job.data.tenantId))], size: items.length });
@@ -590,8 +704,8 @@ export class Dispatcher {
             break;
           }
           this.afterSettleFailure(units, step, err);
-          // A data error is not passing: the split units go at once. Anything else backs off.
-          if (error !== 'data') await new Promise((r) => setTimeout(r, Math.min(5_000, 50 * 2 ** Math.min(failures, 7))));
+          // A data error is not passing: the split units go at once. Anything else backs off (shorter while stopping).
+          if (error !== 'data') await new Promise((r) => setTimeout(r, settleRetryDelayMs(failures, !this.running)));
         }
       }
     } finally {
@@ -682,16 +796,33 @@ export class Dispatcher {
         outcome: outcome.kind,
         ...(s.plan.action === 'requeue'
           ? {}
-          : { finish: { id: a.job.id, attempt: a.attempt, state: s.plan.action === 'succeed' ? ('SUCCEEDED' as const) : ('FAILED' as const), queue: a.queue, result: this.result(outcome, s.billed, a.attempt, s.errorCode) } }),
+          : { finish: { id: a.job.id, attempt: a.attempt, state: s.plan.action === 'succeed' ? ('SUCCEEDED' as const) : ('FAILED' as const), queue: a.queue, result: resultOf(outcome, a.attempt, s.errorCode) } }),
       };
     };
     // react() acts on exactly the put-back signals (rate limit, credits, key).
     const oneCall = items.every((x) => x.s.plan.action !== 'requeue') && units.every((u) => u.reactions.every((o) => reactionTo(o) !== 'put_back'));
+    let settled: Set<string>;
     if (oneCall) {
-      await sched.settleGroup(this.o.sql, items.map(groupItem));
-      return;
+      settled = await sched.settleGroup(this.o.sql, items.map(groupItem));
+    } else {
+      settled = await this.settleInTransaction(units, items, groupItem);
     }
-    await this.o.sql.begin(async (tx) => {
+    // Found settled already: by this settlement's own earlier try (nothing to do), or by the
+    // sweeper when the lease expired first: reconciled, never dropped (dispatch/late-settlement.ts).
+    // A failure here retries the whole unit, which then finds every reservation settled: fenced.
+    const late = items.filter((x) => !settled.has(x.a.reservationId));
+    if (late.length > 0) {
+      await reconcileLateSettlements(
+        this.o.sql,
+        late.map(({ a, outcome, s }) => ({ reservationId: a.reservationId, jobId: a.job.id, tenantId: a.job.data.tenantId, queue: a.queue, attempt: a.attempt, outcome, billed: s.billed })),
+        this.o.log,
+      );
+    }
+  }
+
+  /** A settlement group with a retry, a put-back or an account signal: the same locks first, requeues, then settleGroup. */
+  private async settleInTransaction(units: readonly PendingSettle[], items: PendingSettle['items'], groupItem: (x: PendingSettle['items'][number]) => sched.SettleGroupItem): Promise<Set<string>> {
+    return this.o.sql.begin(async (tx) => {
       const live = await sched.lockOpenReservations(tx, items.map((x) => x.a.reservationId));
       const settling = items.filter((x) => live.has(x.a.reservationId));
       await sched.lockTenants(tx, settling.map((x) => x.a.job.data.tenantId));
@@ -711,6 +842,7 @@ export class Dispatcher {
         await this.react(tx, reactions[i]!.window, reactions[i]!.o);
       }
       await publishJobEvents(tx, events);
+      return live;
     });
   }
 
@@ -721,7 +853,7 @@ export class Dispatcher {
     // ready again the moment an admin resumes (no stale retry-after on top).
     const heldByStop = outcome.kind === 'credits_exhausted' || outcome.kind === 'key_unusable';
     const plan = heldByStop && planned.action === 'requeue' ? { ...planned, delaySeconds: 0 } : planned;
-    const billed = billedCredits(outcome.kind, outcome.creditsBilled, a.credits);
+    const billed = billedCredits(outcome.creditsBilled, a.credits);
     const m = this.o.metrics;
     m?.outcome(outcome.kind);
     if (outcome.kind === 'rate_limited') m?.provider429('rate');
@@ -731,12 +863,12 @@ export class Dispatcher {
   }
 
   /** A retry or put-back: the job back to QUEUED after its delay, its result, re-inserted in pg-boss, fenced by the attempt. */
-  private async requeue(tx: postgres.TransactionSql, a: Attempt, outcome: CallOutcome, s: { plan: ReturnType<typeof planSettlement>; billed: number }): Promise<JobEvent[]> {
+  private async requeue(tx: postgres.TransactionSql, a: Attempt, outcome: CallOutcome, s: { plan: ReturnType<typeof planSettlement> }): Promise<JobEvent[]> {
     const { tenantId } = a.job.data;
-    const { plan, billed } = s;
+    const { plan } = s;
     if (plan.action !== 'requeue') return [];
     if (!(await requeueJob(tx, a.job.id, a.attempt, plan.countsAsAttempt, plan.delaySeconds))) return [];
-    await upsertResult(tx, a.job.id, this.result(outcome, billed, plan.countsAsAttempt ? a.attempt : a.attempt - 1));
+    await upsertResult(tx, a.job.id, resultOf(outcome, plan.countsAsAttempt ? a.attempt : a.attempt - 1));
     // Delete and re-insert under the same id: the job waits out its delay
     // without spending pg-boss's own retry budget, kept for crash redelivery.
     const startAfter = new Date(Date.now() + plan.delaySeconds * 1000);
@@ -770,16 +902,5 @@ export class Dispatcher {
       default:
         return;
     }
-  }
-
-  private result(outcome: CallOutcome, billed: number, attempts: number, errorCode?: string): ResultRecord {
-    return {
-      data: outcome.kind === 'billed' ? outcome.data : null,
-      errorCode: errorCode ?? errorCodeFor(outcome.kind),
-      errorMessage: outcome.message,
-      httpStatus: outcome.httpStatus,
-      creditsBilled: billed,
-      attempts,
-    };
   }
 }

@@ -2,6 +2,7 @@
  * What a worker does with an attempt's outcome, as pure functions.
  */
 import type { Reaction } from '../provider/classify.ts';
+import type { ResultRecord } from '../jobs/store.ts';
 import type { CallOutcome, OutcomeKind } from '../provider/types.ts';
 
 /** Delay before retry number `attempt` (1-based): exponential, capped. */
@@ -16,6 +17,17 @@ export function retryDelaySeconds(attempt: number, baseSeconds: number, maxSecon
 export function errorCodeFor(kind: OutcomeKind): string | null {
   if (kind === 'bad_response') return 'UPSTREAM_BAD_RESPONSE';
   return kind === 'billed' ? null : kind.toUpperCase();
+}
+
+/** The result row an outcome stores (its bill is added by the settlement itself, sluice_settle). */
+export function resultOf(outcome: CallOutcome, attempts: number, errorCode?: string): ResultRecord {
+  return {
+    data: outcome.kind === 'billed' ? outcome.data : null,
+    errorCode: errorCode ?? errorCodeFor(outcome.kind),
+    errorMessage: outcome.message,
+    httpStatus: outcome.httpStatus,
+    attempts,
+  };
 }
 
 export interface SettlePlan {

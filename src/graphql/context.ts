@@ -15,6 +15,7 @@ import type { WindowSpec } from '../scheduler/windows.ts';
 import type { CommitGate } from '../http/deadline.ts';
 import type { LifecycleDeps } from '../tenants/lifecycle.ts';
 import type { JobClass } from '../config/classes.ts';
+import type { BudgetState, RequestBudget } from '../http/budget.ts';
 
 export type Auth =
   | { kind: 'anonymous' }
@@ -41,6 +42,8 @@ export interface Services {
   lifecycle: LifecycleDeps;
   /** CLASS_AGE_PROMISE_SECONDS: how old a class's oldest job may grow (shown beside its age). */
   agePromiseSeconds?: Partial<Record<JobClass, number>>;
+  /** Tenants' request budgets (src/http/budget.ts); absent: requests are not charged (REQUEST_BUDGET_ENABLED=false). */
+  budget?: RequestBudget;
   /** After a tenant is created or changed: its pg-boss queues exist and the scheduler has its limits. */
   tenantChanged(tenant: TenantRecord): Promise<void>;
 }
@@ -51,7 +54,10 @@ export interface Context {
   /** HTTP only: the request deadline's commit gate (a submission must not commit once the deadline answered). */
   gate?: CommitGate;
   /** The graphql-ws socket of a subscription (absent over HTTP): closed if the subscriber falls behind. */
-  socket?: SubscriberSocket;  /** The client's address (the socket's peer), for the audit log; null when unknown. */
+  socket?: SubscriberSocket;
+  /** The operation's charge to its tenant's request budget, once it is priced (src/http/budget.ts). */
+  budget?: BudgetState;
+  /** The client's address (the socket's peer), for the audit log; null when unknown. */
   address?: string | null;
 }
 

@@ -10,6 +10,7 @@ import './schema/apis.ts';
 import './schema/system.ts';
 import './schema/usage.ts';
 import './schema/console.ts';
+import './schema/budget.ts';
 
 builder.queryType({});
 builder.mutationType({});

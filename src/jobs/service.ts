@@ -419,6 +419,16 @@ export class JobService {
   async drainRates(sql: Sql | postgres.TransactionSql, tenant: TenantRecord, classes: readonly JobClass[]): Promise<{ tenant: number; global: number }> {
     // Independent reads, side by side: a refusal's answer waits for them.
     const [windows, state, busy] = await Promise.all([readWindows(sql), tenantSchedState(sql, tenant.id), busyWeights(sql, classes)]);
+    return this.drainRatesFrom(tenant, classes, { windows, state, busy });
+  }
+
+  /** drainRates from reads the caller already made (the queue status reads windows and the scheduler row once for every class). */
+  drainRatesFrom(
+    tenant: TenantRecord,
+    classes: readonly JobClass[],
+    r: { windows: Awaited<ReturnType<typeof readWindows>>; state: Awaited<ReturnType<typeof tenantSchedState>>; busy: number },
+  ): { tenant: number; global: number } {
+    const { windows, state, busy } = r;
     const rateOf = (name: string) => {
       const spec = this.deps.admission.windows.find((w) => w.name === name);
       const row = windows.find((w) => w.name === name);

@@ -187,20 +187,51 @@ export interface ResultRecord {
   errorCode: string | null;
   errorMessage: string | null;
   httpStatus: number | null;
-  creditsBilled: number;
   attempts: number;
 }
 
-/** The result row, upserted by job id (invariant I6: one result per job id). */
+/**
+ * The result row, upserted by job id (invariant I6: one result per job id).
+ * Its credits_billed is not written here: sluice_settle adds every credit it
+ * bills to the job's row, whoever settles (I11), and nothing else does.
+ */
 export async function upsertResult(tx: Tx, jobId: string, r: ResultRecord): Promise<void> {
   await tx`
-    insert into job_results (job_id, data, error_code, error_message, http_status, credits_billed, attempts)
+    insert into job_results (job_id, data, error_code, error_message, http_status, attempts)
     values (${jobId}, ${r.data === null || r.data === undefined ? null : tx.json(r.data as never)}, ${r.errorCode}, ${r.errorMessage},
-            ${r.httpStatus}, ${r.creditsBilled}, ${r.attempts})
+            ${r.httpStatus}, ${r.attempts})
     on conflict (job_id) do update set
       data = excluded.data, error_code = excluded.error_code, error_message = excluded.error_message,
-      http_status = excluded.http_status, credits_billed = job_results.credits_billed + excluded.credits_billed,
-      attempts = excluded.attempts, updated_at = now()`;
+      http_status = excluded.http_status, attempts = excluded.attempts, updated_at = now()`;
+}
+
+/**
+ * Adds a correction to the job's creditsBilled (a late settlement that knew
+ * better than the expiry's guess, dispatch/late-settlement.ts), upserting its
+ * result row. The ledger moves by the same amount in the same transaction.
+ */
+export async function addJobCredits(tx: Tx, jobId: string, delta: number): Promise<void> {
+  await tx`
+    insert into job_results (job_id, credits_billed) select ${jobId}, ${delta} where exists (select 1 from jobs where id = ${jobId})
+    on conflict (job_id) do update set credits_billed = job_results.credits_billed + excluded.credits_billed, updated_at = now()`;
+}
+
+/** A job's state and attempt count, or null when it is gone. */
+export async function jobStateOf(tx: Tx, id: string): Promise<{ state: JobState; attempts: number } | null> {
+  const [row] = await tx`select state, attempts from jobs where id = ${id}`;
+  return row ? { state: row.state as JobState, attempts: row.attempts as number } : null;
+}
+
+/**
+ * QUEUED or WAITING_QUOTA on this attempt (not leased again) → SUCCEEDED or
+ * FAILED: a late settlement brought the outcome of the attempt the sweeper
+ * had given up on. The caller locked its pg-boss row first and deletes it.
+ */
+export async function finishWaitingJob(tx: Tx, id: string, attempt: number, state: 'SUCCEEDED' | 'FAILED'): Promise<boolean> {
+  const rows = await tx`
+    update jobs set state = ${state}, finished_at = now(), updated_at = now()
+    where id = ${id} and state in ('QUEUED', 'WAITING_QUOTA') and attempts = ${attempt} returning id`;
+  return rows.length > 0;
 }
 
 export interface FinishedJob {
@@ -228,7 +259,6 @@ export function finishItem(j: FinishedJob) {
     error_code: j.result.errorCode,
     error_message: j.result.errorMessage,
     http_status: j.result.httpStatus,
-    billed: j.result.creditsBilled,
     attempts: j.result.attempts,
   };
 }

@@ -23,11 +23,16 @@
  *   UTF-8 decoder does with bytes it cannot read. The job succeeds with the
  *   rest of its data intact (it was paid for); docs/ARCHITECTURE.md says why.
  * - Any other answer (4xx, 429, 5xx) bills 0: only HTTP 200s are billed.
- * - No answer after the request reached the provider (timeout, connection
- *   reset mid-call, caller abort) is ambiguous: `timeoutBilling: 'billed'`
- *   (default) assumes the worst and bills the cost, so the ledger never lets
- *   the account over-spend; `'refunded'` bills 0. A connection that never
- *   opened (refused, DNS) bills 0 under both.
+ * - No answer after the request was fully written to the provider's socket
+ *   (timeout, connection reset mid-call, caller abort) is ambiguous:
+ *   `timeoutBilling: 'billed'` (default) assumes the worst and bills the cost,
+ *   so the ledger never lets the account over-spend; `'refunded'` bills 0.
+ *   Such a bill is a guess (`billedIsGuess`): a late settlement that knows
+ *   better corrects it (dispatch/late-settlement.ts).
+ * - No answer before the request was fully written (a connect that hangs, an
+ *   abort or a timeout while queued in the HTTP agent, a reset of a reused
+ *   socket, a refused connection) bills 0 under both: the provider cannot
+ *   have billed a request it never received, and every retry would bill again.
  */
 import type { BatchResultRead } from './batch-wire.ts';
 import { HEADER, headerValue, parseProviderStatus, parseRetryAfter, type HeaderSource } from './headers.ts';
@@ -294,12 +299,23 @@ export interface FailureFacts {
   latencyMs: number;
 }
 
+/**
+ * Whether a call that got no answer may have been billed: only when the
+ * request was fully written. Whatever the reason (our timeout, the caller's
+ * abort, a connection error), a request the provider never received cannot
+ * have been billed.
+ */
+export function mayHaveBeenBilled(f: Pick<FailureFacts, 'reason' | 'requestSent'>): boolean {
+  return f.requestSent;
+}
+
 /** No HTTP answer: timeout (ours or the caller's) or a connection error. */
 export function classifyFailure(f: FailureFacts): CallOutcome {
-  // A connection that never carried the request cannot have been billed.
-  const mayHaveBeenBilled = f.reason !== 'network' || f.requestSent;
-  const creditsBilled = mayHaveBeenBilled && f.timeoutBilling === 'billed' ? f.cost : 0;
+  const sent = mayHaveBeenBilled(f);
+  const creditsBilled = sent && f.timeoutBilling === 'billed' ? f.cost : 0;
   return {
+    // Only a sent request's bill is a guess; an unsent one surely cost nothing.
+    ...(sent ? { billedIsGuess: true } : {}),
     kind: f.reason === 'network' ? 'server_error' : 'timeout',
     httpStatus: null,
     creditsBilled,
@@ -323,6 +339,7 @@ export function classifyBatchItem(
       id,
       kind: 'server_error',
       httpStatus: null,
+      billedIsGuess: true,
       creditsBilled: opts.timeoutBilling === 'billed' ? cost : 0,
       data: null,
       message: 'item missing from the batch response',

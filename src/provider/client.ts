@@ -90,6 +90,7 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
     timeoutMs: number,
     signal: AbortSignal | undefined,
     maxBytes: number,
+    onSent: (() => void) | undefined,
   ): Promise<Raw> {
     return new Promise<Raw>((resolve) => {
       let settled = false;
@@ -153,6 +154,8 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
           finish({ ok: true, httpStatus: res.statusCode ?? 0, headers: res.headers, bodyText: text ?? '', bodyProblem: text === null ? 'not_utf8' : null });
         });
       });
+      // From here bytes may reach the provider (http.request writes nothing before end()).
+      onSent?.();
       req.end(body ?? undefined);
     });
   }
@@ -177,7 +180,7 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
         body = JSON.stringify(req.params);
       }
       const started = performance.now();
-      const raw = await send(method, url, req.apiKey, body, req.timeoutMs ?? opts.timeoutMs, req.signal, maxResultBytes);
+      const raw = await send(method, url, req.apiKey, body, req.timeoutMs ?? opts.timeoutMs, req.signal, maxResultBytes, req.onSent);
       const latencyMs = performance.now() - started;
       if (!raw.ok) return classifyFailure({ ...raw, cost, timeoutBilling, latencyMs });
       const outcome = classifyResponse({
@@ -202,7 +205,7 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
       const url = new URL(batchPath(req.api), base);
       const started = performance.now();
       const batchMaxBytes = maxResultBytes * req.items.length;
-      const raw = await send('POST', url, req.apiKey, encodeBatchRequest(req.items), req.timeoutMs ?? opts.timeoutMs, req.signal, batchMaxBytes);
+      const raw = await send('POST', url, req.apiKey, encodeBatchRequest(req.items), req.timeoutMs ?? opts.timeoutMs, req.signal, batchMaxBytes, req.onSent);
       const latencyMs = performance.now() - started;
       if (!raw.ok) return { call: classifyFailure({ ...raw, cost: total, timeoutBilling, latencyMs }), items: [] };
       const observedAt = new Date();

@@ -48,6 +48,13 @@ interface OutcomeBase {
    */
   creditsBilled: number;
   /**
+   * True when `creditsBilled` is the timeout rule's guess (no answer to a
+   * request that was sent); absent when the bill is known (an answer, or a
+   * request never written). A late settlement corrects an expiry's bill only
+   * with a known one.
+   */
+  billedIsGuess?: boolean;
+  /**
    * Upstream data on success, storable as it is (no U+0000, no lone
    * surrogate: each became U+FFFD); null otherwise.
    */
@@ -95,6 +102,13 @@ export interface CallRequest {
   /** Overrides the client's default timeout. */
   timeoutMs?: number;
   signal?: AbortSignal;
+  /**
+   * Called once, just before the first byte of the request can leave (never after a throw that
+   * came before it). The dispatcher settles a call that threw before it as "nothing sent"
+   * (refunded, put back) and one that threw after it as "maybe billed" (the timeout rule), so a
+   * client (or a wrapper) that sends must call it first.
+   */
+  onSent?: () => void;
 }
 
 export interface ProviderClient {

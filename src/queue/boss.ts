@@ -203,6 +203,17 @@ export async function lockBossJob(tx: postgres.TransactionSql, queue: string, id
 }
 
 /**
+ * Deletes a waiting job's pg-boss row (pg-boss's states before `active`): a
+ * late settlement finished the job while it waited to run again
+ * (dispatch/late-settlement.ts), so nothing may fetch it. The caller locked
+ * it first (lockBossJob) and finished the jobs row in the same transaction.
+ */
+export async function deleteWaitingBossJob(tx: postgres.TransactionSql, queue: string, id: string): Promise<boolean> {
+  const rows = await tx`delete from pgboss.job where name = ${queue} and id = ${id} and state < 'active' returning id`;
+  return rows.length > 0;
+}
+
+/**
  * Where the next maintenance page starts: after this page's last name, or
  * from the beginning again when this page was the last (shorter than a page).
  */

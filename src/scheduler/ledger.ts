@@ -2,18 +2,20 @@
  * Credit ledger rules: pure. Reservations are made at dispatch and settled
  * exactly once, by the attempt's outcome (store.ts holds the SQL).
  */
-import type { OutcomeKind } from '../provider/types.ts';
-
 /**
- * Credits a settled attempt bills the tenant. Only billed successes cost
- * credits upstream, and so does a bad response (a 200 the provider billed
- * whose body was unusable); a timeout is billed by the client's documented
- * rule (TIMEOUT_BILLING, reflected in `creditsBilled`); everything else (400,
- * 401/403, 404, 429, 402, 5xx) is refunded.
+ * Credits a settled attempt bills the tenant: what the client's
+ * classification says the provider billed (provider/classify.ts holds the one
+ * billing rule), within [0, reserved]. That is the cost for a billed success,
+ * for an unusable 2xx (bad_response: the provider billed it) and, by the
+ * timeout rule (TIMEOUT_BILLING), for a sent request that got no answer,
+ * whatever kind it is classified as (a timeout, or a reset mid-call); and 0
+ * for every refusal (400, 401/403, 404, 429, 402, 5xx) and for a request that
+ * was never written. `kind` no longer decides: zeroing every kind but billed
+ * and timeout refunded an unreadable 2xx and a reset after sending, which the
+ * provider had billed; the outcome's kind is not an argument any more.
  */
-export function billedCredits(kind: OutcomeKind, creditsBilled: number, reserved: number): number {
-  if (kind === 'billed' || kind === 'timeout' || kind === 'bad_response') return Math.min(reserved, Math.max(0, creditsBilled));
-  return 0;
+export function billedCredits(creditsBilled: number, reserved: number): number {
+  return Math.min(reserved, Math.max(0, creditsBilled));
 }
 
 /**
@@ -29,4 +31,21 @@ export function fitCount(billed: number, reserved: number, quota: number, costs:
     n++;
   }
   return n;
+}
+
+/** How the sweeper settles an attempt whose lease expired without a settlement. */
+export interface ExpirySettlement {
+  billed: number;
+  /** node_lost: sent, the outcome unknown; never_sent: its node never marked it sent (0028). */
+  outcome: 'node_lost' | 'never_sent';
+}
+
+/**
+ * An expired attempt's bill. Never marked sent (the lease's rows never reached
+ * its node, or the node died before sending): nothing went upstream, refunded.
+ * Sent: the outcome is unknown, billed by the timeout rule.
+ */
+export function expirySettlement(credits: number, sent: boolean, timeoutBilling: 'billed' | 'refunded'): ExpirySettlement {
+  if (!sent) return { billed: 0, outcome: 'never_sent' };
+  return { billed: billedCredits(timeoutBilling === 'billed' ? credits : 0, credits), outcome: 'node_lost' };
 }

@@ -100,7 +100,7 @@ export class Reconciler {
         const attempts = await failWaitingJob(tx, job.id);
         if (attempts === null) continue;
         const message = "the job's queue entry was lost and its queue no longer exists; submit it again";
-        await upsertResult(tx, job.id, { data: null, errorCode: LOST_JOB_CODE, errorMessage: message, httpStatus: null, creditsBilled: 0, attempts });
+        await upsertResult(tx, job.id, { data: null, errorCode: LOST_JOB_CODE, errorMessage: message, httpStatus: null, attempts });
         await publishJobEvents(tx, [{ jobId: job.id, tenantId: job.tenantId, state: 'FAILED' }]);
         failed++;
       }

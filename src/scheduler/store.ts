@@ -335,6 +335,50 @@ export async function lockOpenReservations(tx: Tx, ids: readonly string[]): Prom
   return new Set(rows.map((r) => r.id as string));
 }
 
+/** A reservation a settlement found settled already, as it was settled (dispatch/late-settlement.ts). */
+export interface SettledReservation {
+  outcome: string;
+  billed: number;
+  credits: number;
+  reconciled: boolean;
+  periodStart: Date;
+  /** Its job's API and class (for the usage correction); 'unknown' when the job is gone. */
+  api: string;
+  jobClass: string;
+}
+
+/**
+ * The first step of a late settlement (lock order: reservations first): locks
+ * those of `ids` that are settled, returning how they were settled.
+ */
+export async function lockSettledReservations(tx: Tx, ids: readonly string[]): Promise<Map<string, SettledReservation>> {
+  if (ids.length === 0) return new Map();
+  const rows = await tx`
+    select r.id, r.outcome, r.billed, r.credits, r.reconciled_at is not null as reconciled, r.period_start,
+      coalesce(j.api, 'unknown') as api, coalesce(j.priority, 'UNKNOWN') as class
+    from reservations r left join jobs j on j.id = r.job_id
+    where r.id = any(${ids as string[]}::uuid[]) and r.settled_at is not null
+    order by r.id for update of r`;
+  return new Map(
+    rows.map((r) => [
+      r.id as string,
+      { outcome: r.outcome as string, billed: Number(r.billed ?? 0), credits: r.credits as number, reconciled: r.reconciled as boolean, periodStart: r.period_start as Date, api: r.api as string, jobClass: r.class as string },
+    ]),
+  );
+}
+
+/** A late settlement's bill for a reservation the sweeper settled: once (reconciled_at fences a second). */
+export async function reconcileReservation(tx: Tx, id: string, billed: number): Promise<void> {
+  await tx`update reservations set billed = ${billed}, reconciled_at = clock_timestamp() where id = ${id} and reconciled_at is null`;
+}
+
+/** Moves a tenant's billed credits for a period by `delta` (a late settlement's correction); refunds move the other way. */
+export async function correctLedger(tx: Tx, tenantId: string, periodStart: Date, delta: number): Promise<void> {
+  await tx`
+    update tenant_ledger set billed = billed + ${delta}, refunded = refunded - ${delta}
+    where tenant_id = ${tenantId} and period_start = ${periodStart}`;
+}
+
 /** Locks tenants' scheduler rows in id order (the lock order for any path touching several tenants). */
 export async function lockTenants(tx: Tx, tenantIds: readonly string[]): Promise<void> {
   if (tenantIds.length === 0) return;
@@ -364,6 +408,25 @@ export async function refreshLeases(sql: Tx, ids: readonly string[], leaseSecond
   if (missing.length === 0) return { live, settled: new Set() };
   const gone = await sql`select id from reservations where id = any(${missing}::uuid[]) and settled_at is not null`;
   return { live, settled: new Set(gone.map((r) => r.id as string)) };
+}
+
+/**
+ * The "sent" mark (migration 0028): ONE statement for all the reservations a
+ * lease returned, before their calls are sent. Returns the ids it marked; the
+ * node sends only those (one missing was settled meanwhile: its lease
+ * expired). All rows of one call share the statement's `now()`, so the
+ * distinct marks count the statements. A lease whose rows never reached its
+ * node is never marked, and its expiry refunds it. Rows are not locked
+ * against a settlement: a mark waits for a sweep holding the row, then finds
+ * it settled and leaves it out.
+ */
+export async function markSent(sql: Tx, ids: readonly string[]): Promise<Set<string>> {
+  if (ids.length === 0) return new Set();
+  const rows = await sql`
+    update reservations set sent_at = now()
+    where id = any(${ids as string[]}::uuid[]) and settled_at is null
+    returning id`;
+  return new Set(rows.map((r) => r.id as string));
 }
 
 /** A rate-limit 429: the window sends nothing on any node until the pause ends, and its bucket is emptied. */
@@ -505,6 +568,8 @@ export interface ExpiredReservation {
   attempt: number;
   tenantId: string;
   credits: number;
+  /** Its node marked it sent before calling (markSent); unmarked ones are refunded. */
+  sent: boolean;
 }
 
 /**
@@ -514,10 +579,24 @@ export interface ExpiredReservation {
  */
 export async function lockExpiredReservations(tx: Tx, limit: number): Promise<ExpiredReservation[]> {
   const rows = await tx`
-    select id, job_id, attempt, tenant_id, credits from reservations
+    select id, job_id, attempt, tenant_id, credits, sent_at is not null as sent from reservations
     where settled_at is null and lease_expires_at < clock_timestamp()
     order by id limit ${limit} for update skip locked`;
-  return rows.map((r) => ({ id: r.id as string, jobId: r.job_id as string, attempt: r.attempt as number, tenantId: r.tenant_id as string, credits: r.credits as number }));
+  return rows.map((r) => ({ id: r.id as string, jobId: r.job_id as string, attempt: r.attempt as number, tenantId: r.tenant_id as string, credits: r.credits as number, sent: r.sent as boolean }));
+}
+
+/**
+ * How long Postgres has been serving, on its own clock: since the postmaster
+ * started or, after a crash of one backend, since the crash recovery that
+ * restarted its checkpointer (the postmaster's start time does not move then;
+ * a role without pg_read_all_stats sees no backend_start there, and greatest()
+ * then reads the postmaster's alone).
+ */
+export async function databaseUpForMs(sql: Tx): Promise<number> {
+  const [r] = await sql`
+    select extract(epoch from clock_timestamp() - greatest(pg_postmaster_start_time(),
+      (select max(backend_start) from pg_stat_activity where backend_type = 'checkpointer'))) * 1000 as ms`;
+  return Number(r!.ms);
 }
 
 export async function forgetDeadNodes(sql: Tx, timeoutSeconds: number): Promise<void> {

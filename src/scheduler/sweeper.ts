@@ -8,7 +8,10 @@
  *  - settle the reservations whose ATTEMPT LEASE expired (the one liveness
  *    authority; the dispatcher refreshes its attempts' leases on its own
  *    timer, so a slow sweep never frees a live node's slots), a batch per
- *    transaction, and put their jobs back in QUEUED and in pg-boss,
+ *    transaction, and put their jobs back in QUEUED and in pg-boss; not
+ *    until one lease after both Postgres and this node are back from an
+ *    outage (dispatch/liveness.ts expiryHoldMs), so live owners store the
+ *    outcomes they hold first,
  *  - lift quota blocks that no longer hold, one tenant per transaction,
  *  - forget long-dead nodes,
  *  - alerts, in their own transaction, on one sweeping node at a time.
@@ -27,7 +30,8 @@ import { releaseLostJobs } from '../jobs/store.ts';
 import { queueName, reinsertJobs } from '../queue/boss.ts';
 import { type JobClass } from '../config/classes.ts';
 import { quotaPeriod } from '../tenants/policy.ts';
-import { billedCredits } from './ledger.ts';
+import { expiryHoldMs } from '../dispatch/liveness.ts';
+import { expirySettlement } from './ledger.ts';
 import { compareQueueKeys } from './lock-order.ts';
 import * as sched from './store.ts';
 
@@ -44,6 +48,8 @@ export interface SweeperOptions {
   intervalMs: number;
   nodeTimeoutSeconds: number;
   timeoutBilling: 'billed' | 'refunded';
+  /** The attempt lease (ATTEMPT_LEASE_SECONDS); default nodeTimeoutSeconds, as in the configuration. */
+  leaseSeconds?: number;
   /** Called each round before the sweep: publish pools, breakers and provider status, refresh the guard. */
   onRound?: () => Promise<void>;
   /** The alerts that should be active now (evaluated by the one sweeping node). */
@@ -66,9 +72,15 @@ export class Sweeper {
   private timer: NodeJS.Timeout | null = null;
   private round: Promise<void> = Promise.resolve();
   private stopped = false;
+  /** The last heartbeat failed: this node could not reach Postgres. */
+  private cutOff = false;
+  /** When (monotonic ms) this node reached Postgres again after failing to; null if it never failed. */
+  private backAt: number | null = null;
+  /** The current expiry hold was logged (once per hold, not every round). */
+  private holdLogged = false;
   /** The periodic steps, in order; each runs on its own (short transactions, errors logged). */
   private readonly steps: ReadonlyArray<{ name: string; run: (r: SweepResult) => Promise<void> }> = [
-    { name: 'heartbeat', run: () => sched.heartbeatNode(this.o.sql, this.o.nodeId, this.o.role) },
+    { name: 'heartbeat', run: () => this.heartbeat() },
     { name: 'publish', run: async () => this.o.onRound?.() },
     { name: 'expired leases', run: async (r) => void (r.released += await this.releaseExpired()) },
     { name: 'quota blocks', run: async (r) => void (r.unblocked += await this.liftQuotaBlocks()) },
@@ -117,15 +129,46 @@ export class Sweeper {
     return result;
   }
 
+  /** The node list's heartbeat, which also tells when this node reaches Postgres again after failing to. */
+  private async heartbeat(): Promise<void> {
+    try {
+      await sched.heartbeatNode(this.o.sql, this.o.nodeId, this.o.role);
+    } catch (err) {
+      this.cutOff = true;
+      throw err;
+    }
+    if (this.cutOff) {
+      this.cutOff = false;
+      this.backAt = performance.now();
+    }
+  }
+
   /**
    * Settles reservations whose attempt lease expired, EXPIRED_BATCH per short
-   * transaction. No result was stored (result and settlement commit
-   * together), so the outcome is unknown: the timeout rule decides the bill.
+   * transaction, once expiryHoldMs allows: right after Postgres or this node
+   * is back from an outage, an expired lease may belong to a live owner that
+   * holds its outcome and has not reconnected yet. No result was stored (result and settlement commit
+   * together), so the outcome is unknown: a reservation its node marked sent
+   * is billed by the timeout rule, one never marked is refunded (nothing went
+   * upstream). The bill reaches the job's creditsBilled in the same statement
+   * (sluice_settle), and a settlement arriving later is reconciled
+   * (dispatch/late-settlement.ts).
    * Lock order: reservations, tenants (id order), jobs, pgboss.job,
    * sched_queues, ledger, windows (inside sluice_settle, last).
    */
   private async releaseExpired(): Promise<number> {
     const { sql, boss } = this.o;
+    const hold = expiryHoldMs({
+      leaseMs: (this.o.leaseSeconds ?? this.o.nodeTimeoutSeconds) * 1000,
+      dbUpForMs: await sched.databaseUpForMs(sql),
+      nodeBackForMs: this.backAt === null ? Infinity : performance.now() - this.backAt,
+    });
+    if (hold > 0) {
+      if (!this.holdLogged) this.o.log.info({ holdMs: Math.round(hold) }, 'back from an outage: expired leases are left to their owners for one more lease');
+      this.holdLogged = true;
+      return 0;
+    }
+    this.holdLogged = false;
     let released = 0;
     for (;;) {
       const n = await sql.begin(async (tx) => {
@@ -146,8 +189,8 @@ export class Sweeper {
           await reinsertJobs(boss, tx, queue, g.jobs.map((j) => ({ id: j.id, data: { tenantId: j.tenantId, api: j.api, params: j.params } })));
           await sched.markQueuesReady(tx, g.tenantId, [g.jobClass]);
         }
-        const bill = (credits: number) => billedCredits('timeout', this.o.timeoutBilling === 'billed' ? credits : 0, credits);
-        await sched.settleReservations(tx, expired.map((r) => ({ id: r.id, billed: bill(r.credits), outcome: 'node_lost' })));
+        // Never marked sent: refunded (nothing went upstream); sent: the timeout rule (ledger.ts).
+        await sched.settleReservations(tx, expired.map((r) => ({ id: r.id, ...expirySettlement(r.credits, r.sent, this.o.timeoutBilling) })));
         await publishJobEvents(tx, jobs.map((j) => ({ jobId: j.id, tenantId: j.tenantId, state: 'QUEUED' as const })));
         return expired.length;
       });

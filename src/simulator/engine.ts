@@ -24,6 +24,7 @@
 import { DEFAULT_CATALOG, type ApiCatalog, type ApiSpec } from '../config/apis.ts';
 import { PLANS, type Plan } from '../config/plans.ts';
 import { encodeBatchResponse, parseBatchRequest, type BatchResultWire } from '../provider/batch-wire.ts';
+import { dedupKey } from '../dispatch/batching.ts';
 import { HEADER } from '../provider/headers.ts';
 import { badBody, corruptData, VALUE_KINDS } from './bad-answers.ts';
 import { generateData } from './data.ts';
@@ -127,6 +128,11 @@ export interface SimulatorStats {
   keys: Record<string, KeyStats>;
   /** Requests with a missing or unknown key. */
   unknownKeyCalls: number;
+  /**
+   * Credits billed per input (`billedInputKey(api, params)`), all keys together: the ground truth
+   * a test holds one job's creditsBilled against when every job has its own params.
+   */
+  creditsByInput: Record<string, number>;
   totals: {
     calls: number;
     httpRequests: number;
@@ -273,6 +279,11 @@ function isPrimaryKey(k: string) {
   return k.startsWith('apv_') && !k.startsWith('apv_sbk_');
 }
 
+/** The key of `SimulatorStats.creditsByInput`: the API and its params (key order does not matter). */
+export function billedInputKey(api: string, params: Record<string, unknown>): string {
+  return dedupKey(api, params);
+}
+
 export function createEngine(opts: SimulatorOptions = {}): Engine {
   const clock = opts.now ?? Date.now;
   const plan = PLANS[opts.plan ?? 'PRO'];
@@ -295,6 +306,7 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
   let accountInFlight = 0;
   let accountMaxConcurrency = 0;
   let unknownKeyCalls = 0;
+  const creditsByInput = new Map<string, number>();
   const keys = new Map<string, KeyState>();
   const callLog: CallRecord[] | null = opts.callLog ? [] : null;
   let callSeq = 0;
@@ -477,11 +489,13 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
     return badRng() < f.badAnswer.probability ? f.badAnswer : null;
   }
 
-  function chargeOne(k: KeyState, cost: number) {
+  function chargeOne(k: KeyState, cost: number, api: string, params: Record<string, unknown>) {
     creditsBilledEver += cost;
     credits = bill(credits, cost);
     k.stats.billedCalls += 1;
     k.stats.creditsBilled += cost;
+    const input = billedInputKey(api, params);
+    creditsByInput.set(input, (creditsByInput.get(input) ?? 0) + cost);
   }
 
   function logCall(apiKey: string | null, api: string, params: Record<string, unknown>, status: number | null, billed: number, batch: boolean) {
@@ -521,7 +535,7 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
       }
       const data = generateData(api, params);
       if (!data.ok) return reply(k, now, 400, errorBody(data.error), { slot, remaining, delayMs });
-      chargeOne(k, spec.creditCost);
+      chargeOne(k, spec.creditCost, api, params);
       const bad = drawBad(d.f);
       if (bad) {
         k.stats.badAnswers += 1;
@@ -568,7 +582,7 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
           if (missing.length) r = { id: item.id, status: 400, error: MESSAGES.missingParam(missing) };
           else if (data && !data.ok) r = { id: item.id, status: 400, error: data.error };
           else {
-            chargeOne(k, spec.creditCost);
+            chargeOne(k, spec.creditCost, api, item.params);
             batchItemCredits[i] = spec.creditCost;
             r = { id: item.id, status: 200, data: data?.ok ? data.data : null };
             // A value kind corrupts items one by one, each on its own draw.
@@ -656,6 +670,7 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
         },
         keys: out,
         unknownKeyCalls,
+        creditsByInput: Object.fromEntries(creditsByInput),
         totals,
       };
     },
@@ -678,6 +693,7 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
       if (callLog) callLog.length = 0;
       epochMs = clock();
       unknownKeyCalls = 0;
+      creditsByInput.clear();
       accountMaxConcurrency = accountInFlight;
       for (const k of keys.values()) k.stats = newCounters(k.inFlight);
     },

@@ -11,6 +11,7 @@
 export { startSimulator, type Simulator } from './server.ts';
 export {
   createEngine,
+  billedInputKey,
   SimulatorConfigError,
   type Engine,
   type Reply,

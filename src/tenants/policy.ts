@@ -13,6 +13,9 @@ export interface TenantRecord {
   concurrencyCap: number | null;
   monthlyQuota: number | null;
   queueBound: number | null;
+  /** Request budget overrides (cost points; null: the tier's). Absent in records built before they existed. */
+  requestBurst?: number | null;
+  requestRate?: number | null;
   quotaPolicy: 'WAIT' | 'FAIL';
   periodAnchor: Date;
   createdAt: Date;
@@ -25,6 +28,18 @@ export interface EffectiveLimits {
   concurrencyCap: number;
   monthlyQuota: number;
   queueBound: number;
+}
+
+export interface RequestBudgetLimits {
+  /** Cost points the bucket holds when full. */
+  burst: number;
+  /** Cost points restored per second. */
+  rate: number;
+}
+
+export function requestBudgetLimits(t: Pick<TenantRecord, 'tier' | 'requestBurst' | 'requestRate'>): RequestBudgetLimits {
+  const tier = TIERS[t.tier];
+  return { burst: t.requestBurst ?? tier.requestBurst, rate: t.requestRate ?? tier.requestRate };
 }
 
 export function effectiveLimits(t: Pick<TenantRecord, 'tier' | 'weight' | 'concurrencyCap' | 'monthlyQuota' | 'queueBound'>): EffectiveLimits {

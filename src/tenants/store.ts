@@ -27,6 +27,8 @@ function toRecord(row: Row): TenantRecord {
     concurrencyCap: row.concurrencyCap,
     monthlyQuota: row.monthlyQuota,
     queueBound: row.queueBound,
+    requestBurst: row.requestBurst,
+    requestRate: row.requestRate,
     quotaPolicy: row.quotaPolicy as 'WAIT' | 'FAIL',
     periodAnchor: row.periodAnchor,
     createdAt: row.createdAt,
@@ -42,6 +44,8 @@ export interface TenantPatch {
   concurrencyCap?: number | null | undefined;
   monthlyQuota?: number | null | undefined;
   queueBound?: number | null | undefined;
+  requestBurst?: number | null | undefined;
+  requestRate?: number | null | undefined;
   quotaPolicy?: 'WAIT' | 'FAIL' | undefined;
 }
 
@@ -102,7 +106,7 @@ export class TenantStore {
 
   async update(tenantId: string, patch: TenantPatch): Promise<TenantRecord> {
     const set: Partial<typeof tenants.$inferInsert> = { updatedAt: new Date() };
-    for (const key of ['name', 'tier', 'weight', 'concurrencyCap', 'monthlyQuota', 'queueBound', 'quotaPolicy'] as const) {
+    for (const key of ['name', 'tier', 'weight', 'concurrencyCap', 'monthlyQuota', 'queueBound', 'requestBurst', 'requestRate', 'quotaPolicy'] as const) {
       if (patch[key] !== undefined) (set as Record<string, unknown>)[key] = patch[key];
     }
     try {

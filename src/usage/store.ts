@@ -114,3 +114,18 @@ export async function foldDeltas(sql: Tx, limit: number): Promise<number> {
   );
   return (rows[0]?.folded as number) ?? 0;
 }
+
+/**
+ * A late settlement's correction of a settled call's bill (dispatch/late-settlement.ts): one
+ * delta row, no call of its own (the settlement already counted the call), so history keeps
+ * equalling the ledger (I10). The reservations trigger (migration 0009) sees only settlements.
+ */
+export async function addUsageCorrection(
+  tx: Tx,
+  c: { tenantId: string; periodStart: Date; api: string; jobClass: string; billedDelta: number; succeededDelta: number },
+): Promise<void> {
+  await tx`
+    insert into usage_deltas (tenant_id, period_start, hour, api, class, calls, succeeded, failed, credits_billed, credits_refunded, latency_hist)
+    values (${c.tenantId}, ${c.periodStart}, date_trunc('hour', now(), 'UTC'), ${c.api}, ${c.jobClass}, 0,
+      ${c.succeededDelta}, ${-c.succeededDelta}, ${c.billedDelta}, ${-c.billedDelta}, array_fill(0, array[11]))`;
+}

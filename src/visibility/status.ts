@@ -78,50 +78,70 @@ export async function tenantQueueStatus(services: Services, tenant: TenantRecord
     sched.readAccount(sql),
     sched.readBreakers(sql),
   ]);
-  const out: QueueStatus[] = [];
-  for (const q of classStatuses(services.windows, tenant, { queues, state, windows, account, breakers })) {
-    const rate = q.depth > 0 ? (await services.jobs.drainRates(sql, tenant, [q.priority])).tenant : 0;
-    out.push({ ...q, estimatedDrainSeconds: drainSeconds(q.depth, rate) });
-  }
-  return out;
+  const statuses = classStatuses(services.windows, tenant, { queues, state, windows, account, breakers });
+  // One busy-weight read per class with waiting work, side by side; windows and the scheduler row are shared.
+  return Promise.all(
+    statuses.map(async (q) => {
+      const rate = q.depth > 0 ? services.jobs.drainRatesFrom(tenant, [q.priority], { windows, state, busy: await sched.busyWeights(sql, [q.priority]) }).tenant : 0;
+      return { ...q, estimatedDrainSeconds: drainSeconds(q.depth, rate) };
+    }),
+  );
+}
+
+/**
+ * How many waiting jobs are ahead of each of these jobs in its tenant's class
+ * queue (created_at, id order): one window-function query for a whole page.
+ * Jobs that are not waiting are absent from the answer.
+ */
+export async function queuePositions(sql: Sql, tenantId: string, jobIds: readonly string[]): Promise<Map<string, number>> {
+  if (jobIds.length === 0) return new Map();
+  const rows = await sql`
+    select id, ahead from (
+      select id, (row_number() over (partition by priority order by created_at, id) - 1)::int as ahead
+      from jobs where tenant_id = ${tenantId} and state in ('QUEUED', 'WAITING_QUOTA')
+    ) w where id = any(${jobIds as string[]}::uuid[])`;
+  return new Map(rows.map((r) => [r.id as string, r.ahead as number]));
 }
 
 /**
  * When a waiting job should start: the jobs ahead of it in its tenant's class
- * queue at the tenant's fair-share rate. A job waiting for quota does not
- * drain at any rate: it starts when the period renews (the quota is reset),
- * or never on its own when a whole period's quota cannot pay for it (null;
- * the job's waitReason says QUOTA).
+ * queue (`ahead`) at the tenant's fair-share rate for its class (the queue
+ * status's depth ÷ drain time). A job waiting for quota does not drain at any
+ * rate: it starts when the period renews (the quota is reset), or never on
+ * its own when a whole period's quota cannot pay for it (null; the job's
+ * waitReason says QUOTA). Pure.
  */
-// The job's own created_at is read in SQL, not passed as a JS Date, which would drop the
-// microseconds that order the jobs of one submission.
-export async function estimatedStartAt(services: Services, tenant: TenantRecord, job: { id: string; api: string; priority: JobClass; state: string; createdAt: Date }): Promise<Date | null> {
+export function estimatedStartAt(
+  services: Pick<Services, 'catalog'>,
+  tenant: TenantRecord,
+  job: { api: string; priority: JobClass; state: string },
+  ahead: number | undefined,
+  queues: readonly QueueStatus[],
+  now = new Date(),
+): Date | null {
   if (job.state !== 'QUEUED' && job.state !== 'WAITING_QUOTA') return null;
-  if (job.state === 'WAITING_QUOTA') return quotaRenewalStart(services, tenant, job.api);
-  const [row] = await services.sql`
-    select count(*)::int as n from jobs
-    where tenant_id = ${tenant.id} and priority = ${job.priority} and state in ('QUEUED', 'WAITING_QUOTA')
-      and (created_at, id) < (select j.created_at, j.id from jobs j where j.id = ${job.id})`;
-  const rate = (await services.jobs.drainRates(services.sql, tenant, [job.priority])).tenant;
-  const seconds = drainSeconds(row!.n as number, rate);
-  return seconds === null ? null : new Date(Date.now() + seconds * 1000);
+  if (job.state === 'WAITING_QUOTA') return quotaRenewalStart(services, tenant, job.api, now);
+  if (ahead === 0) return now; // next in line
+  const q = queues.find((x) => x.priority === job.priority);
+  if (ahead === undefined || !q || q.estimatedDrainSeconds === null || q.depth === 0) return null;
+  const seconds = q.estimatedDrainSeconds * (ahead / q.depth);
+  return new Date(now.getTime() + seconds * 1000);
 }
 
 /** A job waiting for quota starts at the period end, if one period's quota can pay for it at all. */
-export function quotaRenewalStart(services: Services, tenant: TenantRecord, api: string): Date | null {
+export function quotaRenewalStart(services: Pick<Services, 'catalog'>, tenant: TenantRecord, api: string, now = new Date()): Date | null {
   const cost = services.catalog.get(api)?.creditCost ?? 1;
   if (effectiveLimits(tenant).monthlyQuota < cost) return null;
-  return quotaPeriod(tenant.periodAnchor, new Date()).end;
+  return quotaPeriod(tenant.periodAnchor, now).end;
 }
 
 /**
  * Why one waiting job waits: QUOTA for a job waiting for quota, otherwise its
  * queue's reason (me.queues.waitReason); null once it started.
  */
-export async function jobWaitReason(services: Services, tenant: TenantRecord, job: { priority: JobClass; state: string }): Promise<WaitReason | null> {
+export function jobWaitReason(job: { priority: JobClass; state: string }, queues: readonly QueueStatus[]): WaitReason | null {
   if (job.state === 'WAITING_QUOTA') return 'QUOTA';
   if (job.state !== 'QUEUED') return null;
-  const queues = await tenantQueueStatus(services, tenant);
   return queues.find((q) => q.priority === job.priority)?.waitReason ?? 'RATE';
 }
 

@@ -3,7 +3,7 @@ import postgres from 'postgres';
 
 /**
  * DB_POOL_MAX for every Sluice process of the suite: at most 15 connections each
- * (poolSizes), so two files at once (one with three API processes) fit under a
+ * (poolSizes; 16 with a dispatcher's lease-refresh connection), so two files at once (one with three API processes) fit under a
  * stock max_connections of 100.
  */
 export const TEST_DB_POOL_MAX = '8';

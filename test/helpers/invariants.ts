@@ -33,7 +33,29 @@ export async function assertLedgerBalances(sql: postgres.Sql): Promise<void> {
   }
 }
 
-/** I5 after quiescence: nothing outstanding anywhere. */
+/**
+ * I10/I11: per tenant, the jobs' creditsBilled sum to the ledger's billed credits, which equal the
+ * settled reservations' bills and the usage history's (every period of the tenant together: a
+ * job's attempts may settle in different periods). Jobs of deleted tenants are gone with their
+ * ledger; their history stays and is not compared.
+ */
+export async function assertJobsBilledAsLedger(sql: postgres.Sql): Promise<void> {
+  const rows = await sql`
+    select t.tenant_id,
+      coalesce((select sum(l.billed) from tenant_ledger l where l.tenant_id = t.tenant_id), 0)::bigint as ledger,
+      coalesce((select sum(r.credits_billed) from job_results r join jobs j on j.id = r.job_id where j.tenant_id = t.tenant_id), 0)::bigint as jobs,
+      coalesce((select sum(r.billed) from reservations r where r.tenant_id = t.tenant_id and r.settled_at is not null), 0)::bigint as reservations,
+      coalesce((select sum(u.credits_billed) from usage_deltas u where u.tenant_id = t.tenant_id), 0)::bigint
+        + coalesce((select sum(u.credits_billed) from usage_hourly u where u.tenant_id = t.tenant_id), 0)::bigint as history
+    from sched_tenants t`;
+  for (const r of rows) {
+    assert.equal(Number(r.jobs), Number(r.ledger), `I11: tenant ${r.tenant_id}: its jobs' creditsBilled sum to the ledger's billed credits`);
+    assert.equal(Number(r.reservations), Number(r.ledger), `tenant ${r.tenant_id}: the ledger's billed credits are its settled reservations' bills`);
+    assert.equal(Number(r.history), Number(r.ledger), `I10: tenant ${r.tenant_id}: usage history equals the ledger`);
+  }
+}
+
+/** I5 after quiescence: nothing outstanding anywhere; and the jobs' bills agree with the ledger (I10, I11). */
 export async function assertQuiescent(sql: postgres.Sql): Promise<void> {
   const [open] = await sql`select count(*)::int as n from reservations where settled_at is null`;
   assert.equal(open!.n, 0, 'I5: every reservation is settled');
@@ -44,6 +66,7 @@ export async function assertQuiescent(sql: postgres.Sql): Promise<void> {
   const [windows] = await sql`select (coalesce((select sum(in_flight) from windows), 0) + coalesce((select sum(n) from window_slot_deltas), 0))::int as n`;
   assert.equal(windows!.n, 0, 'no window slot left taken');
   await assertCountersMatchRows(sql);
+  await assertJobsBilledAsLedger(sql);
 }
 
 /**

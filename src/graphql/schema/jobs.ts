@@ -7,7 +7,10 @@ import { SluiceError } from '../../errors.ts';
 import { builder, role } from '../builder.ts';
 import { tenantOf } from '../context.ts';
 import { asId } from '../ids.ts';
-import { estimatedStartAt } from '../../visibility/status.ts';
+import { estimatedStartAt, queuePositions, tenantQueueStatus, type QueueStatus } from '../../visibility/status.ts';
+import { batchLoad, perRequest } from '../memo.ts';
+import type { Context } from '../context.ts';
+import type { TenantRecord } from '../../tenants/policy.ts';
 
 export const PriorityEnum = builder.enumType('Priority', {
   description: 'Priority class. INTERACTIVE is served first; BULK sheds first when queues fill.',
@@ -18,6 +21,11 @@ export const JobStateEnum = builder.enumType('JobState', { values: JOB_STATES })
 const JobError = builder.objectRef<{ code: string; message: string }>('JobError').implement({
   fields: (t) => ({ code: t.exposeString('code'), message: t.exposeString('message') }),
 });
+
+/** The tenant's queue status, read once per request however many fields and jobs ask (graphql/cost.ts counts it once). */
+export function queueStatusOf(ctx: Context, tenant: TenantRecord): Promise<QueueStatus[]> {
+  return perRequest(ctx, `queueStatus:${tenant.id}`, () => tenantQueueStatus(ctx.services, tenant));
+}
 
 export const JobRef = builder.objectRef<JobRow>('Job').implement({
   fields: (t) => ({
@@ -45,7 +53,17 @@ export const JobRef = builder.objectRef<JobRow>('Job').implement({
       nullable: true,
       description:
         "For a waiting job: when it should start, from the jobs ahead of it and your fair share of the pace; for a job WAITING_QUOTA, the end of your quota period (when the quota renews). Null once started, or when nothing drains the queue now (see waitReason).",
-      resolve: (j, _a, ctx) => (ctx.auth.kind === 'tenant' ? estimatedStartAt(ctx.services, ctx.auth.tenant, { id: j.id, api: j.api, priority: j.priority, state: j.state, createdAt: j.createdAt }) : null),
+      resolve: async (j, _a, ctx) => {
+        if (ctx.auth.kind !== 'tenant') return null;
+        if (j.state !== 'QUEUED' && j.state !== 'WAITING_QUOTA') return null;
+        const tenant = ctx.auth.tenant;
+        // A page's jobs share one queue-status read and one positions query (graphql/memo.ts).
+        const [ahead, queues] = await Promise.all([
+          j.state === 'QUEUED' ? batchLoad(ctx, 'queuePositions', (ids: string[]) => queuePositions(ctx.services.sql, tenant.id, ids), j.id) : undefined,
+          queueStatusOf(ctx, tenant),
+        ]);
+        return estimatedStartAt(ctx.services, tenant, j, ahead, queues);
+      },
     }),
   }),
 });
@@ -151,13 +169,11 @@ builder.queryFields((t) => ({
         const tenantId = tenantOf(ctx).id;
         const filter = { state: args.filter?.state, api: args.filter?.api, priority: args.filter?.priority };
         const after = args.after ? decodeCursor(args.after) : null;
-        const [rows, totalCount] = await Promise.all([
-          listJobs(ctx.services.sql, tenantId, filter, first + 1, after),
-          countJobs(ctx.services.sql, tenantId, filter),
-        ]);
+        const rows = await listJobs(ctx.services.sql, tenantId, filter, first + 1, after);
         const page = rows.slice(0, first);
         return {
-          totalCount,
+          // Counted only when totalCount is selected (its resolver): a count(*) over a big backlog is not free.
+          count: () => countJobs(ctx.services.sql, tenantId, filter),
           edges: page.map((node) => ({ cursor: encodeCursor(node), node })),
           pageInfo: {
             hasNextPage: rows.length > first,
@@ -171,7 +187,7 @@ builder.queryFields((t) => ({
     {
       name: 'JobConnection',
       fields: (c) => ({
-        totalCount: c.int({ description: 'Jobs matching the filter.', resolve: (conn) => (conn as unknown as { totalCount: number }).totalCount }),
+        totalCount: c.int({ description: 'Jobs matching the filter.', resolve: (conn) => (conn as unknown as { count: () => Promise<number> }).count() }),
       }),
     },
   ),

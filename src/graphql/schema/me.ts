@@ -1,8 +1,9 @@
 import type { TenantRecord } from '../../tenants/policy.ts';
-import { changes, jobWaitReason, tenantQueueStatus, tenantUsage, type QueueStatus, type Usage } from '../../visibility/status.ts';
+import { jobWaitReason, tenantQueueStatus, tenantUsage, type QueueStatus, type Usage } from '../../visibility/status.ts';
+import { tenantUsageFeed } from '../../visibility/usage-feed.ts';
 import { builder, role } from '../builder.ts';
 import { tenantOf } from '../context.ts';
-import { JobRef, PriorityEnum } from './jobs.ts';
+import { JobRef, PriorityEnum, queueStatusOf } from './jobs.ts';
 import { TenantRef } from './tenants.ts';
 
 export const UsageRef = builder.objectRef<Usage>('Usage').implement({
@@ -37,7 +38,11 @@ builder.objectField(JobRef, 'waitReason', (t) =>
     type: WaitReasonEnum,
     nullable: true,
     description: 'For a waiting job: why it waits (QUOTA while it waits for credits, otherwise its queue\'s reason). Null once started.',
-    resolve: (j, _a, ctx) => (ctx.auth.kind === 'tenant' ? jobWaitReason(ctx.services, ctx.auth.tenant, { priority: j.priority, state: j.state }) : null),
+    resolve: async (j, _a, ctx) => {
+      if (ctx.auth.kind !== 'tenant') return null;
+      if (j.state !== 'QUEUED') return jobWaitReason(j, []);
+      return jobWaitReason(j, await queueStatusOf(ctx, ctx.auth.tenant));
+    },
   }),
 );
 
@@ -57,12 +62,12 @@ export const MeRef = builder.objectRef<TenantRecord>('Me').implement({
   fields: (t) => ({
     tenant: t.field({ type: TenantRef, resolve: (tenant) => tenant }),
     usage: t.field({ type: UsageRef, resolve: (tenant, _a, ctx) => tenantUsage(ctx.services, tenant) }),
-    queues: t.field({ type: [QueueRef], resolve: (tenant, _a, ctx) => tenantQueueStatus(ctx.services, tenant) }),
+    queues: t.field({ type: [QueueRef], resolve: (tenant, _a, ctx) => queueStatusOf(ctx, tenant) }),
     estimatedDrainSeconds: t.float({
       nullable: true,
       description: 'When all your waiting work should be done, in seconds (the slowest class).',
       resolve: async (tenant, _a, ctx) => {
-        const qs = await tenantQueueStatus(ctx.services, tenant);
+        const qs = await queueStatusOf(ctx, tenant);
         if (qs.some((q) => q.depth > 0 && q.estimatedDrainSeconds === null)) return null;
         return Math.max(0, ...qs.map((q) => q.estimatedDrainSeconds ?? 0));
       },
@@ -88,7 +93,8 @@ builder.subscriptionFields((t) => ({
     description: 'Your usage and queues, pushed when they change, at most once a second.',
     subscribe: (_r, _a, ctx) => {
       const tenant = tenantOf(ctx);
-      return changes(async () => ({ usage: await tenantUsage(ctx.services, tenant), queues: await tenantQueueStatus(ctx.services, tenant) }));
+      // One poller per tenant in this process, however many subscribers (visibility/usage-feed.ts).
+      return tenantUsageFeed.subscribe(tenant, async () => ({ usage: await tenantUsage(ctx.services, tenant), queues: await tenantQueueStatus(ctx.services, tenant) }));
     },
     resolve: (x) => x,
   }),

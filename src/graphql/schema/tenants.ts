@@ -1,6 +1,6 @@
 import { TIER_NAMES } from '../../config/tiers.ts';
 import { SluiceError } from '../../errors.ts';
-import { effectiveLimits, type TenantRecord } from '../../tenants/policy.ts';
+import { effectiveLimits, requestBudgetLimits, type TenantRecord } from '../../tenants/policy.ts';
 import { builder, role } from '../builder.ts';
 import { asId } from '../ids.ts';
 import { deleteTenant, resumeTenant, suspendTenant } from '../../tenants/lifecycle.ts';
@@ -23,6 +23,8 @@ export const TenantRef = builder.objectRef<TenantRecord>('Tenant').implement({
     monthlyQuota: t.int({ description: 'Credits per monthly period.', resolve: (x) => effectiveLimits(x).monthlyQuota }),
     queueBound: t.int({ resolve: (x) => effectiveLimits(x).queueBound }),
     quotaPolicy: t.field({ type: QuotaPolicyEnum, resolve: (x) => x.quotaPolicy }),
+    requestBurst: t.int({ description: 'Request budget: cost points the tenant may spend at once (the override, else the tier default).', resolve: (x) => requestBudgetLimits(x).burst }),
+    requestRate: t.int({ description: 'Request budget: cost points restored per second, across every API node.', resolve: (x) => requestBudgetLimits(x).rate }),
     createdAt: t.field({ type: 'DateTime', resolve: (x) => x.createdAt }),
     suspendedAt: t.field({ type: 'DateTime', nullable: true, description: 'When the tenant was suspended; null while active.', resolve: (x) => x.suspendedAt ?? null }),
   }),
@@ -63,6 +65,8 @@ const UpdateTenantInput = builder.inputType('UpdateTenantInput', {
     monthlyQuota: t.int(),
     queueBound: t.int(),
     quotaPolicy: t.field({ type: QuotaPolicyEnum }),
+    requestBurst: t.int({ description: 'Request budget size in cost points (at least 1).' }),
+    requestRate: t.int({ description: 'Request budget restore rate in cost points per second (at least 1).' }),
   }),
 });
 
@@ -154,6 +158,8 @@ builder.mutationFields((t) => ({
         concurrencyCap: checkLimit('concurrencyCap', input.concurrencyCap, 1),
         monthlyQuota: checkLimit('monthlyQuota', input.monthlyQuota, 0),
         queueBound: checkLimit('queueBound', input.queueBound, 1),
+        requestBurst: checkLimit('requestBurst', input.requestBurst, 1),
+        requestRate: checkLimit('requestRate', input.requestRate, 1),
         quotaPolicy: input.quotaPolicy ?? undefined,
       });
       await ctx.services.tenantChanged(tenant);

@@ -1,0 +1,95 @@
+/**
+ * WHEN an attempt may be declared dead or given up, as pure functions: the
+ * sweeper's grace after an outage, the attempt's deadline on the node's own
+ * monotonic clock, the outcome of an attempt whose run threw, and how soon a
+ * failed settlement is tried again. The I/O that applies them lives in
+ * scheduler/sweeper.ts and dispatch/dispatcher.ts.
+ */
+import type { CallOutcome } from '../provider/types.ts';
+
+/**
+ * How long a reconnecting node (postgres.js) may take to reach a Postgres
+ * that is back: its reconnect backoff is capped at 2 s (db/client.ts).
+ */
+export const RECONNECT_BOUND_MS = 2_000;
+
+export interface ExpiryHoldInput {
+  leaseMs: number;
+  /** How long Postgres has been up (its clock: now - its start or last crash recovery). */
+  dbUpForMs: number;
+  /** How long since this node reached Postgres again after failing to (monotonic); Infinity if it never failed. */
+  nodeBackForMs: number;
+  /** Extra room for a node to reconnect (default RECONNECT_BOUND_MS). */
+  reconnectMs?: number;
+}
+
+/**
+ * How long the sweeper must still wait before it may settle expired leases
+ * (0 = it may now). Leases run on the database's clock, which does not stop
+ * in an outage: when Postgres comes back, or this node reaches it again,
+ * every lease that ran out meanwhile looks dead, although its owner may be
+ * alive with the attempt's outcome in hand, waiting to store it. One lease
+ * (plus a reconnect) after both are back, every live owner has refreshed its
+ * leases (every ⅕ lease) or settled them; only then is an expired lease
+ * proof of a dead (or still cut-off) owner.
+ *
+ * A node cut off while Postgres stays up is NOT protected by this: the other
+ * nodes' sweepers see Postgres up all along and expire its leases on time,
+ * which is safe because the cut-off node aborts its calls at ¾ of the lease
+ * by its own clock (`leaseLost`).
+ */
+export function expiryHoldMs(i: ExpiryHoldInput): number {
+  const grace = i.leaseMs + (i.reconnectMs ?? RECONNECT_BOUND_MS);
+  return Math.max(0, grace - i.dbUpForMs, grace - i.nodeBackForMs);
+}
+
+/**
+ * The local deadline of a lease (monotonic ms): counted from when the lease
+ * statement RETURNED, since the database starts the lease inside the call,
+ * after any lock it waited on (counting from the send would abort calls
+ * early after a slow lease). The ¼ margin of `leaseLost` covers the call's
+ * tail after the reservation was written (its commit and the answer's trip).
+ */
+export function leaseDeadline(returnedAt: number, leaseMs: number): number {
+  return returnedAt + leaseMs;
+}
+
+/**
+ * A refresh extends the deadline from when it was SENT (the database
+ * extends it later, from its commit): never shortened by a late answer.
+ */
+export function refreshedDeadline(deadline: number, refreshSentAt: number, leaseMs: number): number {
+  return Math.max(deadline, refreshSentAt + leaseMs);
+}
+
+/**
+ * The call must stop: ¾ of its lease has passed on this node's clock
+ * without a refresh, so the database may soon let the sweeper take it.
+ */
+export function leaseLost(now: number, deadline: number, leaseMs: number): boolean {
+  return now > deadline - leaseMs / 4;
+}
+
+/**
+ * What an attempt whose run threw settles as. Nothing sent (the throw came
+ * before the request left): a put-back, refunded, the job queued again at
+ * once without using one of its attempts. Possibly sent: the provider may
+ * have answered and billed, so it is settled like a timeout (billed per
+ * TIMEOUT_BILLING, retried as a timeout is).
+ */
+export function unexpectedOutcome(sent: boolean, credits: number, timeoutBilling: 'billed' | 'refunded', message: string): { outcome: CallOutcome; putBack: boolean } {
+  const base = { httpStatus: null, data: null, status: null, latencyMs: 0, message: `unexpected error: ${message}` };
+  if (!sent) return { outcome: { ...base, kind: 'server_error', creditsBilled: 0, retryAfterSeconds: 1 }, putBack: true };
+  return { outcome: { ...base, kind: 'timeout', creditsBilled: timeoutBilling === 'billed' ? credits : 0, retryAfterSeconds: null }, putBack: false };
+}
+
+/**
+ * Backoff before a failed settlement is tried again: exponential up to 5 s
+ * while running; while stopping, at most 250 ms, so the outcomes it knows
+ * land as soon as Postgres is back rather than after a backoff that could
+ * eat the rest of the grace.
+ */
+export function settleRetryDelayMs(failures: number, stopping: boolean): number {
+  const delay = Math.min(5_000, 50 * 2 ** Math.min(Math.max(0, failures), 7));
+  return stopping ? Math.min(250, delay) : delay;
+}

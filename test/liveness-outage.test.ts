@@ -1,0 +1,241 @@
+/**
+ * Outages longer than the attempt lease, judged per job against the
+ * provider's own record (a counting proxy in front of the simulator):
+ *  - Postgres killed for 3 x ATTEMPT_LEASE_SECONDS while calls of known
+ *    length are in flight: the calls finish during the outage (their outcomes
+ *    are known but cannot be stored); after recovery the node settles them
+ *    before any sweep may expire their leases, so every job is called exactly
+ *    once and billed exactly what the provider billed, per job and per tenant;
+ *  - SIGTERM while Postgres is down with such outcomes pending: the process
+ *    keeps retrying them within SHUTDOWN_GRACE_SECONDS, they land when
+ *    Postgres is back, and after a restart every job ran once.
+ * Each test runs a real Sluice process (`node src/main.ts`) against its own
+ * embedded Postgres, which the test kills (SIGKILL, as a crash would).
+ */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { chmodSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import postgres from 'postgres';
+import { ensureDatabase } from '../src/db/client.ts';
+import { freePort, startEmbeddedPostgres, type EmbeddedDatabase } from '../src/db/embedded.ts';
+import { startSimulator, type Simulator } from '../src/simulator/index.ts';
+import { eventually } from './helpers/app.ts';
+import { startCallCounter, type CallCounter } from './helpers/call-counter.ts';
+import { crashTestEnv, gqlAt, startNode, type NodeProcess } from './helpers/processes.ts';
+import { assertJobsAccountedFor, assertLedgerBalances, assertQuiescent } from './helpers/invariants.ts';
+
+const CREATE = `mutation($i: CreateTenantInput!) { createTenant(input: $i) { tenant { id } apiKey } }`;
+const SUBMIT_MANY = `mutation($i: SubmitJobsInput!) { submitJobs(input: $i) { jobs { id state } } }`;
+
+/** The attempt lease of these tests; every outage is longer than it. */
+const LEASE_SECONDS = 3;
+/** Calls take about 1 s: well inside ¾ of the lease, so none is aborted for its lease. */
+const simulatorOptions = { plan: 'PRO' as const, ratePerMinute: 6000, latencyMs: 1000, latencyP95Ms: 1150, concurrentCalls: 100, seed: 31 };
+
+const debug = (msg: string) => {
+  if (process.env.TEST_DEBUG) console.error(`[liveness ${new Date().toISOString()}] ${msg}`);
+};
+
+/** A private Postgres the test may kill, a simulator and its counting proxy, and the processes started on them. */
+function useOutageRig() {
+  const rig = {} as { dir: string; dataDir: string; port: number; pg: EmbeddedDatabase | null; sim: Simulator; counter: CallCounter; nodes: NodeProcess[]; databaseUrl: string };
+  before(async () => {
+    rig.dir = mkdtempSync(path.join(tmpdir(), 'sluice-liveness-'));
+    chmodSync(rig.dir, 0o755); // as root, Postgres runs as `postgres` and must enter the folder
+    rig.dataDir = path.join(rig.dir, 'pg');
+    rig.port = await freePort();
+    rig.pg = await startEmbeddedPostgres(rig.dataDir, () => {}, { port: rig.port });
+    await ensureDatabase(rig.pg.url, 'sluice');
+    rig.databaseUrl = rig.pg.urlFor('sluice');
+    rig.sim = await startSimulator(simulatorOptions);
+    rig.counter = await startCallCounter(rig.sim.url);
+    rig.nodes = [];
+  });
+  after(async () => {
+    if (process.env.TEST_DEBUG) for (const n of rig.nodes) console.error(n.logs.slice(-80).join('\n'));
+    await Promise.all(rig.nodes.map((n) => n.stop('SIGKILL')));
+    await rig.counter.stop();
+    await rig.sim.stop();
+    await rig.pg?.stop();
+    rmSync(rig.dir, { recursive: true, force: true });
+  });
+  const env = (extra: Record<string, string> = {}) =>
+    crashTestEnv({ apiKey: rig.sim.apiKey, url: rig.counter.url }, rig.databaseUrl, 6000, {
+      BATCH_MAX: '1',
+      ATTEMPT_LEASE_SECONDS: String(LEASE_SECONDS),
+      NODE_TIMEOUT_SECONDS: '30',
+      REQUEST_TIMEOUT_MS: '3000',
+      DISPATCH_IDLE_POLL_MS: '200',
+      INITIAL_LATENCY_MS: '1000',
+      ...extra,
+    });
+  /** Kills the postmaster (SIGKILL); returns a function that starts it again on the same port and data. */
+  const killPostgres = () => {
+    const pid = Number(readFileSync(path.join(rig.dataDir, 'postmaster.pid'), 'utf8').split('\n')[0]);
+    process.kill(pid, 'SIGKILL');
+    rig.pg = null;
+    return async () => {
+      rig.pg = await startEmbeddedPostgres(rig.dataDir, () => {}, { port: rig.port });
+    };
+  };
+  /**
+   * A node with `total` jobs of one tenant (unique inputs tagged `tag`); once calls are in flight,
+   * Postgres is killed. Returns the node, how many calls were in flight then, and the restart.
+   */
+  const killWithCallsInFlight = async (extraEnv: Record<string, string>, tag: string, total: number) => {
+    const node = await startNode('all', env(extraEnv));
+    rig.nodes.push(node);
+    const { createTenant } = await gqlAt(node.url!, CREATE, { i: { name: tag, tier: 'ENTERPRISE' } });
+    await submitUnique(node.url!, createTenant.apiKey, tag, total);
+    const sql = postgres(rig.databaseUrl, { max: 1, onnotice: () => {} });
+    await eventually(async () => (await openReservations(sql)) >= 5 && rig.counter.inFlight() >= 5, 30_000, 10);
+    await sql.end();
+    const restart = killPostgres();
+    const inFlightAtKill = rig.counter.inFlight();
+    debug(`killed with ${inFlightAtKill} calls in flight`);
+    return { node, inFlightAtKill, restart };
+  };
+  return { rig, env, killWithCallsInFlight };
+}
+
+async function submitUnique(url: string, key: string, tag: string, n: number): Promise<string[]> {
+  const jobs = Array.from({ length: n }, (_, i) => ({ api: 'dnslookup', params: { domain: `${tag}${i}.example` } }));
+  const r = await gqlAt(url, SUBMIT_MANY, { i: { jobs } }, key);
+  return r.submitJobs.jobs.map((j: { id: string }) => j.id);
+}
+
+async function openReservations(sql: postgres.Sql): Promise<number> {
+  const [r] = await sql`select count(*)::int as n from reservations where settled_at is null`;
+  return r!.n;
+}
+
+/**
+ * Per job: the provider saw exactly one call for its input, and the job's
+ * reservations billed what the provider billed for it (1 credit per 200);
+ * per tenant: the ledger equals the provider's total.
+ */
+async function assertOnceAndBilledAsProvider(sql: postgres.Sql, counter: CallCounter, sim: Simulator, expectedJobs: number): Promise<void> {
+  const jobs = await sql`
+    select j.id, j.params->>'domain' as domain, j.state,
+      coalesce((select sum(r.billed) from reservations r where r.job_id = j.id), 0)::int as billed,
+      (select count(*)::int from reservations r where r.job_id = j.id and r.outcome in ('node_lost', 'never_sent')) as lost
+    from jobs j`;
+  assert.equal(jobs.length, expectedJobs);
+  const byTarget = counter.byTarget();
+  const ok = new Map<string, number>();
+  for (const c of counter.calls) if (c.status === 200) ok.set(c.target, (ok.get(c.target) ?? 0) + 1);
+  const wrong: string[] = [];
+  for (const j of jobs) {
+    const target = `/v1/dnslookup?domain=${j.domain}`;
+    const calls = byTarget.get(target) ?? 0;
+    const providerBilled = ok.get(target) ?? 0;
+    if (calls !== 1 || j.billed !== providerBilled || j.state !== 'SUCCEEDED') wrong.push(`${j.domain}: ${calls} calls, billed ${j.billed} for the provider's ${providerBilled}, ${j.state}, ${j.lost} lease expiries`);
+  }
+  assert.deepEqual(wrong, [], 'every job: one call, billed what the provider billed');
+  assert.equal(counter.calls.length, expectedJobs, 'the provider saw one call per job');
+  const [ledger] = await sql`select coalesce(sum(billed), 0)::int as n from tenant_ledger`;
+  assert.equal(ledger!.n, sim.stats().totals.creditsBilled, "the tenants' ledger equals the provider's bill");
+}
+
+describe('Postgres down for 3 attempt leases with calls in flight', () => {
+  const { rig, killWithCallsInFlight } = useOutageRig();
+
+  test('every known outcome lands after recovery: one call per job, billed as the provider billed', async () => {
+    const total = 80;
+    const { node, inFlightAtKill, restart } = await killWithCallsInFlight({}, 'long', total);
+    // The calls in flight finish during the outage: their outcomes are known and wait to be stored.
+    await eventually(async () => rig.counter.inFlight() === 0, 10_000, 20);
+    await new Promise((r) => setTimeout(r, 3 * LEASE_SECONDS * 1000));
+    await restart();
+    debug('restarted');
+
+    const check = postgres(rig.databaseUrl, { max: 2, onnotice: () => {} });
+    try {
+      await eventually(async () => {
+        const [r] = await check`select count(*)::int as n from jobs where state in ('QUEUED', 'RUNNING', 'WAITING_QUOTA')`;
+        return r!.n === 0;
+      }, 120_000, 200);
+      assert.ok(inFlightAtKill > 0, 'calls were in flight when Postgres died');
+      const [lost] = await check`select count(*)::int as n from reservations where outcome in ('node_lost', 'never_sent')`;
+      assert.equal(lost!.n, 0, "no reservation of the live node was expired: it settled its known outcomes first");
+      await assertOnceAndBilledAsProvider(check, rig.counter, rig.sim, total);
+      await assertJobsAccountedFor(check);
+      await assertQuiescent(check);
+      await assertLedgerBalances(check);
+      assert.equal(node.child.exitCode, null, 'the process lived through it');
+    } finally {
+      await check.end();
+    }
+  });
+});
+
+describe('SIGTERM while Postgres is down, with known outcomes pending', () => {
+  const { rig, env, killWithCallsInFlight } = useOutageRig();
+
+  test('the stop keeps retrying them within the grace; they land once Postgres is back; after a restart each job ran once', async () => {
+    const total = 80;
+    const { node, inFlightAtKill, restart } = await killWithCallsInFlight({ SHUTDOWN_GRACE_SECONDS: '60' }, 'stop', total);
+    await eventually(async () => rig.counter.inFlight() === 0, 10_000, 20);
+    const callsAtStop = rig.counter.calls.length;
+    const exit = new Promise<number | null>((r) => node.child.once('exit', (code) => r(code)));
+    node.child.kill('SIGTERM');
+    // Down for longer than a lease after the SIGTERM: the process must still be retrying, not gone.
+    await new Promise((r) => setTimeout(r, 2 * LEASE_SECONDS * 1000));
+    assert.equal(node.child.exitCode, null, `still retrying its settlements within the grace:\n${node.logs.slice(-10).join('\n')}`);
+    await restart();
+    assert.equal(await exit, 0, `clean exit after the drain:\n${node.logs.slice(-20).join('\n')}`);
+    assert.ok(node.logs.some((l) => l.includes('dispatcher drained')), `every known outcome landed before the exit:\n${node.logs.slice(-20).join('\n')}`);
+    assert.ok(inFlightAtKill > 0, 'calls were in flight when Postgres died');
+    assert.equal(rig.counter.calls.length, callsAtStop, 'nothing was called after the stop');
+
+    const check = postgres(rig.databaseUrl, { max: 2, onnotice: () => {} });
+    try {
+      assert.equal(await openReservations(check), 0, 'no reservation left open by the stop');
+      const [done] = await check`select count(*)::int as n from jobs where state in ('SUCCEEDED', 'FAILED')`;
+      assert.equal(done!.n, callsAtStop, 'every call made before the stop was settled as its job');
+
+      const second = await startNode('all', env());
+      rig.nodes.push(second);
+      await eventually(async () => {
+        const [r] = await check`select count(*)::int as n from jobs where state in ('QUEUED', 'RUNNING', 'WAITING_QUOTA')`;
+        return r!.n === 0;
+      }, 120_000, 200);
+      await second.stop('SIGTERM');
+      await assertOnceAndBilledAsProvider(check, rig.counter, rig.sim, total);
+      await assertJobsAccountedFor(check);
+      await assertQuiescent(check);
+      await assertLedgerBalances(check);
+    } finally {
+      await check.end();
+    }
+  });
+});
+
+describe('SIGTERM while Postgres stays down past the grace', () => {
+  const { rig, killWithCallsInFlight } = useOutageRig();
+
+  test('the stop gives up once the grace is over, and names the jobs whose known outcomes it abandons', async () => {
+    const { node, restart } = await killWithCallsInFlight({ SHUTDOWN_GRACE_SECONDS: String(LEASE_SECONDS) }, 'gone', 40);
+    await eventually(async () => rig.counter.inFlight() === 0, 10_000, 20);
+    const exit = new Promise<number | null>((r) => node.child.once('exit', (code) => r(code)));
+    node.child.kill('SIGTERM');
+    assert.equal(await exit, 0, `the process stops once the grace is over:\n${node.logs.slice(-20).join('\n')}`);
+    const line = node.logs.find((l) => l.includes('stop grace over'));
+    assert.ok(line, `the abandonment is logged:\n${node.logs.slice(-20).join('\n')}`);
+    const logged = JSON.parse(line) as { knownOutcomes: string[]; callsAborted: string[] };
+
+    await restart();
+    const check = postgres(rig.databaseUrl, { max: 1, onnotice: () => {} });
+    try {
+      // What the log names is exactly what was left open: the jobs whose calls had answered.
+      const open = await check`select job_id from reservations where settled_at is null order by job_id`;
+      assert.ok(logged.knownOutcomes.length > 0, 'known outcomes were pending');
+      assert.deepEqual([...logged.knownOutcomes].sort(), open.map((r) => r.job_id as string), 'the log names every abandoned job');
+      assert.deepEqual(logged.callsAborted, [], 'no call was in flight (they had all answered)');
+    } finally {
+      await check.end();
+    }
+  });
+});
