@@ -5,7 +5,7 @@
  * Closing connections whose key was revoked is http/ws-auth.ts's job.
  */
 import { GraphQLError } from 'graphql';
-import type { Plugin } from 'graphql-yoga';
+import { processRegularResult, type Plugin } from 'graphql-yoga';
 
 interface Connection {
   tenantId: string | null;
@@ -91,11 +91,24 @@ export function sseRefusal(): GraphQLError {
   );
 }
 
-/** Refuses subscriptions that did not come over graphql-ws (their context has no socket). */
+/** Whether a result is this refusal (a single result, not a stream). Pure. */
+export function isSseRefusal(result: unknown): boolean {
+  const errors = (result as { errors?: readonly { extensions?: { code?: unknown } }[] } | null)?.errors;
+  return Array.isArray(errors) && errors.some((e) => e?.extensions?.code === 'SUBSCRIPTIONS_NEED_GRAPHQL_WS');
+}
+
+/**
+ * Refuses subscriptions that did not come over graphql-ws (their context has no socket), and
+ * answers the refusal as JSON with its 400 even to a client that asked for an event stream: a
+ * 200 stream carrying one error event would look to it like a subscription that was accepted.
+ */
 export function useSubscriptionsOverWsOnly(): Plugin<{ socket?: unknown }> {
   return {
     onSubscribe({ args, setResultAndStopExecution }) {
       if (!(args.contextValue as { socket?: unknown }).socket) setResultAndStopExecution({ errors: [sseRefusal()] });
+    },
+    onResultProcess({ result, setResultProcessor }) {
+      if (isSseRefusal(result)) setResultProcessor(processRegularResult, 'application/json');
     },
   };
 }
