@@ -10,6 +10,7 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { EventEmitter } from 'node:events';
 import { request } from 'node:http';
 import { connect } from 'node:net';
 import { Writable } from 'node:stream';
@@ -17,7 +18,7 @@ import { pino } from 'pino';
 import type { Logger } from '../src/log.ts';
 import WebSocket from 'ws';
 import { ConfigError, loadEnv } from '../src/config/env.ts';
-import { AuthFailureBudget, authRetryAfter, isLoopbackHost, recordFailure } from '../src/http/front-door.ts';
+import { AuthFailureBudget, authRetryAfter, isLoopbackHost, limitSocketPayload, recordFailure } from '../src/http/front-door.ts';
 import { auditedTenantId } from '../src/http/audit.ts';
 import { metricsRefused } from '../src/http/ops.ts';
 import { ADMIN_TOKEN, eventually, startTestApp, type TestApp } from './helpers/app.ts';
@@ -94,6 +95,29 @@ test('pure parts: the failure budget, loopback hosts, the metrics rule, the audi
   assert.equal(auditedTenantId({ input: { id: 't2', name: 'x' } }, null), 't2');
   assert.equal(auditedTenantId({ input: { name: 'x' } }, { tenant: { id: 't3' }, apiKey: 'slc_secret' }), 't3');
   assert.equal(auditedTenantId({}, null), null);
+});
+
+test("limitSocketPayload: the receiver's own limit when ws exposes it; otherwise a message past it closes 1009; oversize errors are not re-emitted", () => {
+  const withReceiver = Object.assign(new EventEmitter(), { _receiver: { _maxPayload: 100 }, close: () => {} });
+  limitSocketPayload(withReceiver as never, 10);
+  assert.equal(withReceiver._receiver._maxPayload, 10);
+  let errors = 0;
+  withReceiver.on('error', () => void errors++);
+  withReceiver.emit('error', Object.assign(new RangeError('Max payload size exceeded'), { code: 'WS_ERR_UNSUPPORTED_MESSAGE_LENGTH' }));
+  withReceiver.emit('error', new Error('something else'));
+  assert.equal(errors, 1, 'only the oversize error is kept from graphql-ws (which prints a stack)');
+
+  const closes: number[] = [];
+  const bare = Object.assign(new EventEmitter(), { close: (code: number) => void closes.push(code) });
+  limitSocketPayload(bare as never, 10);
+  bare.emit('message', Buffer.alloc(10));
+  assert.deepEqual(closes, []);
+  bare.emit('message', Buffer.alloc(11));
+  assert.deepEqual(closes, [1009]);
+  limitSocketPayload(bare as never, 100); // raised after connection_init: one listener, the new limit
+  bare.emit('message', Buffer.alloc(50));
+  assert.deepEqual(closes, [1009]);
+  assert.equal(bare.listenerCount('message'), 1);
 });
 
 test('a SLUICE_ADMIN_TOKEN shorter than 32 characters is refused at start, with the variable named', () => {
