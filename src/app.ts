@@ -30,7 +30,7 @@ import { createProviderClient } from './provider/client.ts';
 import type { ProviderClient } from './provider/types.ts';
 import { BossMaintenance, TENANT_QUEUE_RETENTION_SECONDS, alignTenantQueues, ensureTenantQueues, startBoss } from './queue/boss.ts';
 import { createOpsServer, metricsRefused, type OpsOptions } from './http/ops.ts';
-import { isLoopbackHost } from './http/front-door.ts';
+import { applyTimeouts, isLoopbackHost } from './http/front-door.ts';
 import { SubscriptionRegistry } from './events/subscriptions.ts';
 import { Retention } from './retention/retention.ts';
 import { GRAPHQL_PATH, createHttpServer } from './server.ts';
@@ -390,6 +390,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       if (env.SLUICE_ROLE === 'worker') {
         // A worker serves no GraphQL: /healthz, /readyz and /metrics get their own small server.
         const opsServer = createOpsServer(ops);
+        applyTimeouts(opsServer, { headersMs: env.HTTP_HEADERS_TIMEOUT_MS, requestMs: env.HTTP_REQUEST_TIMEOUT_MS, keepAliveMs: env.HTTP_KEEP_ALIVE_TIMEOUT_MS });
         try {
           await listen(opsServer, env.METRICS_PORT, env.HOST);
           cleanups.push(() => closeServer(opsServer));
