@@ -1,6 +1,10 @@
 /**
  * HTTP wiring: one node:http server carries GraphQL over HTTP (Yoga, with
- * GraphiQL) and graphql-ws on the same port and path.
+ * GraphiQL when GRAPHIQL is on) and graphql-ws on the same port and path.
+ * Subscriptions run over graphql-ws only (events/subscriptions.ts). Before a
+ * body or a graphql-ws message is read, the caller's credential is checked
+ * from the headers (or at connection_init) and the limits that follow from it
+ * apply (http/front-door.ts).
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { GraphQLError } from 'graphql';
