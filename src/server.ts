@@ -101,7 +101,7 @@ export function createGraphQL(opts: Omit<ServerOptions, 'ops'>): YogaServerInsta
       };
     },
     plugins: [
-      useSubscriptionsOverWsOnly(), // SSE is off: before auth, so any caller learns where subscriptions are
+      useSubscriptionsOverWsOnly(), // SSE is off: before the operation's authorization, so any caller learns where subscriptions are
       useGraphiQLHeaders(),
       ...hardeningPlugins(opts.limits ?? DEFAULT_QUERY_LIMITS), // front door: CSRF, then query limits (before auth, before execution)
       useOperationAuth(),

@@ -82,7 +82,8 @@ export class SubscriptionRegistry {
  * would need every control above again (caps, closing on revocation,
  * suspension and deletion, the slow-consumer close, an abort when the client
  * goes away); one transport keeps them in one place. A subscription over HTTP
- * gets this coded error, before authentication and before anything runs.
+ * gets this coded error, whoever asks (before the operation-level
+ * authorization) and before anything runs.
  */
 export function sseRefusal(): GraphQLError {
   return new GraphQLError(
