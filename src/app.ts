@@ -29,7 +29,8 @@ import type { Logger } from './log.ts';
 import { createProviderClient } from './provider/client.ts';
 import type { ProviderClient } from './provider/types.ts';
 import { BossMaintenance, TENANT_QUEUE_RETENTION_SECONDS, alignTenantQueues, ensureTenantQueues, startBoss } from './queue/boss.ts';
-import { createOpsServer, type OpsOptions } from './http/ops.ts';
+import { createOpsServer, metricsRefused, type OpsOptions } from './http/ops.ts';
+import { applyTimeouts, isLoopbackHost } from './http/front-door.ts';
 import { SubscriptionRegistry } from './events/subscriptions.ts';
 import { Retention } from './retention/retention.ts';
 import { GRAPHQL_PATH, createHttpServer } from './server.ts';
@@ -189,7 +190,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     // Tenant keys, cached per process; the sluice_auth notice (sent in the changing transaction) and
     // the changing process itself invalidate them (tenants/key-cache.ts).
     const tenantStore = new TenantStore(db, { authChanged: (id) => apiKeys.invalidate(id) });
-    const apiKeys = new KeyCache({ ttlMs: env.AUTH_CACHE_TTL_MS, load: (hash) => tenantStore.byKeyHash(hash), loadMany: (hashes) => tenantStore.byKeyHashes(hashes) });
+    const apiKeys = new KeyCache({ ttlMs: env.AUTH_CACHE_TTL_MS, negativeTtlMs: env.AUTH_NEGATIVE_CACHE_MS, load: (hash) => tenantStore.byKeyHash(hash), loadMany: (hashes) => tenantStore.byKeyHashes(hashes) });
     await apiKeys.start(sql);
     cleanups.push(() => apiKeys.stop());
     const services: Services = {
@@ -250,9 +251,13 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       expectedMigrations: shippedMigrations(),
       metrics,
       metricsToken: env.METRICS_TOKEN,
+      metricsOff: metricsRefused(isLoopbackHost(env.HOST), env.METRICS_TOKEN),
       ...(env.SLUICE_ROLE !== 'api' ? { dispatcherRunning: () => dispatcherUp } : {}),
     };
+    if (ops.metricsOff) log.warn({ host: env.HOST }, 'GET /metrics is refused (403): this process listens on a non-loopback address and METRICS_TOKEN is not set; set METRICS_TOKEN to serve it');
     if (env.SLUICE_ROLE !== 'worker') {
+      // In demo mode and development GraphiQL is on unless GRAPHIQL=false; in production only with GRAPHIQL=true.
+      const graphiql = env.GRAPHIQL ?? (!env.APIVERVE_API_KEY || env.NODE_ENV === 'development');
       const subscriptions = new SubscriptionRegistry({ perTenant: env.MAX_SUBSCRIPTIONS_PER_TENANT, perProcess: env.MAX_SUBSCRIPTIONS_PER_PROCESS });
       const { server, closeSubscriptions, connections } = createHttpServer({
         services,
@@ -264,6 +269,10 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         metrics,
         ops,
         subscriptions,
+        unauthenticatedMaxBodyBytes: env.UNAUTHENTICATED_MAX_BODY_BYTES,
+        authFailuresPerMinute: env.AUTH_FAILURES_PER_MINUTE,
+        httpTimeouts: { headersMs: env.HTTP_HEADERS_TIMEOUT_MS, requestMs: env.HTTP_REQUEST_TIMEOUT_MS, keepAliveMs: env.HTTP_KEEP_ALIVE_TIMEOUT_MS },
+        graphiql,
       });
       // Revoked keys lose their open subscriptions on every node (http/ws-auth.ts).
       await connections.start(sql, (err) => log.warn({ err }, 'could not re-validate graphql-ws connections'));
@@ -280,7 +289,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       port = (server.address() as AddressInfo).port;
       const shownHost = env.HOST === '0.0.0.0' || env.HOST === '::' ? 'localhost' : env.HOST;
       url = `http://${shownHost}:${port}${GRAPHQL_PATH}`;
-      log.info({ url, console: url.replace(/\/graphql$/, '/console') }, 'GraphQL API and GraphiQL are up (graphql-ws on the same path); the console is at /console');
+      log.info({ url, console: url.replace(/\/graphql$/, '/console'), graphiql }, 'GraphQL API is up (graphql-ws on the same path, GraphiQL when `graphiql` is true); the console is at /console');
     }
     if (env.SLUICE_ROLE !== 'api') {
       const nodeId = randomUUID();
@@ -387,6 +396,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       if (env.SLUICE_ROLE === 'worker') {
         // A worker serves no GraphQL: /healthz, /readyz and /metrics get their own small server.
         const opsServer = createOpsServer(ops);
+        applyTimeouts(opsServer, { headersMs: env.HTTP_HEADERS_TIMEOUT_MS, requestMs: env.HTTP_REQUEST_TIMEOUT_MS, keepAliveMs: env.HTTP_KEEP_ALIVE_TIMEOUT_MS });
         try {
           await listen(opsServer, env.METRICS_PORT, env.HOST);
           cleanups.push(() => closeServer(opsServer));

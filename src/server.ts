@@ -1,6 +1,10 @@
 /**
  * HTTP wiring: one node:http server carries GraphQL over HTTP (Yoga, with
- * GraphiQL) and graphql-ws on the same port and path.
+ * GraphiQL when GRAPHIQL is on) and graphql-ws on the same port and path.
+ * Subscriptions run over graphql-ws only (events/subscriptions.ts). Before a
+ * body or a graphql-ws message is read, the caller's credential is checked
+ * from the headers (or at connection_init) and the limits that follow from it
+ * apply (http/front-door.ts).
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { GraphQLError } from 'graphql';
@@ -21,8 +25,10 @@ import { DEFAULT_QUERY_LIMITS, hardeningPlugins, type QueryLimits } from './http
 import type { Metrics } from './metrics.ts';
 import { serveOps, type OpsOptions } from './http/ops.ts';
 import { USAGE_CSV_PATH, serveUsageCsv } from './http/usage-csv.ts';
-import type { SubscriptionRegistry } from './events/subscriptions.ts';
-import { renderSluiceGraphiQL } from './http/graphiql.ts';
+import { useSubscriptionsOverWsOnly, type SubscriptionRegistry } from './events/subscriptions.ts';
+import { renderSluiceGraphiQL, useGraphiQLHeaders } from './http/graphiql.ts';
+import { AuthFailureBudget, CONNECTIONS_CHECK_MS, admit, applyTimeouts, limitSocketPayload, type HttpTimeouts } from './http/front-door.ts';
+import { useAdminAudit } from './http/audit.ts';
 import { serveConsole } from './http/console.ts';
 import { chargeOperation, throttledError, useRequestBudget } from './http/budget.ts';
 
@@ -43,6 +49,12 @@ export interface ServerOptions {
   ops: OpsOptions;
   /** graphql-ws caps and the sockets closed when keys change; absent: no caps. */
   subscriptions?: SubscriptionRegistry;
+  /** Limits before authentication (http/front-door.ts); defaults: 64 KiB, 20 failures a minute, Node's timeouts. */
+  unauthenticatedMaxBodyBytes?: number;
+  authFailuresPerMinute?: number;
+  httpTimeouts?: HttpTimeouts;
+  /** GraphiQL at GET /graphql (GRAPHIQL); default off. */
+  graphiql?: boolean;
 }
 
 /** SluiceError → a GraphQL error with its code; anything else is logged and masked (no stack traces outside development). */
@@ -70,33 +82,42 @@ export function createGraphQL(opts: Omit<ServerOptions, 'ops'>): YogaServerInsta
   return createYoga<Record<string, unknown>, Context>({
     schema,
     graphqlEndpoint: GRAPHQL_PATH,
-    graphiql: { title: 'Sluice', subscriptionsProtocol: 'WS' },
+    graphiql: opts.graphiql ? { title: 'Sluice', subscriptionsProtocol: 'WS' } : false,
     renderGraphiQL: renderSluiceGraphiQL, // offline (assets inlined), subscriptions authenticated
 
     landingPage: false,
     logging: false,
     maskedErrors: { maskError: (e, m, d) => maskError(opts.log, e, m, d), isDev: opts.development },
-    context: async ({ request, connectionParams, req, gate, socket }: { request?: Request; connectionParams?: Record<string, unknown>; req?: IncomingMessage; gate?: CommitGate; socket?: { close(code: number, reason: string): void } }) => {
+    context: async ({ request, connectionParams, req, gate, socket, auth, address }: { request?: Request; connectionParams?: Record<string, unknown>; req?: IncomingMessage; gate?: CommitGate; socket?: { close(code: number, reason: string): void }; auth?: Context['auth']; address?: string }) => {
+      // HTTP: the front door authenticated from the headers already (before reading the body).
       // Over graphql-ws there is no Request: the connection's params, else its upgrade request's header.
       const authorization = request ? request.headers.get('authorization') : connectionAuthorization(connectionParams, req?.headers.authorization);
-      return { auth: await authenticate(opts.services, authorization), services: opts.services, ...(gate ? { gate } : {}), ...(socket ? { socket } : {}) };
+      return {
+        auth: auth ?? (await authenticate(opts.services, authorization)),
+        services: opts.services,
+        address: address ?? req?.socket.remoteAddress ?? null,
+        ...(gate ? { gate } : {}),
+        ...(socket ? { socket } : {}),
+      };
     },
     plugins: [
+      useSubscriptionsOverWsOnly(), // SSE is off: before the operation's authorization, so any caller learns where subscriptions are
+      useGraphiQLHeaders(),
       ...hardeningPlugins(opts.limits ?? DEFAULT_QUERY_LIMITS), // front door: CSRF, then query limits (before auth, before execution)
       useOperationAuth(),
       useRequestBudget(), // after the credential is checked: tenants pay for what they run (http/budget.ts)
       useInputHardening(),
       useInputErrorCodes(),
+      useAdminAudit(opts.log),
       ...(opts.metrics ? [opts.metrics.yogaPlugin()] : []),
     ],
   });
 }
 
-function tooLarge(res: ServerResponse, max: number): void {
+function tooLarge(res: ServerResponse, max: number, unauthenticated = false): void {
   res.writeHead(413, { 'content-type': 'application/json', connection: 'close' });
-  res.end(
-    JSON.stringify({ errors: [{ message: `request body is larger than ${max} bytes`, extensions: { code: 'BODY_TOO_LARGE', maxBytes: max } }] }),
-  );
+  const message = unauthenticated ? `request body is larger than ${max} bytes, the limit without an API key: send Authorization: Bearer <api key>` : `request body is larger than ${max} bytes`;
+  res.end(JSON.stringify({ errors: [{ message, extensions: { code: 'BODY_TOO_LARGE', maxBytes: max } }] }));
 }
 
 function sendErrors(res: ServerResponse, status: number, error: { message: string; extensions: Record<string, unknown> }, headers: Record<string, string> = {}): void {
@@ -104,6 +125,11 @@ function sendErrors(res: ServerResponse, status: number, error: { message: strin
   const { 'content-length': _len, 'content-type': _type, ...rest } = headers;
   res.writeHead(status, { ...rest, 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(body) });
   res.end(body);
+}
+
+function timedOut(res: ServerResponse, ms: number): void {
+  const e = databaseUnavailable(`the request waited ${ms} ms for the database`);
+  sendErrors(res, 503, { message: e.message, extensions: { code: e.code, ...e.extensions } }, e.httpHeaders);
 }
 
 /** The response, or null when the deadline passed first and `gate` let it answer (no commit under way). */
@@ -133,11 +159,33 @@ async function readBody(req: IncomingMessage, max: number): Promise<Buffer | nul
 
 export function createHttpServer(opts: ServerOptions): { server: Server; yoga: ReturnType<typeof createGraphQL>; closeSubscriptions(): Promise<void>; connections: WsConnections } {
   const yoga = createGraphQL(opts);
+  const budget = new AuthFailureBudget({ perMinute: opts.authFailuresPerMinute ?? 20 });
+  const unauthenticatedMax = opts.unauthenticatedMaxBodyBytes ?? 64 * 1024;
+  const addressOf = (req: IncomingMessage) => req.socket.remoteAddress ?? 'unknown';
 
-  const server = createServer(async (req, res) => {
+  // Node enforces headersTimeout and requestTimeout when it checks its connections: every second, not its default 30.
+  const server = createServer({ connectionsCheckingInterval: CONNECTIONS_CHECK_MS }, async (req, res) => {
     try {
       const url = new URL(req.url ?? '/', 'http://localhost');
       if (await serveOps(req, res, opts.ops)) return;
+      const guarded = url.pathname === GRAPHQL_PATH || url.pathname === USAGE_CSV_PATH;
+      // The key is checked from the headers, before any body is read (http/front-door.ts).
+      // Its lookup counts against the request deadline like any other wait on the database.
+      const startedAt = Date.now();
+      const deadlineMs = opts.requestTimeoutMs ?? 30_000;
+      const door = guarded
+        ? await withDeadline(
+            admit(
+              { authorization: req.headers.authorization, address: addressOf(req) },
+              { budget, authenticate: (a) => authenticate(opts.services, a), maxBodyBytes: opts.maxBodyBytes, unauthenticatedMaxBodyBytes: unauthenticatedMax },
+            ),
+            deadlineMs,
+            new CommitGate(),
+          )
+        : undefined;
+      if (door === null) return timedOut(res, deadlineMs);
+      if (door && !door.admitted) return sendErrors(res, door.status, door.error, { ...door.headers, connection: 'close' });
+      const maxBody = door?.admitted ? door.maxBodyBytes : unauthenticatedMax;
       if (url.pathname === USAGE_CSV_PATH && req.method === 'GET') return await serveUsageCsv(req, res, opts.services);
       if (await serveConsole(req, res, url.pathname)) return;
       if (url.pathname === '/' && req.method === 'GET') {
@@ -147,9 +195,9 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
       let body: Buffer | undefined;
       if (req.method !== 'GET' && req.method !== 'HEAD') {
         const declared = Number(req.headers['content-length'] ?? 0);
-        if (declared > opts.maxBodyBytes) return tooLarge(res, opts.maxBodyBytes);
-        const read = await readBody(req, opts.maxBodyBytes);
-        if (read === null) return tooLarge(res, opts.maxBodyBytes);
+        if (declared > maxBody) return tooLarge(res, maxBody, maxBody < opts.maxBodyBytes);
+        const read = await readBody(req, maxBody);
+        if (read === null) return tooLarge(res, maxBody, maxBody < opts.maxBodyBytes);
         body = read;
       }
       if (req.method === 'GET' && url.pathname === GRAPHQL_PATH) {
@@ -168,14 +216,13 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
           headers,
           ...(body ? { body: new Uint8Array(body) } : {}),
         }),
-        { gate },
+        { gate, address: addressOf(req), ...(door?.admitted ? { auth: door.auth } : {}) },
       ));
-      const response = await withDeadline(pending, opts.requestTimeoutMs ?? 30_000, gate);
+      const response = await withDeadline(pending, Math.max(1, deadlineMs - (Date.now() - startedAt)), gate);
       if (response === null) {
         // Still waiting (on the database) at the deadline, and no commit under way: answer now; the late result is dropped.
         void pending.then((late) => late.body?.cancel().catch(() => {}), () => {});
-        const e = databaseUnavailable(`the request waited ${opts.requestTimeoutMs ?? 30_000} ms for the database`);
-        return sendErrors(res, 503, { message: e.message, extensions: { code: e.code, ...e.extensions } }, e.httpHeaders);
+        return timedOut(res, deadlineMs);
       }
       // Yoga answers some refusals (406, 415) with an empty body: give them a body with a code, like every other error.
       const coded = codedEmptyError(response.status);
@@ -205,7 +252,19 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
   // Re-validation after a revocation notice reads the database, not the key cache: the cache may
   // not have seen the same notice yet (both listen on sluice_auth, in no set order).
   const connections = new WsConnections((authorization) => authenticate(opts.services, authorization, { fresh: true }));
-  const wss = new WebSocketServer({ server, path: GRAPHQL_PATH, maxPayload: opts.maxBodyBytes });
+  const wss = new WebSocketServer({
+    server,
+    path: GRAPHQL_PATH,
+    maxPayload: opts.maxBodyBytes,
+    // An address past its failed-authentication budget is refused at the upgrade, before any key lookup.
+    verifyClient: (info, done) => {
+      const wait = budget.retryAfter(addressOf(info.req));
+      if (wait === null) done(true);
+      else done(false, 429, `Too Many Requests: too many failed authentications from this address, retry in ${wait} s`, { 'retry-after': String(wait) });
+    },
+  });
+  // Until its connection_init is accepted, a socket reads small messages only (ws's maxPayload is per server).
+  wss.on('connection', (socket) => limitSocketPayload(socket as never, unauthenticatedMax));
   const wsServer = useServer(
     {
       // Close reasons of internal errors carry no message unless in development (graphql-ws reads NODE_ENV otherwise).
@@ -225,9 +284,11 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
           return false;
         }
         if (auth.kind !== 'admin' && auth.kind !== 'tenant') {
+          if (auth.kind === 'invalid') budget.fail(addressOf(ctx.extra.request));
           socket.close(WS_CLOSE.unauthorized, auth.kind === 'anonymous' ? 'missing credential: send connectionParams.authorization = "Bearer <api key>"' : 'unknown or revoked API key');
           return false;
         }
+        limitSocketPayload(socket as never, opts.maxBodyBytes);
         connections.add(socket, auth, authorization!);
         opts.subscriptions?.connected(ctx, auth.kind === 'tenant' ? auth.tenant.id : null);
         return true;
@@ -272,11 +333,12 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
         };
         const errors = validate(args.schema, args.document);
         if (errors.length) return errors;
-        // An operation this credential may not run closes the connection: 4403 (4401 if the key was revoked meanwhile).
+        // An operation this credential may not run is refused alone (FORBIDDEN): its siblings keep running.
+        // A key revoked meanwhile is the connection's failure: 4401.
         const refused = operationRefusal(args);
         if (refused) {
-          const code = refused.extensions.code === 'FORBIDDEN' ? WS_CLOSE.forbidden : WS_CLOSE.unauthorized;
-          ctx.extra.socket.close(code, refused.message.slice(0, 120));
+          if (refused.extensions.code === 'FORBIDDEN') return [new GraphQLError(refused.message, { extensions: { code: 'FORBIDDEN' } })];
+          ctx.extra.socket.close(WS_CLOSE.unauthorized, refused.message.slice(0, 120));
           return [refused];
         }
         // Over its request budget: an error for this operation (THROTTLED), the socket stays open.
@@ -295,11 +357,15 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
   server.on('clientError', (err: NodeJS.ErrnoException, socket) => {
     if (!socket.writable) return socket.destroy();
     const tooLarge = err.code === 'HPE_HEADER_OVERFLOW';
-    const status = tooLarge ? '431 Request Header Fields Too Large' : '400 Bad Request';
-    const body = JSON.stringify({ errors: [{ message: tooLarge ? 'request headers (or the URL) are too large: send the query in a POST body' : 'malformed HTTP request', extensions: { code: tooLarge ? 'HEADERS_TOO_LARGE' : 'BAD_REQUEST' } }] });
+    // Headers or body slower than HTTP_HEADERS_TIMEOUT_MS / HTTP_REQUEST_TIMEOUT_MS (http/front-door.ts).
+    const slow = err.code === 'ERR_HTTP_REQUEST_TIMEOUT';
+    const status = tooLarge ? '431 Request Header Fields Too Large' : slow ? '408 Request Timeout' : '400 Bad Request';
+    const message = tooLarge ? 'request headers (or the URL) are too large: send the query in a POST body' : slow ? 'the request did not arrive in time' : 'malformed HTTP request';
+    const body = JSON.stringify({ errors: [{ message, extensions: { code: tooLarge ? 'HEADERS_TOO_LARGE' : slow ? 'REQUEST_TIMEOUT' : 'BAD_REQUEST' } }] });
     socket.end(`HTTP/1.1 ${status}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
   });
   server.on('close', () => wss.close());
+  if (opts.httpTimeouts) applyTimeouts(server, opts.httpTimeouts);
   // On stop: every open subscription socket is closed with 1001 Going away, so clients know to reconnect elsewhere.
   let closed: Promise<void> | null = null;
   const closeSubscriptions = () => (closed ??= Promise.resolve(wsServer.dispose()).catch(() => {}));

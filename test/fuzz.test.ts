@@ -136,7 +136,9 @@ describe('fuzzing the front door', () => {
   let tenant: { id: string; apiKey: string };
 
   before(async () => {
-    t = await startTestApp({ SLUICE_ROLE: 'api', NODE_ENV: 'production' });
+    // Every generated wrong key is a failed authentication from 127.0.0.1: the per-address budget
+    // (tested in transport.test.ts) would answer the rest 429, and the fuzz is about what comes after it.
+    t = await startTestApp({ SLUICE_ROLE: 'api', NODE_ENV: 'production', AUTH_FAILURES_PER_MINUTE: '1000000' });
     tenant = await t.createTenant('fuzzed', 'PRO');
   });
   after(() => t.stop());

@@ -2,7 +2,8 @@
  * GraphiQL at /graphql in real Chromium with every request outside 127.0.0.1
  * blocked: it renders from the process alone, shows Sluice's welcome text, and
  * a subscription run in it authenticates with the Headers tab's Authorization
- * and receives an event. Also: graphql-ws takes the credential from
+ * and receives an event, under its Content-Security-Policy, and the key never
+ * reaches localStorage. Also: graphql-ws takes the credential from
  * connectionParams (GraphiQL's `headers` shape too) or the upgrade's header.
  */
 import assert from 'node:assert/strict';
@@ -77,6 +78,9 @@ describe('GraphiQL in Chromium', { skip: browserAvailable() ? false : SKIP_MESSA
     await screenshot(welcome, 'graphiql-welcome');
 
     const page = await b.page();
+    // The page runs whole under its Content-Security-Policy: Chromium reports every refusal on the console.
+    const refused: string[] = [];
+    for (const p of [welcome, page]) p.on('console', (m) => void (/Content Security Policy/i.test(m.text()) && refused.push(m.text())));
     const query = `subscription { jobUpdated(id: "${id}") { id api state } }`;
     await page.goto(`${new URL(t.url).origin}/graphql?query=${encodeURIComponent(query)}`);
     // The Headers tab, as a person would fill it.
@@ -85,8 +89,8 @@ describe('GraphiQL in Chromium', { skip: browserAvailable() ? false : SKIP_MESSA
     await headers.click();
     await page.keyboard.press('ControlOrMeta+A');
     await page.keyboard.insertText(JSON.stringify({ Authorization: `Bearer ${tenant.apiKey}` }));
-    // GraphiQL persists the tab (headers included) after 500 ms; the socket reads it when it opens.
-    await page.waitForFunction(() => (localStorage.getItem('graphiql:tabState') ?? '').includes('Bearer slc_'), null, { timeout: 10_000 });
+    // GraphiQL stores the tab after 500 ms: headers in the page's memory only; the socket reads them when it opens.
+    await page.waitForFunction(() => ((window as unknown as { sluiceConnectionParams(): { authorization?: string } }).sluiceConnectionParams().authorization ?? '').includes('Bearer slc_'), null, { timeout: 10_000 });
     await page.getByRole('button', { name: /execute query/i }).click();
     await page.locator('.graphiql-response').getByText('dnslookup').waitFor({ timeout: 30_000 });
     const response = await page.locator('.graphiql-response').innerText();
@@ -94,6 +98,12 @@ describe('GraphiQL in Chromium', { skip: browserAvailable() ? false : SKIP_MESSA
     assert.doesNotMatch(response, /UNAUTHENTICATED|4403|Forbidden/);
     await screenshot(page, 'graphiql');
     assert.deepEqual(b.outside, []);
+    // The key never reached localStorage (tabs, history and all), yet the tab itself was stored there.
+    const stored = await page.evaluate(() => JSON.stringify({ ...localStorage }));
+    assert.match(stored, /graphiql:tabState/);
+    assert.ok(!stored.includes(tenant.apiKey), 'no key in localStorage');
+    assert.doesNotMatch(stored, /Bearer/);
+    assert.deepEqual(refused, [], 'nothing refused by the CSP');
   });
 
   test('the welcome text says what Sluice is and how to authenticate', async () => {

@@ -14,6 +14,8 @@ import { ADMIN_TOKEN, eventually } from './helpers/app.ts';
 import { KeyCache, isFresh, needsRefresh } from '../src/tenants/key-cache.ts';
 import type { TenantRecord } from '../src/tenants/policy.ts';
 import { hashSecret } from '../src/tenants/keys.ts';
+import { AUTH_CHANNEL, notifyAuthChanged, parseAuthNotice } from '../src/tenants/auth-notice.ts';
+import postgres from 'postgres';
 
 async function post(url: string, token: string, query: string, variables: Record<string, unknown> = {}): Promise<{ status: number; body: any }> {
   const res = await fetch(url, {
@@ -33,7 +35,7 @@ describe('API-key cache: every process forgets a changed tenant at once (NOTIFY 
   let a: NodeProcess;
   let b: NodeProcess;
   let tenant: { id: string; apiKey: string };
-  const env = () => ({ DATABASE_URL: db.url, AUTH_CACHE_TTL_MS: '600000', DB_POOL_MAX: '4' });
+  const env = () => ({ DATABASE_URL: db.url, AUTH_CACHE_TTL_MS: '600000', AUTH_NEGATIVE_CACHE_MS: '600000', DB_POOL_MAX: '4' });
 
   before(async () => {
     db = await createTestDatabase();
@@ -47,7 +49,44 @@ describe('API-key cache: every process forgets a changed tenant at once (NOTIFY 
     await db?.drop();
   });
 
-  test('a key created on one process works at once on the other (unknown keys are not cached)', async () => {
+  test('a key seen unknown is remembered unknown, until a sluice_auth notice: then it works at once', async () => {
+    const sql = postgres(db.url, { max: 1, onnotice: () => {} });
+    try {
+      const plant = async (key: string, notify: boolean) => {
+        await sql.begin(async (tx) => {
+          await tx`insert into tenant_api_keys (tenant_id, key_hash, key_prefix) values (${tenant.id}, ${hashSecret(key)}, ${key.slice(0, 10)})`;
+          if (notify) await notifyAuthChanged(tx, tenant.id);
+        });
+      };
+      // Made live without the notice: B still answers from its negative cache (the cache is on).
+      assert.equal((await post(b.url!, 'slc_planted_quietly', ME)).status, 401);
+      await plant('slc_planted_quietly', false);
+      assert.equal((await post(b.url!, 'slc_planted_quietly', ME)).status, 401);
+      // Made live with the notice createTenant and rotateTenantKey send: B forgets every unknown key.
+      assert.equal((await post(b.url!, 'slc_planted_loudly', ME)).status, 401);
+      await plant('slc_planted_loudly', true);
+      await eventually(async () => (await post(b.url!, 'slc_planted_loudly', ME)).status === 200, 5_000, 20);
+      assert.equal((await post(b.url!, 'slc_planted_quietly', ME)).status, 200, 'the notice dropped every unknown key');
+      await sql`update tenant_api_keys set revoked_at = now() where key_hash in ${sql([hashSecret('slc_planted_quietly'), hashSecret('slc_planted_loudly')])}`;
+    } finally {
+      await sql.end();
+    }
+  });
+
+  test('createTenant sends the sluice_auth notice, in its transaction', async () => {
+    const sql = postgres(db.url, { max: 1, onnotice: () => {} });
+    const notices: string[] = [];
+    try {
+      await sql.listen(AUTH_CHANNEL, (payload) => void notices.push(payload));
+      const r = await post(a.url!, ADMIN_TOKEN, 'mutation($i: CreateTenantInput!) { createTenant(input: $i) { tenant { id } apiKey } }', { i: { name: 'noticed', tier: 'PRO' } });
+      const id = r.body.data.createTenant.tenant.id as string;
+      await eventually(async () => notices.some((n) => parseAuthNotice(n)?.tenantId === id), 5_000, 20);
+    } finally {
+      await sql.end();
+    }
+  });
+
+  test('a key created on one process works at once on the other (a made-up key seen unknown first)', async () => {
     // B is asked before the tenant exists... (a made-up key), then right after creation with the real one.
     const unknown = await post(b.url!, 'slc_not_a_key_yet', ME);
     assert.equal(unknown.status, 401);
@@ -138,6 +177,41 @@ describe('KeyCache (in process, a database read stubbed by a map of keys)', () =
     assert.equal(await cache.lookup(hashSecret('nope')), null);
     assert.equal(cache.loads, 4);
     assert.equal(isFresh(undefined, 0), false);
+  });
+
+  test('unknown keys: answered unknown without a read for negativeTtlMs, forgotten by any notice, bounded', async () => {
+    let now = 0;
+    const keys = new Map<string, TenantRecord>();
+    const cache = new KeyCache({ ttlMs: 1_000, negativeTtlMs: 100, maxNegative: 2, load: async (h) => keys.get(h) ?? null, now: () => now });
+    assert.equal(await cache.lookup(hashSecret('guess')), null);
+    assert.equal(await cache.lookup(hashSecret('guess')), null);
+    assert.equal(cache.loads, 1, 'the second guess is answered from memory');
+    now = 100;
+    assert.equal(await cache.lookup(hashSecret('guess')), null);
+    assert.equal(cache.loads, 2, 'past negativeTtlMs it is read again');
+    // The key is created (a new tenant): the notice names that tenant, yet every unknown key is forgotten.
+    keys.set(hashSecret('guess'), record('t9'));
+    assert.equal(await cache.lookup(hashSecret('guess')), null, 'still remembered unknown before the notice');
+    cache.invalidate('some-other-tenant');
+    assert.equal((await cache.lookup(hashSecret('guess')))?.id, 't9');
+    // At most maxNegative unknown keys are kept, the oldest dropped first.
+    const loads = cache.loads;
+    for (const k of ['u1', 'u2', 'u3']) await cache.lookup(hashSecret(k));
+    await cache.lookup(hashSecret('u3'));
+    assert.equal(cache.loads, loads + 3);
+    await cache.lookup(hashSecret('u1'));
+    assert.equal(cache.loads, loads + 4, 'u1 was dropped to keep two');
+    // A read that began before a notice does not store its "unknown".
+    let release!: () => void;
+    const held = new KeyCache({ ttlMs: 1_000, negativeTtlMs: 10_000, load: async () => (await new Promise<void>((r) => (release = r)), null), now: () => now });
+    const pending = held.lookup(hashSecret('late'));
+    held.invalidate('t1');
+    release();
+    assert.equal(await pending, null);
+    const again = held.lookup(hashSecret('late'));
+    release();
+    await again;
+    assert.equal(held.loads, 2, 'the stale "unknown" was not kept');
   });
 
   test('a key in use past half its TTL is read again in the background; the entry answers meanwhile', async () => {

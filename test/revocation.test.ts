@@ -1,8 +1,8 @@
 /**
  * Revoked keys lose everything: after rotateTenantKey, every graphql-ws
  * connection opened with the old key, on every node, is closed with 4401 and
- * a reason. Refused connections say why: 4401 for a missing or unknown key,
- * 4403 for a forbidden operation.
+ * a reason. Refused connections say why: 4401 for a missing or unknown key;
+ * a forbidden operation is refused alone (FORBIDDEN), its siblings carry on.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -106,10 +106,21 @@ describe('revoked keys and refused graphql-ws connections', () => {
     assert.match(missing.closed!.reason, /missing/);
   });
 
-  test('a forbidden operation closes the connection with 4403', async () => {
-    const w = open(a, other.apiKey, 'subscription { systemStatus { alerts { key } } }');
-    await eventually(async () => w.closed, 10_000, 20);
-    assert.equal(w.closed!.code, 4403, JSON.stringify(w.closed));
-    assert.match(w.closed!.reason, /admin/);
+  test('a forbidden operation gets FORBIDDEN for itself alone: the connection and its sibling subscription carry on', async () => {
+    const usage = open(a, other.apiKey, 'subscription { tenantUsage { queues { priority depth } } }');
+    await connected(usage);
+    const before = usage.events.length;
+    // The same connection (graphql-ws multiplexes one socket per client) asks for an admin field.
+    const refused = await new Promise<unknown>((resolve) => {
+      usage.client.subscribe({ query: 'subscription { systemStatus { alerts { key } } }' }, { next: (v) => resolve(v), error: (e) => resolve(e), complete: () => resolve('complete') });
+    });
+    const errors = (Array.isArray(refused) ? refused : ((refused as { errors?: unknown[] }).errors ?? [])) as { message: string; extensions?: { code?: string } }[];
+    assert.equal(errors[0]?.extensions?.code, 'FORBIDDEN', JSON.stringify(refused));
+    assert.match(errors[0]!.message, /admin/);
+    // The sibling still runs: a submission changes the queues and it pushes the change.
+    const r = await a.gql('mutation { submitJob(input: {api: "dnslookup", params: {domain: "x.example"}}) { job { id } } }', {}, other.apiKey);
+    assert.ok(r.body.data?.submitJob, JSON.stringify(r.body));
+    await eventually(async () => usage.events.length > before, 10_000, 20);
+    assert.equal(usage.closed, null, 'the connection stays open');
   });
 });

@@ -11,7 +11,7 @@ import { startSluice } from '../../src/app.ts';
 import { loadEnv } from '../../src/config/env.ts';
 import { pino } from 'pino';
 
-export const ADMIN_TOKEN = 'slcadm_bench_admin_token';
+export const ADMIN_TOKEN = 'slcadm_bench_admin_token_0123456789abcdef';
 
 export interface SluiceHandle {
   url: string | null;

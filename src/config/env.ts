@@ -45,8 +45,10 @@ export const envSchema = z.object({
   /** Any Postgres 13+. Unset: an embedded Postgres under SLUICE_DATA_DIR. */
   DATABASE_URL: optionalString,
   SLUICE_DATA_DIR: z.string().default('.data'),
-  /** Admin bearer token. Unset: one is generated on first start and stored. */
-  SLUICE_ADMIN_TOKEN: optionalString,
+  /** Admin bearer token, at least 32 characters (a guessable one is refused at start). Unset: one is generated on first start and stored. */
+  SLUICE_ADMIN_TOKEN: optionalString.refine((v) => v === undefined || v.length >= 32, {
+    message: 'is shorter than 32 characters: choose a long random token (e.g. `openssl rand -hex 24`), or unset it and Sluice generates one',
+  }),
 
   /** Upstream account. Unset key: demo mode with the in-process simulator. */
   APIVERVE_API_KEY: optionalString,
@@ -146,7 +148,7 @@ export const envSchema = z.object({
   /**
    * Tenant API keys are cached per process this long (0 = no cache). A rotation, suspension,
    * resumption, limit change or deletion reaches every process at once through NOTIFY sluice_auth;
-   * the TTL only bounds what a lost notice could leave behind. Unknown keys are never cached.
+   * the TTL only bounds what a lost notice could leave behind. Unknown keys: AUTH_NEGATIVE_CACHE_MS.
    */
   AUTH_CACHE_TTL_MS: int(5_000, 0),
   /** Admission: the bound on waiting jobs across all tenants, and the share of it each class may fill. */
@@ -203,6 +205,25 @@ export const envSchema = z.object({
   MAX_SUBSCRIPTIONS_PER_PROCESS: int(20_000, 1),
   /** Events one subscriber may have waiting; a subscriber that falls further behind is closed (4408). */
   SUBSCRIPTION_BUFFER_MAX: int(1_000, 1),
+
+  // Limits before authentication (src/http/front-door.ts)
+  /** Most bytes of a request body (or a graphql-ws message before connection_init is accepted) without a valid credential. */
+  UNAUTHENTICATED_MAX_BODY_BYTES: int(64 * 1024, 1024),
+  /** Failed authentications one client address may make per minute; past it, 429 with Retry-After. */
+  AUTH_FAILURES_PER_MINUTE: int(20, 1),
+  /** Unknown keys are remembered this long per process (0 = never): repeated guesses do not reach Postgres. */
+  AUTH_NEGATIVE_CACHE_MS: int(2_000, 0),
+  /** Node's server timeouts: all request headers within, the whole request within, an idle keep-alive connection closed after. */
+  HTTP_HEADERS_TIMEOUT_MS: int(10_000, 1_000),
+  HTTP_REQUEST_TIMEOUT_MS: int(60_000, 1_000),
+  HTTP_KEEP_ALIVE_TIMEOUT_MS: int(5_000, 100),
+  /** GraphiQL at GET /graphql. Default: on in demo mode (no APIVERVE_API_KEY) and NODE_ENV=development, off otherwise. */
+  GRAPHIQL: z.enum(['true', 'false', '1', '0', 'yes', 'no']).optional().transform((v) => (v === undefined ? undefined : v === 'true' || v === '1' || v === 'yes')),
+}).superRefine((env, ctx) => {
+  // Node requires it, and a request cannot finish before its headers have.
+  if (env.HTTP_HEADERS_TIMEOUT_MS > env.HTTP_REQUEST_TIMEOUT_MS) {
+    ctx.addIssue({ code: 'custom', path: ['HTTP_HEADERS_TIMEOUT_MS'], message: `must not exceed HTTP_REQUEST_TIMEOUT_MS (${env.HTTP_REQUEST_TIMEOUT_MS})` });
+  }
 });
 
 export type Env = z.infer<typeof envSchema>;

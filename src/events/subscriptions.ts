@@ -5,6 +5,7 @@
  * Closing connections whose key was revoked is http/ws-auth.ts's job.
  */
 import { GraphQLError } from 'graphql';
+import { processRegularResult, type Plugin } from 'graphql-yoga';
 
 interface Connection {
   tenantId: string | null;
@@ -74,4 +75,41 @@ export class SubscriptionRegistry {
     for (const id of [...c.operations]) this.end(key, id);
     this.connections.delete(key);
   }
+}
+
+/**
+ * Subscriptions are served over graphql-ws only. Over HTTP (Yoga's SSE) they
+ * would need every control above again (caps, closing on revocation,
+ * suspension and deletion, the slow-consumer close, an abort when the client
+ * goes away); one transport keeps them in one place. A subscription over HTTP
+ * gets this coded error, whoever asks (before the operation-level
+ * authorization) and before anything runs.
+ */
+export function sseRefusal(): GraphQLError {
+  return new GraphQLError(
+    'subscriptions are served over graphql-ws only: open a WebSocket to /graphql (protocol graphql-transport-ws) and send connectionParams.authorization = "Bearer <api key>"',
+    { extensions: { code: 'SUBSCRIPTIONS_NEED_GRAPHQL_WS', http: { status: 400 } } },
+  );
+}
+
+/** Whether a result is this refusal (a single result, not a stream). Pure. */
+export function isSseRefusal(result: unknown): boolean {
+  const errors = (result as { errors?: readonly { extensions?: { code?: unknown } }[] } | null)?.errors;
+  return Array.isArray(errors) && errors.some((e) => e?.extensions?.code === 'SUBSCRIPTIONS_NEED_GRAPHQL_WS');
+}
+
+/**
+ * Refuses subscriptions that did not come over graphql-ws (their context has no socket), and
+ * answers the refusal as JSON with its 400 even to a client that asked for an event stream: a
+ * 200 stream carrying one error event would look to it like a subscription that was accepted.
+ */
+export function useSubscriptionsOverWsOnly(): Plugin<{ socket?: unknown }> {
+  return {
+    onSubscribe({ args, setResultAndStopExecution }) {
+      if (!(args.contextValue as { socket?: unknown }).socket) setResultAndStopExecution({ errors: [sseRefusal()] });
+    },
+    onResultProcess({ result, setResultProcessor }) {
+      if (isSseRefusal(result)) setResultProcessor(processRegularResult, 'application/json');
+    },
+  };
 }

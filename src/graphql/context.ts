@@ -57,6 +57,8 @@ export interface Context {
   socket?: SubscriberSocket;
   /** The operation's charge to its tenant's request budget, once it is priced (src/http/budget.ts). */
   budget?: BudgetState;
+  /** The client's address (the socket's peer), for the audit log; null when unknown. */
+  address?: string | null;
 }
 
 /**

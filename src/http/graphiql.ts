@@ -7,9 +7,20 @@
  * WebSocket, so the page hands the Headers tab's Authorization to graphql-ws as
  * `connectionParams` (read when the socket opens; GraphiQL closes an idle
  * socket, so a changed header is used by the next subscription).
+ *
+ * Safe outside a developer's machine:
+ *  - off unless GRAPHIQL=true (on by default in demo mode and development);
+ *  - served with a Content-Security-Policy: the page's one inline script by its
+ *    hash, workers from blob: (how the page starts them), connections to this
+ *    origin only, `frame-ancestors 'none'` (no clickjacking of an admin session);
+ *  - headers (the admin token, a tenant key) never reach localStorage: GraphiQL
+ *    gets a storage that keeps them in the page's memory and writes everything
+ *    else (tabs, history) to localStorage with `headers` emptied. A reload asks
+ *    for the token again.
  */
+import { createHash } from 'node:crypto';
 import { renderGraphiQL } from '@graphql-yoga/render-graphiql';
-import type { GraphiQLOptions } from 'graphql-yoga';
+import type { GraphiQLOptions, Plugin } from 'graphql-yoga';
 
 export const GRAPHIQL_WELCOME = `# Sluice: one upstream API account (APIVerve), shared fairly among many tenants.
 #
@@ -27,31 +38,90 @@ query Catalog {
 }
 `;
 
-/** Reads the active tab's headers as GraphiQL persists them (JSON text), returning the Authorization entry. */
+/**
+ * GraphiQL's storage: values under `headers` (the Headers tab, in tabs and in the
+ * history) stay in this page's memory; localStorage gets the rest. The graphql-ws
+ * connectionParams read the active tab's Authorization from the memory copy.
+ */
 const CONNECTION_PARAMS_SCRIPT = `
-window.sluiceConnectionParams = function () {
-  try {
-    var tabs = JSON.parse(localStorage.getItem('graphiql:tabState') || 'null');
-    var text = tabs && tabs.tabs && tabs.tabs[tabs.activeTabIndex || 0] ? tabs.tabs[tabs.activeTabIndex || 0].headers : localStorage.getItem('graphiql:headers');
-    var headers = JSON.parse(text || '{}');
-    for (var k in headers) if (k.toLowerCase() === 'authorization') return { authorization: String(headers[k]) };
-  } catch (e) {}
-  return {};
-};
+(function () {
+  var memory = {};
+  var withoutHeaders = function (text) {
+    try { return JSON.stringify(JSON.parse(text), function (k, v) { return k === 'headers' ? null : v; }); } catch (e) { return text; }
+  };
+  window.sluiceStorage = {
+    getItem: function (k) { return Object.prototype.hasOwnProperty.call(memory, k) ? memory[k] : localStorage.getItem(k); },
+    setItem: function (k, v) {
+      memory[k] = v;
+      if (/:headers$/.test(k)) localStorage.removeItem(k);
+      else localStorage.setItem(k, withoutHeaders(v));
+    },
+    removeItem: function (k) { delete memory[k]; localStorage.removeItem(k); },
+    clear: function () { memory = {}; localStorage.clear(); },
+    get length() { return localStorage.length; },
+  };
+  window.sluiceConnectionParams = function () {
+    try {
+      var tabs = JSON.parse(window.sluiceStorage.getItem('graphiql:tabState') || 'null');
+      var text = tabs && tabs.tabs && tabs.tabs[tabs.activeTabIndex || 0] ? tabs.tabs[tabs.activeTabIndex || 0].headers : window.sluiceStorage.getItem('graphiql:headers');
+      var headers = JSON.parse(text || '{}');
+      for (var k in headers) if (k.toLowerCase() === 'authorization') return { authorization: String(headers[k]) };
+    } catch (e) {}
+    return {};
+  };
+})();
 YogaGraphiQL.renderYogaGraphiQL = (function (render) {
-  return function (root, opts) { return render(root, Object.assign({}, opts, { connectionParams: window.sluiceConnectionParams })); };
+  return function (root, opts) {
+    return render(root, Object.assign({}, opts, { connectionParams: window.sluiceConnectionParams, storage: window.sluiceStorage, shouldPersistHeaders: true }));
+  };
 })(YogaGraphiQL.renderYogaGraphiQL);
 `;
 
-let cached: { key: string; html: string } | null = null;
+let cached: { key: string; html: string; csp: string } | null = null;
 
-/** The page (9 MB, built once): Yoga's offline GraphiQL, with the connectionParams hook inserted just before it renders. */
-export function renderSluiceGraphiQL(opts: GraphiQLOptions): string {
+/** The Content-Security-Policy for a page whose inline scripts are these. Pure. */
+export function graphiqlCsp(inlineScripts: readonly string[]): string {
+  const hashes = inlineScripts.map((s) => `'sha256-${createHash('sha256').update(s, 'utf8').digest('base64')}'`);
+  return [
+    "default-src 'none'",
+    `script-src ${hashes.join(' ')}`,
+    "worker-src blob:",
+    "style-src 'self' 'unsafe-inline'",
+    "img-src 'self' data:",
+    "font-src 'self' data:",
+    "connect-src 'self'",
+    "frame-ancestors 'none'",
+    "base-uri 'none'",
+    "form-action 'none'",
+  ].join('; ');
+}
+
+function build(opts: GraphiQLOptions): { key: string; html: string; csp: string } {
   const key = JSON.stringify(opts);
-  if (cached?.key === key) return cached.html;
+  if (cached?.key === key) return cached;
   const html = renderGraphiQL({ ...opts, defaultQuery: opts.defaultQuery ?? GRAPHIQL_WELCOME });
   const at = html.lastIndexOf('YogaGraphiQL.renderYogaGraphiQL(');
   if (at < 0) throw new Error('@graphql-yoga/render-graphiql changed its page: the connectionParams hook has nowhere to go');
-  cached = { key, html: html.slice(0, at) + CONNECTION_PARAMS_SCRIPT + html.slice(at) };
-  return cached.html;
+  const page = html.slice(0, at) + CONNECTION_PARAMS_SCRIPT + html.slice(at);
+  const scripts = [...page.matchAll(/<script>([\s\S]*?)<\/script>/g)].map((m) => m[1]!);
+  cached = { key, html: page, csp: graphiqlCsp(scripts) };
+  return cached;
+}
+
+/** The page (9 MB, built once): Yoga's offline GraphiQL, with the storage and connectionParams hook inserted just before it renders. */
+export function renderSluiceGraphiQL(opts: GraphiQLOptions): string {
+  return build(opts).html;
+}
+
+/** Security headers on the GraphiQL page (the only HTML Yoga serves). */
+export function useGraphiQLHeaders(): Plugin {
+  return {
+    onResponse({ response }) {
+      if (!cached || !(response.headers.get('content-type') ?? '').startsWith('text/html')) return;
+      response.headers.set('content-security-policy', cached.csp);
+      response.headers.set('x-frame-options', 'DENY');
+      response.headers.set('referrer-policy', 'no-referrer');
+      response.headers.set('x-content-type-options', 'nosniff');
+    },
+  };
 }

@@ -1,7 +1,7 @@
 /**
  * Operations endpoints, the same on every node: GET /healthz (the process is
  * alive), GET /readyz (it can do its job now) and GET /metrics (Prometheus,
- * optionally behind METRICS_TOKEN). API nodes serve them on their own port
+ * behind METRICS_TOKEN; without a token only when listening on loopback). API nodes serve them on their own port
  * (src/server.ts); worker-only nodes on METRICS_PORT (`startOpsServer`).
  *
  * /readyz is 200 when Postgres answers within READY_TIMEOUT_MS, every
@@ -28,7 +28,7 @@ export function isReady(f: ReadyFacts): boolean {
   return f.postgres && f.migrations && f.dispatcher !== false;
 }
 
-/** Whether a scrape may read /metrics: no token configured, or the right bearer token. Pure. */
+/** Whether a scrape may read /metrics: no token configured (on loopback only: see `metricsRefused`), or the right bearer token. Pure. */
 export function metricsAuthorized(authorization: string | undefined, token: string | undefined): boolean {
   if (!token) return true;
   const presented = authorization ? bearerToken(authorization) : null;
@@ -43,7 +43,17 @@ export interface OpsOptions {
   dispatcherRunning?: () => boolean;
   metrics?: Metrics | undefined;
   metricsToken?: string | undefined;
+  /**
+   * /metrics is not served at all (403): the process listens on a non-loopback address
+   * and METRICS_TOKEN is unset (`metricsRefused`), so anyone who reaches the port could read it.
+   */
+  metricsOff?: boolean;
   readyTimeoutMs?: number;
+}
+
+/** Whether /metrics must be refused: reachable from other machines and no token set. Pure. */
+export function metricsRefused(listensOnLoopback: boolean, token: string | undefined): boolean {
+  return !listensOnLoopback && !token;
 }
 
 async function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
@@ -85,6 +95,10 @@ export async function serveOps(req: IncomingMessage, res: ServerResponse, o: Ops
   if (url.pathname === '/metrics') {
     if (!o.metrics) {
       res.writeHead(404, { 'content-type': 'text/plain' }).end('metrics are not enabled in this process');
+      return true;
+    }
+    if (o.metricsOff) {
+      res.writeHead(403, { 'content-type': 'text/plain' }).end('metrics are off: this process listens on a non-loopback address and METRICS_TOKEN is not set');
       return true;
     }
     if (!metricsAuthorized(req.headers.authorization, o.metricsToken)) {

@@ -4,10 +4,16 @@
  * Close codes (documented in the README):
  *   4401  unknown, missing or revoked credential: at connection_init, and
  *         within a second of a key being revoked on any node;
- *   4403  a forbidden operation (a tenant key asking for an admin field, or
- *         the reverse): the connection is closed, not just the operation;
+ *   1009  a message too big: before connection_init is accepted, more than
+ *         UNAUTHENTICATED_MAX_BODY_BYTES; after, more than MAX_BODY_BYTES;
  *   1013  the database is unreachable right now: try again later;
  *   1001  the server is stopping.
+ * Close codes are for the connection itself. A forbidden operation (a tenant
+ * key asking for an admin field, or the reverse) is refused alone: an `error`
+ * message with extensions.code FORBIDDEN for that operation id, and the
+ * connection and its other operations carry on (4403 is no longer sent).
+ * An address past its failed-authentication budget is refused at the upgrade
+ * with HTTP 429 and Retry-After (http/front-door.ts).
  *
  * Revocation contract: whoever revokes or deletes keys sends
  * `pg_notify('sluice_auth', '{"tenantId":"<id>"}')` in the same transaction
@@ -24,7 +30,6 @@ import { AUTH_CHANNEL, parseAuthNotice } from '../tenants/auth-notice.ts';
 
 export const WS_CLOSE = {
   unauthorized: 4401,
-  forbidden: 4403,
   tryAgainLater: 1013,
   goingAway: 1001,
 } as const;

@@ -22,8 +22,15 @@
  *    request wait for its reload (with 1,000 tenants' keys in turn and a 5 s
  *    TTL, ~200 requests a second did), and no answer comes from an entry older
  *    than the TTL.
- *  - Unknown keys are never cached, so a key works as soon as its tenant's
- *    creation (or rotation) commits, and failed guesses cannot fill memory.
+ *  - Unknown keys are remembered for AUTH_NEGATIVE_CACHE_MS (short; at most
+ *    `maxNegative` of them, oldest forgotten first), so a client repeating a
+ *    wrong key does not reach Postgres each time. Creating a tenant and
+ *    rotating a key send the same notice, and every notice forgets every
+ *    unknown key (the notice names the tenant, not the new key's hash): a key
+ *    works on every process as soon as its creation's notice arrives, however
+ *    recently it was seen unknown, and the creating process forgets them itself
+ *    right after its commit. The epoch check keeps a lookup that began before
+ *    the notice from storing its "unknown".
  * So admission's limits (queue bound, quota policy) read from a cached record
  * are stale at most until the change's notice is delivered.
  */
@@ -48,6 +55,10 @@ export interface KeyCacheOptions {
   loadMany?: (keyHashes: readonly string[]) => Promise<ReadonlyMap<string, TenantRecord>>;
   /** At most this many keys are kept (oldest dropped first). */
   maxEntries?: number;
+  /** AUTH_NEGATIVE_CACHE_MS: how long an unknown key is answered "unknown" without a read (0 = never). */
+  negativeTtlMs?: number;
+  /** At most this many unknown keys are remembered (oldest dropped first). */
+  maxNegative?: number;
   now?: () => number;
 }
 
@@ -66,6 +77,8 @@ export function needsRefresh(entry: { expiresAt: number }, now: number, ttlMs: n
 
 export class KeyCache {
   private readonly entries = new Map<string, Entry>();
+  /** Unknown keys → until when they are answered unknown without a read. */
+  private readonly unknown = new Map<string, number>();
   /** One database read per key at a time: a cold start under 64 clients reads each key once. */
   private readonly pending = new Map<string, { epoch: number; promise: Promise<TenantRecord | null> }>();
   private epoch = 0;
@@ -79,7 +92,7 @@ export class KeyCache {
   loads = 0;
 
   constructor(opts: KeyCacheOptions) {
-    this.opts = { maxEntries: 100_000, now: Date.now, ...opts };
+    this.opts = { maxEntries: 100_000, negativeTtlMs: 0, maxNegative: 10_000, now: Date.now, ...opts };
   }
 
   get size(): number {
@@ -100,6 +113,11 @@ export class KeyCache {
       if (isFresh(hit, now)) {
         if (needsRefresh(hit!, now, this.opts.ttlMs) && !this.pending.has(hash)) this.refreshAhead(hash);
         return hit!.tenant;
+      }
+      const unknownUntil = this.unknown.get(hash);
+      if (unknownUntil !== undefined) {
+        if (unknownUntil > now) return null;
+        this.unknown.delete(hash);
       }
       const inFlight = this.pending.get(hash);
       if (inFlight && inFlight.epoch === this.epoch) return inFlight.promise;
@@ -186,6 +204,8 @@ export class KeyCache {
   invalidate(tenantId: string | null): void {
     this.epoch++;
     this.pending.clear();
+    // Any notice may be a key's creation (a new tenant, a rotation): no key stays "unknown" past it.
+    this.unknown.clear();
     if (tenantId === null) {
       this.entries.clear();
       return;
@@ -224,9 +244,15 @@ export class KeyCache {
 
   private store(hash: string, tenant: TenantRecord | null): void {
     if (!tenant) {
-      this.entries.delete(hash); // unknown or revoked: never cached
+      this.entries.delete(hash); // unknown or revoked: at most briefly remembered as unknown
+      if (this.opts.negativeTtlMs > 0) {
+        this.unknown.delete(hash);
+        this.unknown.set(hash, this.opts.now() + this.opts.negativeTtlMs);
+        while (this.unknown.size > this.opts.maxNegative) this.unknown.delete(this.unknown.keys().next().value!);
+      }
       return;
     }
+    this.unknown.delete(hash);
     this.entries.delete(hash); // re-insert at the end: the Map's order is the eviction order
     this.entries.set(hash, { tenant, expiresAt: this.opts.now() + this.opts.ttlMs });
     while (this.entries.size > this.opts.maxEntries) this.entries.delete(this.entries.keys().next().value!);

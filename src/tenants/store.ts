@@ -92,8 +92,11 @@ export class TenantStore {
       const row = await this.db.transaction(async (tx) => {
         const [created] = await tx.insert(tenants).values({ id, name: input.name, tier: input.tier }).returning();
         await tx.insert(tenantApiKeys).values({ tenantId: id, keyHash: hashSecret(apiKey), keyPrefix: apiKey.slice(0, 10) });
+        // Every node forgets the keys it saw unknown (tenants/key-cache.ts): the new key may be one of them.
+        await notifyAuth(tx, id);
         return created!;
       });
+      this.authChanged(id);
       return { tenant: toRecord(row), apiKey };
     } catch (err) {
       if (isUniqueViolation(err)) {

@@ -10,7 +10,7 @@ import { loadEnv } from '../../src/config/env.ts';
 import { createLogger, type Logger } from '../../src/log.ts';
 import { TEST_DB_POOL_MAX, createTestDatabase } from './db.ts';
 
-export const ADMIN_TOKEN = 'slcadm_test_admin_token';
+export const ADMIN_TOKEN = 'slcadm_test_admin_token_0123456789abcdef';
 
 export interface GraphQLResponse<T = any> {
   status: number;

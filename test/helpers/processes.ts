@@ -41,7 +41,7 @@ export async function startNode(role: 'api' | 'worker' | 'all', env: Record<stri
   const killOnExit = () => child.kill('SIGKILL');
   process.once('exit', killOnExit);
   child.once('exit', () => process.off('exit', killOnExit));
-  const ready = role === 'worker' ? 'dispatcher started' : 'GraphQL API and GraphiQL are up';
+  const ready = role === 'worker' ? 'dispatcher started' : 'GraphQL API is up';
   await new Promise<void>((resolve, reject) => {
     const timer = setTimeout(() => {
       child.kill('SIGKILL');
