@@ -164,13 +164,18 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
   chmodSync(pgDir, 0o755); // as root, Postgres runs as `postgres`, which must enter the folder
   const pgPort = await freePort();
   const pgLog = (m: string) => progress(`[chaos pg] ${m}`);
+  // Postgres's own ERROR lines: normal contention must raise none (a busy lease is a result).
+  const pgErrors: string[] = [];
+  const serverLog = (text: string) => {
+    for (const line of text.split('\n')) if (/\bERROR:/.test(line)) pgErrors.push(line.trim());
+  };
   let pgServer: EmbeddedDatabase | null = null;
   let sim: Simulator | null = null;
   let api: SluiceHandle | null = null;
   const workers: Array<SluiceHandle | null> = [null, null, null];
   let sqlClient: postgres.Sql | null = null;
   try {
-    pgServer = await startEmbeddedPostgres(path.join(pgDir, 'data'), pgLog, { port: pgPort });
+    pgServer = await startEmbeddedPostgres(path.join(pgDir, 'data'), pgLog, { port: pgPort, serverLog });
     const admin = postgres(pgServer.url, { max: 1, onnotice: () => {} });
     await admin.unsafe('create database sluice_chaos');
     await admin.end();
@@ -347,7 +352,7 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
           await pgServer!.stop();
           pgServer = null;
           await sleep(o.outageS * 1000);
-          pgServer = await startEmbeddedPostgres(path.join(pgDir, 'data'), pgLog, { port: pgPort });
+          pgServer = await startEmbeddedPostgres(path.join(pgDir, 'data'), pgLog, { port: pgPort, serverLog });
           return { endMs: Date.now(), detail: { downS: round((Date.now() - down) / 1000, 1), leaseS: o.leaseS, callsInFlightAtStop: open } };
         }
         case 'api-kill': {
@@ -565,6 +570,7 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
       stalledTenants: check(stalled.length, `= 0 (no tenant without a finished job for > ${o.stallBoundS} s)`, stalled.length === 0),
       faultsNotRecovered: check(notRecovered.length, `= 0 (every tenant settles and is answered within ${o.recoveryBoundS} s of each fault's end)`, faults.length > 0 ? notRecovered.length === 0 : null),
       quiescentS: check(drainedAt === null ? null : (drainedAt - submittedEndMs) / 1000, `reached within ${o.drainMaxS} s`, drainedAt !== null),
+      postgresErrors: check(pgErrors.length, "= 0 (no ERROR line in Postgres's log)", pgErrors.length === 0),
       unattributedCalls: check(unattributed + verdict.callsForUnknownJobs, 'reported (upstream calls naming no job)', null),
     };
     const sample = <T>(xs: T[]) => xs.slice(0, 10);
@@ -604,6 +610,7 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
         },
         perJobMismatchSample: sample(verdict.perJobMismatches),
         perJobMismatchAttempts: mismatchAttempts,
+        postgresErrorSample: pgErrors.slice(0, 10),
         perJobMismatchCalls: mismatchCalls,
         jobsWhoseReservationsDisagreeWithCreditsBilled: reservationMismatches,
         perTenant,

@@ -179,8 +179,11 @@ export async function reachableBinaries(): Promise<string | null> {
 export async function startEmbeddedPostgres(
   dataDir: string,
   log: (msg: string) => void = () => {},
-  /** `port`: a fixed port (a test restarting the server where its clients expect it); default a free one. */
-  opts: { port?: number } = {},
+  /**
+   * `port`: a fixed port (a test restarting the server where its clients expect it); default a free one.
+   * `serverLog`: each chunk of the server's own log (its stderr: ERROR lines and the like); default dropped.
+   */
+  opts: { port?: number; serverLog?: (text: string) => void } = {},
 ): Promise<EmbeddedDatabase> {
   const databaseDir = path.resolve(dataDir);
   const urlFor = (port: number) => (database: string) =>
@@ -217,7 +220,7 @@ export async function startEmbeddedPostgres(
     // Postgres refuses to run as root; as root the package runs it as a `postgres` user it may create.
     createPostgresUser: asRoot,
     postgresFlags: ['-c', 'max_connections=200', '-c', 'listen_addresses=127.0.0.1'],
-    onLog: () => {},
+    onLog: opts.serverLog ?? (() => {}),
     onError: (e) => log(`embedded postgres: ${String(e)}`),
   });
   if (!existsSync(path.join(databaseDir, 'PG_VERSION'))) {
