@@ -12,7 +12,7 @@ import assert from 'node:assert/strict';
 import { parse } from 'graphql';
 import { schema } from '../src/graphql/schema.ts';
 import { actualCost, requestedCost } from '../src/graphql/cost.ts';
-import { currentlyAvailable, estimateAvailable, rateLimitHeaders, secondsUntil } from '../src/http/budget.ts';
+import { currentlyAvailable, estimateAvailable, rateLimitHeaders, reserveCap, secondsUntil } from '../src/http/budget.ts';
 import { statementCount } from '../src/db/client.ts';
 import { tenantUsageFeed } from '../src/visibility/usage-feed.ts';
 import { ADMIN_TOKEN, collect, eventually, startTestApp, type TestApp } from './helpers/app.ts';
@@ -36,6 +36,12 @@ describe('cost model (pure)', () => {
     // An empty page does not read the queue status for jobs (no job asked), but me.queues does.
     const empty = actualCost(schema, doc, { jobs: { totalCount: 0, edges: [] }, me: { estimatedDrainSeconds: 0, queues: [] } })!;
     assert.equal(empty.statements, 1 + 1 + 8);
+  });
+
+  test('reserve cap: a quarter second of the rate, at most a tenth of the burst, whole points', () => {
+    assert.equal(reserveCap({ burst: 2000, rate: 100 }), 25);
+    assert.equal(reserveCap({ burst: 1000, rate: 4000 }), 100);
+    assert.equal(reserveCap({ burst: 5, rate: 2 }), 0);
   });
 
   test('throttle arithmetic', () => {
@@ -150,6 +156,21 @@ describe('request budget over HTTP and graphql-ws', () => {
     assert.deepEqual(codes, [200, 200]);
     assert.equal(other.status, 429, JSON.stringify(other.body));
     assert.equal(other.body.errors[0].extensions.code, 'THROTTLED');
+  });
+
+  test("a busy tenant is paid from this node's reserve: one statement tops it up, the next operations need none", async () => {
+    await fresh(1000, 400); // reserve cap: min(1000 / 10, 400 / 4) = 100 points
+    const q = '{ me { tenant { id } } }'; // 2 points
+    const budget = t.app.requestBudget!;
+    const first = await t.gql(q, {}, tenant.apiKey);
+    assert.equal(first.status, 200);
+    const before = { ...budget.counts };
+    for (let i = 0; i < 10; i++) assert.equal((await t.gql(q, {}, tenant.apiKey)).status, 200);
+    assert.equal(budget.counts.charges, before.charges, 'paid from the reserve the first charge took');
+    assert.equal(budget.counts.reserved, before.reserved + 10);
+    // The shared bucket lost the first charge and the reserve (102 points), not one charge per operation.
+    const other = await second.gql('{ rateLimit { remaining } }', {}, tenant.apiKey);
+    assert.ok(other.body.data.rateLimit.remaining <= 1000 - 102 + 400 * 2, JSON.stringify(other.body));
   });
 
   test('a client that asks again before Retry-After is refused from this node\'s estimate, without a round trip', async () => {

@@ -32,6 +32,9 @@ export interface TenantLimits {
   concurrencyCap: number;
   monthlyQuota: number;
   queueBound?: number;
+  /** The request budget (cost points at once, and restored per second); absent: the tier default. */
+  requestBurst?: number;
+  requestRate?: number;
 }
 
 /** createTenant as admin, then updateTenant for its limits; returns its id and key. */
