@@ -173,6 +173,19 @@ describe('request budget over HTTP and graphql-ws', () => {
     assert.ok(other.body.data.rateLimit.remaining <= 1000 - 102 + 400 * 2, JSON.stringify(other.body));
   });
 
+  test('concurrent charges top the reserve up once: the bucket loses what was spent plus one reserve, no more', async () => {
+    await fresh(1000, 4); // reserve cap: min(100, 1) = 1 point; restores 4 points a second
+    const q = '{ me { tenant { id } } }'; // 2 points
+    const answers = await Promise.all(Array.from({ length: 40 }, () => t.gql(q, {}, tenant.apiKey)));
+    assert.ok(answers.every((a) => a.status === 200), JSON.stringify(answers.map((a) => a.status)));
+    await t.app.requestBudget?.idle();
+    // 40 operations of 2 points and at most one reserve of 1 point were taken (plus what restored meanwhile, 4 a second).
+    const other = await second.gql('{ rateLimit { remaining } }', {}, tenant.apiKey);
+    const seconds = 5;
+    assert.ok(other.body.data.rateLimit.remaining >= 1000 - 80 - 1 - 2, JSON.stringify(other.body));
+    assert.ok(other.body.data.rateLimit.remaining <= 1000 - 80 + 4 * seconds, JSON.stringify(other.body));
+  });
+
   test('a client that asks again before Retry-After is refused from this node\'s estimate, without a round trip', async () => {
     await fresh(4, 1);
     const q = '{ me { tenant { id } } }';

@@ -124,6 +124,8 @@ export class RequestBudget {
   private readonly known = new Map<string, Known>();
   /** Points this node took from each tenant's bucket and has not spent yet (at most `reserveCap`). */
   private readonly reserves = new Map<string, { points: number; limits: RequestBudgetLimits }>();
+  /** Tenants whose reserve a charge is topping up right now: one at a time, so concurrent charges do not each take one. */
+  private readonly toppingUp = new Set<string>();
   /** Charges sent to Postgres, refusals answered from `known`, and charges paid from a reserve (a benchmark's figures). */
   readonly counts = { charges: 0, localRefusals: 0, reserved: 0 };
 
@@ -164,18 +166,28 @@ export class RequestBudget {
       }
     }
     this.counts.charges++;
-    // Going to Postgres anyway: top the reserve up too, when the bucket looks able to pay for both.
-    const held = this.reserves.get(tenant.id)?.points ?? 0;
-    let extra = Math.max(0, reserveCap(limits) - held);
+    // Going to Postgres anyway: top the reserve up too, when the bucket looks able to pay for both
+    // and no other charge of this tenant is topping it up already.
+    let extra = this.toppingUp.has(tenant.id) ? 0 : Math.max(0, reserveCap(limits) - (this.reserves.get(tenant.id)?.points ?? 0));
     if (extra > 0 && known && estimateAvailable(known, now) < requested + extra) extra = 0;
-    let c = await chargeBudget(this.sql, tenant.id, limits, requested + extra);
-    if (!c.granted && extra > 0) {
-      extra = 0;
-      c = await chargeBudget(this.sql, tenant.id, limits, requested);
+    const toppingUp = extra > 0;
+    if (toppingUp) this.toppingUp.add(tenant.id);
+    let c: Awaited<ReturnType<typeof chargeBudget>>;
+    try {
+      c = await chargeBudget(this.sql, tenant.id, limits, requested + extra);
+      if (!c.granted && extra > 0) {
+        extra = 0;
+        c = await chargeBudget(this.sql, tenant.id, limits, requested);
+      }
+    } finally {
+      if (toppingUp) this.toppingUp.delete(tenant.id);
     }
     if (c.granted && extra > 0) {
+      // Added to what is there now: other charges may have spent from it or refunded into it meanwhile.
       if (this.reserves.size >= 10_000 && !this.reserves.has(tenant.id)) this.reserves.clear(); // bounded; a cleared reserve only errs in the tenant's disfavour
-      this.reserves.set(tenant.id, { points: held + extra, limits });
+      const reserve = this.reserves.get(tenant.id);
+      if (reserve && reserve.limits.burst === limits.burst && reserve.limits.rate === limits.rate) reserve.points += extra;
+      else this.reserves.set(tenant.id, { points: extra, limits });
     }
     const s: BudgetState = c.granted
       ? { limits, requested, available: c.available, granted: true }
