@@ -168,7 +168,7 @@ export class Sweeper {
       nodeBackForMs: this.backAt === null ? Infinity : performance.now() - this.backAt,
     });
     if (hold > 0) {
-      if (!this.holdLogged) this.o.log.info({ holdMs: Math.round(hold) }, 'back from an outage: expired leases are left to their owners for one more lease');
+      if (!this.holdLogged) this.o.log.info({ holdMs: Math.round(hold) }, 'Postgres or this node (re)started recently: expired leases are left to their owners for one more lease');
       this.holdLogged = true;
       return 0;
     }
