@@ -184,7 +184,7 @@ describe('one API fails, one key is deactivated', () => {
     await eventually(async () => {
       const r = await t.gql(`{ system { breakers { api state } } }`);
       return r.body.data.system.breakers.some((x: any) => x.api === 'dnslookup' && x.state === 'OPEN');
-    }, 10_000, 100);
+    }, 30_000, 100); // a liveness bound, not a timing: 5-8 s on a quiet machine, past 10 s once under a loaded one
     const during = await measure(4);
     if (during < 0.95 * before) {
       console.error(await sql`select api, state, count(*), max(attempts) from jobs group by 1,2`);
