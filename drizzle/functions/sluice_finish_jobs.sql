@@ -1,13 +1,9 @@
 -- sluice_finish_jobs: many attempts' jobs finished in ONE statement. Each is fenced by its attempt
 -- (RUNNING on that attempt); only those it finished get their result and their pg-boss ack, in the
 -- same transaction (I6). Lock order: jobs, job_results, pgboss.job (as pg-boss's complete).
--- items: [{"id", "attempt", "state", "queue", "data", "error_code", "error_message", "http_status", "attempts", "billed"}, ...]
--- "billed" (optional, 0 when absent): what the settlement of this attempt's reservation bills in the
--- same statement (sluice_settle_group passes it, clamped as sluice_settle_reservations clamps it,
--- and tells that function not to add it again). Added to the result's creditsBilled by the same
--- upsert that stores the result: one write of the row instead of two (a second write and a
--- second foreign-key check per job were ~0.55 s of a 20,000-job drain). Every other path adds its
--- bill in sluice_settle_reservations, so the job's bill cannot drift from the ledger.
+-- items: [{"id", "attempt", "state", "queue", "data", "error_code", "error_message", "http_status", "attempts"}, ...]
+-- The result's creditsBilled is not written here: sluice_settle adds what it bills, whichever path
+-- settles, so the job's bill cannot drift from the ledger.
 -- plpgsql, not sql: pg-boss creates its schema after the migrations, and a sql function's body
 -- is checked against the tables when it is created.
 CREATE OR REPLACE FUNCTION sluice_finish_jobs(items jsonb)
@@ -18,18 +14,17 @@ AS $function$
 BEGIN
   RETURN QUERY WITH x AS (
     SELECT * FROM jsonb_to_recordset(items) AS x(id uuid, attempt int, state text, queue text, data jsonb, error_code text,
-      error_message text, http_status int, attempts int, billed int)),
+      error_message text, http_status int, attempts int)),
   f AS (
     UPDATE jobs j SET state = x.state, finished_at = now(), updated_at = now()
     FROM x WHERE j.id = x.id AND j.state = 'RUNNING' AND j.attempts = x.attempt
     RETURNING j.id),
   r AS (
-    INSERT INTO job_results (job_id, data, error_code, error_message, http_status, attempts, credits_billed)
-    SELECT x.id, x.data, x.error_code, x.error_message, x.http_status, x.attempts, coalesce(x.billed, 0) FROM x JOIN f ON f.id = x.id
+    INSERT INTO job_results (job_id, data, error_code, error_message, http_status, attempts)
+    SELECT x.id, x.data, x.error_code, x.error_message, x.http_status, x.attempts FROM x JOIN f ON f.id = x.id
     ON CONFLICT (job_id) DO UPDATE SET
       data = excluded.data, error_code = excluded.error_code, error_message = excluded.error_message,
-      http_status = excluded.http_status, attempts = excluded.attempts,
-      credits_billed = job_results.credits_billed + excluded.credits_billed, updated_at = now()
+      http_status = excluded.http_status, attempts = excluded.attempts, updated_at = now()
     RETURNING job_id),
   b AS (
     UPDATE pgboss.job p SET completed_on = pgboss.job_now(), state = 'completed', output = NULL

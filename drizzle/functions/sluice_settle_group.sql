@@ -29,9 +29,7 @@ BEGIN
   IF cardinality(live) = 0 THEN
     RETURN;
   END IF;
-  -- Each finished job's bill rides with its result (clamped to its reservation as the settlement clamps it).
-  SELECT coalesce(jsonb_agg(e->'finish' || jsonb_build_object('tenant', e->>'tenant',
-      'billed', (SELECT least(r.credits, greatest(0, (e->>'billed')::int)) FROM reservations r WHERE r.id = (e->>'rid')::uuid)) ORDER BY o), '[]') INTO fin
+  SELECT coalesce(jsonb_agg(e->'finish' || jsonb_build_object('tenant', e->>'tenant') ORDER BY o), '[]') INTO fin
     FROM jsonb_array_elements(items) WITH ORDINALITY AS x(e, o)
     WHERE (e->>'rid')::uuid = ANY (live) AND e ? 'finish';
   SELECT coalesce(array_agg(f), '{}') INTO done FROM sluice_finish_jobs(fin) f;
@@ -39,8 +37,7 @@ BEGIN
   -- so each event carries its job's creditsBilled; the events before the tenants' rows: a NOTIFY
   -- is only queued here (sent at commit), and the tenants' rows, locked by sluice_release_settled,
   -- are then held only for the last steps and the commit.
-  settled := sluice_settle_reservations((SELECT jsonb_agg(jsonb_build_object('id', e->>'rid', 'billed', e->'billed', 'outcome', e->>'outcome',
-      'finished', coalesce((e->'finish'->>'id')::uuid = ANY (done), false)))
+  settled := sluice_settle_reservations((SELECT jsonb_agg(jsonb_build_object('id', e->>'rid', 'billed', e->'billed', 'outcome', e->>'outcome'))
     FROM jsonb_array_elements(items) e WHERE (e->>'rid')::uuid = ANY (live)));
   PERFORM sluice_job_events((SELECT coalesce(jsonb_agg(jsonb_build_object('jobId', f->>'id', 'tenantId', f->>'tenant', 'state', f->>'state') ORDER BY o), '[]')
     FROM jsonb_array_elements(fin) WITH ORDINALITY AS x(f, o) WHERE (f->>'id')::uuid = ANY (done)));
