@@ -94,6 +94,11 @@ interface Known {
   refusedUntil: number;
 }
 
+/** Whether two readings of a tenant's budget limits agree (an update changes them: what was learnt under the old ones no longer holds). Pure. */
+export function sameLimits(a: RequestBudgetLimits, b: RequestBudgetLimits): boolean {
+  return a.burst === b.burst && a.rate === b.rate;
+}
+
 /** The most the bucket can hold now: what it held at `at`, restored since, capped (other nodes may have taken some). Pure. */
 export function estimateAvailable(k: Pick<Known, 'available' | 'at' | 'limits'>, now: number): number {
   return Math.min(k.limits.burst, k.available + (k.limits.rate * Math.max(0, now - k.at)) / 1000);
@@ -147,14 +152,14 @@ export class RequestBudget {
     const now = Date.now();
     const known = this.known.get(tenant.id);
     const reserve = this.reserves.get(tenant.id);
-    if (reserve && (reserve.limits.burst !== limits.burst || reserve.limits.rate !== limits.rate)) this.reserves.delete(tenant.id);
+    if (reserve && !sameLimits(reserve.limits, limits)) this.reserves.delete(tenant.id);
     else if (reserve && reserve.points >= requested) {
       reserve.points -= requested;
       this.counts.reserved++;
       const shared = known ? estimateAvailable(known, now) : limits.burst;
       return { limits, requested, available: Math.min(limits.burst, shared + reserve.points), granted: true };
     }
-    if (known && known.limits.burst === limits.burst && known.limits.rate === limits.rate) {
+    if (known && sameLimits(known.limits, limits)) {
       const estimate = estimateAvailable(known, now);
       if (estimate < requested) {
         this.counts.localRefusals++;
@@ -186,7 +191,7 @@ export class RequestBudget {
       // Added to what is there now: other charges may have spent from it or refunded into it meanwhile.
       if (this.reserves.size >= 10_000 && !this.reserves.has(tenant.id)) this.reserves.clear(); // bounded; a cleared reserve only errs in the tenant's disfavour
       const reserve = this.reserves.get(tenant.id);
-      if (reserve && reserve.limits.burst === limits.burst && reserve.limits.rate === limits.rate) reserve.points += extra;
+      if (reserve && sameLimits(reserve.limits, limits)) reserve.points += extra;
       else this.reserves.set(tenant.id, { points: extra, limits });
     }
     const s: BudgetState = c.granted
