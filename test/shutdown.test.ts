@@ -148,8 +148,8 @@ describe('Ctrl-C (SIGINT) with the embedded Postgres', () => {
       const d = await gqlAt(second.url!, queues, {}, key);
       return d.jobs.totalCount === total ? d : null;
     }, 90_000, 200);
-    assert.equal(final.me.usage.creditsReserved, 0, 'nothing left reserved');
-    const leaseLines = [...first.logs, ...second.logs].filter((l) => /lease|abort|expired|swept/i.test(l)).slice(-10);
+    const leaseLines = [...first.logs, ...second.logs].filter((l) => /lease|abort|expired|swept|warn|error|"level":(40|50)/i.test(l)).slice(-20);
+    assert.equal(final.me.usage.creditsReserved, 0, `nothing left reserved (${callsAtStop} calls before the stop)\n${leaseLines.join('\n')}`);
     assert.equal(sim.stats().totals.calls, total, `one call per job (${callsAtStop} before the stop)\n${leaseLines.join('\n')}`);
     assert.equal(final.me.usage.creditsUsed, sim.stats().totals.creditsBilled, 'billed once per call');
     const stop = exited(second);
