@@ -9,21 +9,26 @@
 -- LOCKED, and a front tenant held by someone else ends the call rather than be overtaken); a take
 -- bounded by the quantum to the next queue, the tenant's free cap, the window's tokens and room,
 -- p_lease_max (or a batch turn: up to a batch's worth of the head job's API, BATCH_QUANTUM x
--- weight); the jobs fetched from pg-boss exactly as its fetch does (same order, SKIP LOCKED, same
--- activation); the quota prefix that fits (ledger: billed + reserved); claim, reserve, virtual
--- time advanced by the jobs actually taken / weight. A turn writes no row: what the next pick
--- reads is kept in the call's arrays, and the fair walk resumes from a per-class cursor. A class
--- whose walk and merge both come back empty sits out the rest of the call (nothing makes a queue
--- eligible within a call: caps fill, blocks and skips grow).
+-- weight, and the quantum too: a pause's tokens are not the front tenant's); the jobs fetched
+-- from pg-boss exactly as its fetch does (same order, SKIP LOCKED, same activation); the quota
+-- prefix that fits (ledger: billed + reserved); claim, reserve, virtual time advanced by the jobs
+-- actually taken / weight (start + n/w). A queue alone in its class that this call served already
+-- ends the call: the next call, at once, shares what is left of the tokens with the queues that
+-- became ready meanwhile. A turn writes no row: what the next pick reads is kept in the call's
+-- arrays, and the fair walk resumes from a per-class cursor. A class whose walk and merge both come
+-- back empty sits out the rest of the call (nothing makes a queue eligible within a call: caps
+-- fill, blocks and skips grow).
 --
 -- Batch turns: a batch turn joins the call's open batch call of its API while the items fit
--- (p_batch_max and the API's maxSize), and opens a new one (one pool slot) otherwise; the output
--- column `call` numbers each batched job's call. The provider counts and bills a batch's items one
--- by one, so nothing ties a call to one tenant; inputs are folded per tenant only (each tenant is
--- billed for its own items).
+-- (p_batch_max and the API's maxSize), and opens a new one (one pool slot) otherwise; a turn with
+-- fewer distinct inputs than the API's minimum goes as single calls only when it cannot join. The
+-- output column `call` numbers each batched job's call. The provider counts and bills a batch's
+-- items one by one, so nothing ties a call to one tenant; inputs are folded per tenant only (each
+-- tenant is billed for its own items).
 --
 -- After the last turn, one statement each for all turns (cap slots, pg-boss activation, claims,
--- virtual times and idle marks, ledger, reservations), then the class clocks, then the lift of
+-- virtual times and idle marks, ledger, reservations), then the class clocks (the start tag of the
+-- last job served: a queue joining next starts level with it, not a turn behind), then the lift of
 -- ready queues lagging the new clock by more than 8 (a queue passed over while capped, held or
 -- locked, or marked ready at a stale clock, gets no credit for it: otherwise it is served alone
 -- until it catches up), and last the window row, ONCE, with a conditional update.
@@ -242,6 +247,9 @@ BEGIN
     EXIT WHEN NOT found_q;
     SELECT q_tenant AS tenant_id, q_vtime AS vtime INTO q;
     qkey := q.tenant_id::text || '/' || c;
+    -- Alone in its class and served already: the call ends, and the next call (at once) shares
+    -- what is left with the queues that became ready meanwhile (the burst after idle).
+    EXIT WHEN n_vtime IS NULL AND array_position(sv_key, qkey) IS NOT NULL;
     -- From the walk: whatever this turn does, the queue is passed for the rest of the call (served:
     -- read from the arrays from now on; otherwise skipped or the call ends).
     IF NOT q_mem THEN
@@ -298,8 +306,13 @@ BEGIN
       IF spec IS NOT NULL THEN
         -- A batch turn (batching.ts batchTake): see the header.
         is_batch := true;
+        -- Capped at the fair limit too; a turn that opens a batch call takes at least the API's
+        -- minimum batch (one that joins the call's open batch costs no extra call).
+        ob_i := array_position(ob_api, head);
         take := greatest(take, least(greatest(take, least(tok - tokens_used, p_batch_max, (spec->>0)::int, cap_free), 1),
-          p_batch_quantum * t.weight), 1);
+          p_batch_quantum * t.weight,
+          CASE WHEN ob_i IS NOT NULL AND ob_items[ob_i] < least(p_batch_max, (spec->>0)::int) THEN quantum
+            ELSE greatest(quantum, (spec->>1)::int) END), 1);
         take := least(take, p_max - taken);
       END IF;
     END IF;
@@ -329,8 +342,10 @@ BEGIN
       CONTINUE;
     END IF;
     IF is_batch THEN
-      IF distinct_n < (spec->>1)::int THEN
-        -- Too few distinct inputs for a batch: single calls, each its own slot and token.
+      ob_i := array_position(ob_api, head);
+      IF distinct_n < (spec->>1)::int AND NOT coalesce(ob_items[ob_i] + distinct_n <= least(p_batch_max, (spec->>0)::int), false) THEN
+        -- Too few distinct inputs for a batch call of their own, and no room in the call's open
+        -- one: single calls, each its own slot and token.
         is_batch := false;
       END IF;
     END IF;
@@ -412,8 +427,9 @@ BEGIN
     END IF;
     tn_add[tn_i] := tn_add[tn_i] + claimed;
     tn_used[tn_i] := used;
-    IF NOT served ? c OR (served->>c)::float8 < q.vtime THEN
-      served := jsonb_set(served, ARRAY[c], to_jsonb(q.vtime));
+    -- The class clock: the start tag of the last job served (the turn's last job, not its first).
+    IF NOT served ? c OR (served->>c)::float8 < q.vtime + (claimed - 1)::float8 / t.weight THEN
+      served := jsonb_set(served, ARRAY[c], to_jsonb(q.vtime + (claimed - 1)::float8 / t.weight));
     END IF;
     -- The pool: a batch turn joins the call's open batch of its API while the items fit (one
     -- call, one slot, whatever tenants' items it carries), else opens one (a slot); singles take

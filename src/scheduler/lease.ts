@@ -21,10 +21,12 @@
  *   tokens, and the quantum to the next queue (items before its virtual time
  *   passes the next queue's, at least one). When the queue's head job's API
  *   batches, a batch turn instead: up to a batch's worth of that API's jobs
- *   (batching.ts batchTake, at most BATCH_QUANTUM x weight), one token per
+ *   (batching.ts batchTake, at most BATCH_QUANTUM x weight and the quantum:
+ *   the fair limit holds for batches too; a turn that opens a batch call
+ *   takes at least the API's minimum batch), one token per
  *   distinct input (per tenant: inputs are never folded across tenants); with
- *   fewer distinct inputs than the API's minimum batch they go as single
- *   calls. A batch turn joins the call's open batch of its API while its
+ *   fewer distinct inputs than the API's minimum batch, and no room for them
+ *   in the call's open batch of the API, they go as single calls. A batch turn joins the call's open batch of its API while its
  *   items fit (BATCH_MAX and the API's maxSize), so one batch call (one pool
  *   slot) carries many tenants' turns; otherwise it opens the API's next
  *   batch call (a slot);
@@ -34,9 +36,15 @@
  *   this call;
  * - a queue that had fewer ready jobs than its take (of any API) has nothing
  *   more for this call;
+ * - a queue alone in its class (no next queue) that the call served already
+ *   ends the call: the dispatcher leases again at once, and the queues that
+ *   became ready meanwhile share the rest of the tokens (a burst after idle is
+ *   not the first visible tenant's);
  * - fair share counts jobs: the queue's virtual time advances by the jobs it
- *   took / weight (a batch of 50 costs 50 items), and the class clock becomes
- *   the largest virtual time served (a queue's time when it was picked).
+ *   took / weight (start + n/w; a batch of 50 costs 50 items), and the class
+ *   clock becomes the largest start tag served (the start of a turn's last
+ *   job, vtime + (n-1)/w): a queue joining next starts level with it, as
+ *   start-time fair queueing's system virtual time.
  *
  * And what the call leaves behind (the differential test compares it too):
  * the credits reserved and the cap slots taken per tenant; the jobs of a
@@ -197,6 +205,9 @@ export function planPicks(input: LeaseInput): LeasePicks {
     if (!q) break;
     const t = tenants.get(q.tenantId)!;
     const key = `${q.tenantId}/${q.jobClass}`;
+    // Alone in its class and served already: the call ends, and the next call (at once) shares
+    // what is left with the queues that became ready meanwhile (the burst after idle).
+    if (!next && claimed.has(key)) break;
     const capFree = t.cap - t.inFlight;
     const quantum = next ? Math.max(1, Math.floor((next.vtime - q.vtime) * t.weight) + 1) : INT_MAX;
     let take = Math.max(1, Math.min(input.leaseMax, input.max - taken, input.room - out.slots, tok - out.tokens, capFree, quantum));
@@ -209,7 +220,12 @@ export function planPicks(input: LeaseInput): LeasePicks {
       if (spec) {
         batched = true;
         const batchMost = batchTake({ tokens: tok - out.tokens, batchMax: input.batchMax, apiMaxSize: spec[0], capFree, singleTake: take });
-        take = Math.max(take, Math.min(batchMost, input.batchQuantum * t.weight), 1);
+        // Capped at the fair limit too, so a pause's accumulated tokens are not one tenant's. A turn
+        // that joins the call's open batch of its API costs no extra call; one that opens a call
+        // takes at least the API's minimum batch, else its jobs would go as single calls.
+        const b = open.get(head!);
+        const joins = !!b && b.items < Math.min(input.batchMax, spec[0]);
+        take = Math.max(take, Math.min(batchMost, input.batchQuantum * t.weight, joins ? quantum : Math.max(quantum, spec[1])), 1);
         take = Math.min(take, input.max - taken);
       }
     }
@@ -222,7 +238,14 @@ export function planPicks(input: LeaseInput): LeasePicks {
       skip.add(key);
       continue;
     }
-    if (batched && new Set(jobs.map((j) => stableStringify(j.params))).size < input.batch[head!]![1]) batched = false;
+    if (batched) {
+      // Too few distinct inputs for a batch call of their own, and no room in the call's open one:
+      // single calls.
+      const distinct = new Set(jobs.map((j) => stableStringify(j.params))).size;
+      const b = open.get(head!);
+      const fits = !!b && b.items + distinct <= Math.min(input.batchMax, input.batch[head!]![0]);
+      if (distinct < input.batch[head!]![1] && !fits) batched = false;
+    }
     if (!batched) jobs = jobs.slice(0, Math.min(input.room - out.slots, tok - out.tokens));
     const costs = jobs.map((j) => input.costs[j.api] ?? 1);
     // t.used is billed + reserved: the quota's prefix rule (ledger.ts), as the SQL applies it.
@@ -268,7 +291,8 @@ export function planPicks(input: LeaseInput): LeasePicks {
       out.tokens += jobs.length;
     }
     out.turns.push({ tenantId: t.tenantId, jobClass: q.jobClass, jobIds: jobs.map((j) => j.id), batched, call });
-    served.set(q.jobClass, Math.max(served.get(q.jobClass) ?? Number.NEGATIVE_INFINITY, q.vtime));
+    // The clock is the start tag of the last job served (the turn's last, not its first).
+    served.set(q.jobClass, Math.max(served.get(q.jobClass) ?? Number.NEGATIVE_INFINITY, q.vtime + (jobs.length - 1) / t.weight));
     claimed.set(key, (claimed.get(key) ?? 0) + jobs.length);
     out.reserved[t.tenantId] = (out.reserved[t.tenantId] ?? 0) + costs.slice(0, jobs.length).reduce((a, b) => a + b, 0);
     q.vtime = q.vtime + jobs.length / t.weight;
