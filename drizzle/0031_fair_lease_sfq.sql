@@ -430,9 +430,11 @@ BEGIN
     END IF;
     tn_add[tn_i] := tn_add[tn_i] + claimed;
     tn_used[tn_i] := used;
-    -- The class clock: the start tag of the last job served (the turn's last job, not its first).
-    IF NOT served ? c OR (served->>c)::float8 < q.vtime + (claimed - 1)::float8 / t.weight THEN
-      served := jsonb_set(served, ARRAY[c], to_jsonb(q.vtime + (claimed - 1)::float8 / t.weight));
+    -- The class clock: the start tag of the last job served in fair order (the turn's last job,
+    -- not its first; jobs beyond the quantum, taken to open a batch call, are served ahead of
+    -- their turn and do not move it).
+    IF NOT served ? c OR (served->>c)::float8 < q.vtime + (least(claimed, quantum) - 1)::float8 / t.weight THEN
+      served := jsonb_set(served, ARRAY[c], to_jsonb(q.vtime + (least(claimed, quantum) - 1)::float8 / t.weight));
     END IF;
     -- The pool: a batch turn joins the call's open batch of its API while the items fit (one
     -- call, one slot, whatever tenants' items it carries), else opens one (a slot); singles take

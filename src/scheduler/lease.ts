@@ -291,8 +291,11 @@ export function planPicks(input: LeaseInput): LeasePicks {
       out.tokens += jobs.length;
     }
     out.turns.push({ tenantId: t.tenantId, jobClass: q.jobClass, jobIds: jobs.map((j) => j.id), batched, call });
-    // The clock is the start tag of the last job served (the turn's last, not its first).
-    served.set(q.jobClass, Math.max(served.get(q.jobClass) ?? Number.NEGATIVE_INFINITY, q.vtime + (jobs.length - 1) / t.weight));
+    // The clock is the start tag of the last job served in fair order (the turn's last, not its
+    // first; a turn opening a batch call may take more than its fair limit, and those jobs are
+    // served ahead of their turn: they do not move the clock).
+    const inOrder = Math.min(jobs.length, quantum);
+    served.set(q.jobClass, Math.max(served.get(q.jobClass) ?? Number.NEGATIVE_INFINITY, q.vtime + (inOrder - 1) / t.weight));
     claimed.set(key, (claimed.get(key) ?? 0) + jobs.length);
     out.reserved[t.tenantId] = (out.reserved[t.tenantId] ?? 0) + costs.slice(0, jobs.length).reduce((a, b) => a + b, 0);
     q.vtime = q.vtime + jobs.length / t.weight;
