@@ -238,6 +238,10 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         breakers: status.breakers.map((b) => ({ api: b.api, state: b.state === 'OPEN' ? 'open' : b.state === 'HALF_OPEN' ? 'half-open' : 'closed' })),
         alerts: status.alerts.map((a) => ({ alert: a.key.split(':')[0]!, active: true })),
         ...(metrics.tenantLabels ? { tenantQueues: tenantRows } : {}),
+        fairness: {
+          worst: status.fairness.worst,
+          tenants: status.fairness.tenants.map((t) => ({ tenant: t.tenantId, lag: t.lag, bound: t.bound })),
+        },
       };
     });
 

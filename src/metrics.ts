@@ -35,6 +35,8 @@ export interface GaugeSnapshot {
   alerts?: Array<{ alert: string; active: boolean }>;
   /** Per tenant and class; read only when tenant labels are on (the collector may skip the query otherwise). */
   tenantQueues?: Array<{ tenant: string; class: string; depth: number; running: number }>;
+  /** Lag against the SFQ bound over the recent leases: the worst pair, and per tenant (tenant labels only). */
+  fairness?: { worst: { lag: number; bound: number } | null; tenants: Array<{ tenant: string; lag: number; bound: number }> };
 }
 
 export type Collector = () => Promise<GaugeSnapshot>;
@@ -106,6 +108,9 @@ export class Metrics {
   readonly alertsActive: Gauge<'alert'>;
   readonly tenantQueueDepth: Gauge<'tenant' | 'class'> | null;
   readonly tenantRunning: Gauge<'tenant' | 'class'> | null;
+  readonly fairLag: Gauge;
+  readonly fairLagBound: Gauge;
+  readonly tenantFairLag: Gauge<'tenant' | 'of'> | null;
 
   readonly graphqlRequests: Counter<'operation' | 'transport'>;
   readonly graphqlErrors: Counter<'operation' | 'code'>;
@@ -138,6 +143,11 @@ export class Metrics {
       : null;
     this.tenantRunning = this.tenantLabels
       ? new Gauge({ name: 'sluice_tenant_running', help: 'Calls in flight, per tenant and class (METRICS_TENANT_LABELS).', labelNames: ['tenant', 'class'], registers })
+      : null;
+    this.fairLag = new Gauge({ name: 'sluice_fair_lag', help: "Recent leases: the worst pair's lag |dW_i/w_i - dW_j/w_j| over any interval (no series with fewer than two tenants backlogged).", registers });
+    this.fairLagBound = new Gauge({ name: 'sluice_fair_lag_bound', help: "That pair's SFQ bound 1/w_i + 1/w_j + P/W.", registers });
+    this.tenantFairLag = this.tenantLabels
+      ? new Gauge({ name: 'sluice_tenant_fair_lag', help: "Per backlogged tenant: its worst lag against another (of=\"lag\") and that pair's bound (of=\"bound\") (METRICS_TENANT_LABELS).", labelNames: ['tenant', 'of'], registers })
       : null;
 
     this.graphqlRequests = new Counter({
@@ -218,7 +228,7 @@ export class Metrics {
   }
 
   private resetGauges(): void {
-    for (const g of [this.queueDepth, this.queueOldestAge, this.pacerTokens, this.poolSize, this.windowBusy, this.breakerState, this.alertsActive, this.tenantQueueDepth, this.tenantRunning]) {
+    for (const g of [this.queueDepth, this.queueOldestAge, this.pacerTokens, this.poolSize, this.windowBusy, this.breakerState, this.alertsActive, this.tenantQueueDepth, this.tenantRunning, this.fairLag, this.fairLagBound, this.tenantFairLag]) {
       g?.reset();
     }
   }
@@ -237,6 +247,14 @@ export class Metrics {
     }
     for (const b of s.breakers ?? []) this.breakerState.set({ api: this.labels.api.value(b.api) }, BREAKER_VALUE[b.state]);
     for (const a of s.alerts ?? []) this.alertsActive.set({ alert: this.labels.alert.value(a.alert) }, a.active ? 1 : 0);
+    if (s.fairness?.worst) {
+      this.fairLag.set(s.fairness.worst.lag);
+      this.fairLagBound.set(s.fairness.worst.bound);
+    }
+    for (const t of this.tenantFairLag ? (s.fairness?.tenants ?? []) : []) {
+      this.tenantFairLag!.set({ tenant: t.tenant, of: 'lag' }, t.lag);
+      this.tenantFairLag!.set({ tenant: t.tenant, of: 'bound' }, t.bound);
+    }
     if (this.tenantQueueDepth && this.tenantRunning) {
       for (const t of s.tenantQueues ?? []) {
         const labels = { tenant: t.tenant, class: this.labels.class.value(t.class) };

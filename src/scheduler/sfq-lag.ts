@@ -166,3 +166,38 @@ export function sfqLag(
   }
   return { pairs, worst, withinBound: pairs.every((p) => p.lag <= p.bound + 1e-9), p99LagOverBound: p99, byTenant, shareError };
 }
+
+export interface LiveFairness {
+  /** The span measured, seconds. */
+  seconds: number;
+  /** The pair with the largest lag / bound, or null with fewer than two tenants backlogged. */
+  worst: { tenantA: string; tenantB: string; lag: number; bound: number } | null;
+  /** Each backlogged tenant's worst lag against another, and that pair's bound. */
+  tenants: Array<{ tenantId: string; lag: number; bound: number }>;
+}
+
+/**
+ * The live figures (`system { fairness }`, metrics) from what the database shows: the recent
+ * leases, and the tenants served in them that still have work waiting now, taken as backlogged
+ * from their first lease in the span to now. An approximation of the bench's measure (it does not
+ * know when a tenant's backlog began): a tenant served, then idle, then busy again within the
+ * span counts as backlogged throughout.
+ */
+export function liveFairness(r: {
+  served: readonly ServedJobs[];
+  tenants: ReadonlyArray<{ tenantId: string; weight: number; waiting: boolean }>;
+  from: number;
+  now: number;
+}): LiveFairness {
+  const first = new Map<string, number>();
+  for (const e of r.served) first.set(e.tenantId, Math.min(first.get(e.tenantId) ?? Number.POSITIVE_INFINITY, e.at));
+  const backlogged = r.tenants
+    .filter((t) => t.waiting && t.weight > 0 && first.has(t.tenantId))
+    .map((t) => ({ tenantId: t.tenantId, weight: t.weight, backlogged: [[first.get(t.tenantId)!, r.now + 1] as const] }));
+  const report = sfqLag(backlogged, r.served, { gridStep: Number.POSITIVE_INFINITY, minShareSpan: Number.POSITIVE_INFINITY });
+  return {
+    seconds: Math.max(0, (r.now - r.from) / 1000),
+    worst: report.worst && { tenantA: report.worst.a, tenantB: report.worst.b, lag: report.worst.lag, bound: report.worst.bound },
+    tenants: Object.entries(report.byTenant).map(([tenantId, v]) => ({ tenantId, ...v })),
+  };
+}

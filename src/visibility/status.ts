@@ -15,6 +15,8 @@ import { ledgerFor } from '../scheduler/sql/ledger.ts';
 import { classTotals, tenantQueues } from '../scheduler/sql/queues.ts';
 import { busyWeights, tenantSchedState } from '../scheduler/sql/tenants.ts';
 import { readWindows, type WindowRow } from '../scheduler/sql/windows.ts';
+import { recentService } from '../scheduler/sql/fairness.ts';
+import { liveFairness, type LiveFairness } from '../scheduler/sfq-lag.ts';
 import { drainSeconds, waitReason, type WaitReason } from '../scheduler/waits.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../tenants/policy.ts';
 
@@ -157,17 +159,24 @@ export interface SystemStatus {
   alerts: AlertRow[];
   classes: Array<{ priority: JobClass; depth: number; running: number; oldestAgeSeconds: number | null }>;
   estimatedDrainSeconds: number | null;
+  /** Lag against start-time fair queueing's bound over the recent leases (scheduler/sfq-lag.ts liveFairness). */
+  fairness: LiveFairness;
 }
+
+/** The live fairness figures read the last 30 s of leases, at most this many jobs (the newest). */
+export const FAIRNESS_SECONDS = 30;
+export const FAIRNESS_MAX_JOBS = 3000;
 
 export async function systemStatus(services: Services): Promise<SystemStatus> {
   const { sql } = services;
-  const [rawWindows, rates, account, breakers, alerts, totals] = await Promise.all([
+  const [rawWindows, rates, account, breakers, alerts, totals, recent] = await Promise.all([
     readWindows(sql),
     windowCallRates(sql),
     readAccount(sql),
     readBreakers(sql),
     activeAlerts(sql),
     classTotals(sql),
+    recentService(sql, FAIRNESS_SECONDS, FAIRNESS_MAX_JOBS),
   ]);
   const windows = rawWindows.map((w) => ({ ...w, callsPerSecond: rates.get(w.name) ?? 0 }));
   const depth = totals.reduce((s, c) => s + c.depth, 0);
@@ -179,6 +188,7 @@ export async function systemStatus(services: Services): Promise<SystemStatus> {
     alerts,
     classes: totals.map((c) => ({ priority: c.jobClass, depth: c.depth, running: c.running, oldestAgeSeconds: c.oldestAgeSeconds })),
     estimatedDrainSeconds: account.dispatchStoppedUntil ? null : drainSeconds(depth, rate),
+    fairness: liveFairness(recent),
   };
 }
 

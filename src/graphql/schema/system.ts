@@ -64,6 +64,34 @@ const ClassTotalRef = builder.objectRef<SystemStatus['classes'][number]>('ClassS
   }),
 });
 
+const FairnessLagRef = builder.objectRef<SystemStatus['fairness']['tenants'][number]>('FairnessLag').implement({
+  description: "A backlogged tenant's worst lag against another backlogged tenant, and that pair's bound.",
+  fields: (t) => ({
+    tenantId: t.exposeID('tenantId'),
+    lag: t.exposeFloat('lag', { description: '|ΔW_i/w_i − ΔW_j/w_j|, the worst over every interval of the span (jobs per unit of weight).' }),
+    bound: t.exposeFloat('bound', { description: "1/w_i + 1/w_j + P/W (P: most jobs one lease handed out; W: the pair's weight)." }),
+  }),
+});
+
+const FairnessPairRef = builder.objectRef<NonNullable<SystemStatus['fairness']['worst']>>('FairnessPair').implement({
+  fields: (t) => ({
+    tenantA: t.exposeID('tenantA'),
+    tenantB: t.exposeID('tenantB'),
+    lag: t.exposeFloat('lag'),
+    bound: t.exposeFloat('bound'),
+  }),
+});
+
+const FairnessRef = builder.objectRef<SystemStatus['fairness']>('Fairness').implement({
+  description:
+    "Start-time fair queueing's bound, measured over the recent leases (the last 30 s, at most 3,000 jobs): for two tenants backlogged together, the normalised service difference over any interval should stay within the bound. Tenants with work waiting now count as backlogged from their first lease in the span.",
+  fields: (t) => ({
+    seconds: t.exposeFloat('seconds', { description: 'The span measured.' }),
+    worst: t.field({ type: FairnessPairRef, nullable: true, description: 'The pair with the largest lag / bound.', resolve: (f) => f.worst }),
+    tenants: t.field({ type: [FairnessLagRef], resolve: (f) => f.tenants }),
+  }),
+});
+
 const SystemRef = builder.objectRef<SystemStatus>('System').implement({
   description: 'The shared machinery (admin).',
   fields: (t) => ({
@@ -73,6 +101,7 @@ const SystemRef = builder.objectRef<SystemStatus>('System').implement({
     alerts: t.field({ type: [AlertRef], description: 'Active alerts.', resolve: (s) => s.alerts }),
     classes: t.field({ type: [ClassTotalRef], resolve: (s) => s.classes }),
     estimatedDrainSeconds: t.float({ nullable: true, description: 'All waiting work ÷ the whole pace.', resolve: (s) => s.estimatedDrainSeconds }),
+    fairness: t.field({ type: FairnessRef, resolve: (s) => s.fairness }),
   }),
 });
 
