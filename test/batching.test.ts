@@ -256,12 +256,13 @@ describe('fair share with one tenant batching', () => {
     ]);
     const started = Date.now();
     await new Promise((r) => setTimeout(r, 6_000));
-    // Cumulative service from the start: each tenant's items dispatched in the first 5 s of the run
-    // (a batch puts its tenant ahead, and the other catches up within the window). Both submissions
-    // are sent together so neither gets a head start of a whole submission's commit time.
+    // Cumulative service while both are backlogged: each tenant's items dispatched in the 5 s from
+    // the first lease that served the second of them. Before that only one was visible, and it was
+    // served alone, with no debt (start-time fair queueing: the other joins level with the clock).
     const rows = await sql`
-      select tenant_id, count(*)::int as n from reservations
-      where created_at < (select min(created_at) from reservations) + interval '5 seconds'
+      with s as (select max(f) as at from (select min(created_at) as f from reservations group by tenant_id) x)
+      select tenant_id, count(*)::int as n from reservations, s
+      where created_at >= s.at - interval '1 millisecond' and created_at < s.at + interval '5 seconds'
       group by tenant_id`;
     const timeline = await sql`
       select tenant_id = ${a.id} as batcher, floor(extract(epoch from created_at - (select min(created_at) from reservations)) * 2)::int as half, count(*)::int as n
