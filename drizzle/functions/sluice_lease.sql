@@ -536,7 +536,7 @@ BEGIN
     SELECT (o->>'rid')::uuid, (o->>'id')::uuid, (o->>'attempt')::int, (o->>'tenant')::uuid, (o->>'period')::timestamptz, p_window, p_node,
       (o->>'cost')::int, (o->>'slot')::boolean, clock_timestamp(), clock_timestamp() + make_interval(secs => p_lease_seconds)
     FROM jsonb_array_elements(out_rows) o;
-  -- Each class's clock: the largest virtual time served (no credit for idle time).
+  -- Each class's clock: the largest start tag served in fair order (no credit for idle time).
   UPDATE sched_classes k SET clock = greatest(k.clock, (served->>k.class)::float8), served_at = now() WHERE served ? k.class;
   -- Ready queues lagging the clock by more than LAG_SLACK (8: a few turns' worth) are lifted to it:
   -- passed over while their tenant was capped, an API held or the row locked, or marked ready at a
