@@ -309,13 +309,10 @@ BEGIN
       IF spec IS NOT NULL THEN
         -- A batch turn (batching.ts batchTake): see the header.
         is_batch := true;
-        -- Capped at the fair limit too; a turn that opens a batch call takes at least the API's
-        -- minimum batch (one that joins the call's open batch costs no extra call).
-        ob_i := array_position(ob_api, head);
+        -- Capped at the fair limit too, but a batch turn may take the API's minimum batch (a turn
+        -- opening a call needs it; tied tenants take their jobs in one turn, not several).
         take := greatest(take, least(greatest(take, least(tok - tokens_used, p_batch_max, (spec->>0)::int, cap_free), 1),
-          p_batch_quantum * t.weight,
-          CASE WHEN ob_i IS NOT NULL AND ob_items[ob_i] < least(p_batch_max, (spec->>0)::int) THEN quantum
-            ELSE greatest(quantum, (spec->>1)::int) END), 1);
+          p_batch_quantum * t.weight, greatest(quantum, (spec->>1)::int)), 1);
         take := least(take, p_max - taken);
       END IF;
     END IF;

@@ -22,8 +22,8 @@
  *   passes the next queue's, at least one). When the queue's head job's API
  *   batches, a batch turn instead: up to a batch's worth of that API's jobs
  *   (batching.ts batchTake, at most BATCH_QUANTUM x weight and the quantum:
- *   the fair limit holds for batches too; a turn that opens a batch call
- *   takes at least the API's minimum batch), one token per
+ *   the fair limit holds for batches too, except that a batch turn may take
+ *   the API's minimum batch: the extra jobs do not move the clock), one token per
  *   distinct input (per tenant: inputs are never folded across tenants); with
  *   fewer distinct inputs than the API's minimum batch, and no room for them
  *   in the call's open batch of the API, they go as single calls. A batch turn joins the call's open batch of its API while its
@@ -220,12 +220,11 @@ export function planPicks(input: LeaseInput): LeasePicks {
       if (spec) {
         batched = true;
         const batchMost = batchTake({ tokens: tok - out.tokens, batchMax: input.batchMax, apiMaxSize: spec[0], capFree, singleTake: take });
-        // Capped at the fair limit too, so a pause's accumulated tokens are not one tenant's. A turn
-        // that joins the call's open batch of its API costs no extra call; one that opens a call
-        // takes at least the API's minimum batch, else its jobs would go as single calls.
-        const b = open.get(head!);
-        const joins = !!b && b.items < Math.min(input.batchMax, spec[0]);
-        take = Math.max(take, Math.min(batchMost, input.batchQuantum * t.weight, joins ? quantum : Math.max(quantum, spec[1])), 1);
+        // Capped at the fair limit too, so a pause's accumulated tokens are not one tenant's; but a
+        // batch turn may take the API's minimum batch (a turn opening a call needs it, else its jobs
+        // go as single calls; and tenants tied in virtual time then take their 2 jobs in one turn,
+        // not two). Those extra jobs do not move the clock (below).
+        take = Math.max(take, Math.min(batchMost, input.batchQuantum * t.weight, Math.max(quantum, spec[1])), 1);
         take = Math.min(take, input.max - taken);
       }
     }

@@ -5,9 +5,8 @@
  * |ΔW_i/w_i − ΔW_j/w_j| should stay within u_i/w_i + u_j/w_j + P/W, where P is the most jobs one
  * lease handed out while both were backlogged and W = w_i + w_j (all of a lease's jobs start at
  * the same instant, so an interval cannot cut a lease: P/W covers a lease's internal order). u is
- * the unit of service: one job, or for a tenant whose jobs batch the API's minimum batch (a turn
- * that opens a batch call takes at least that many, even when its fair limit is one job; SFQ's
- * bound with jobs of size u).
+ * the unit of service: one job, or for a tenant whose jobs batch the API's minimum batch (a batch
+ * turn may take that many, even when its fair limit is one job; SFQ's bound with jobs of size u).
  *
  * The input is what the database knows after the fact: jobs served (when they started, whose)
  * and when each tenant was backlogged. The bench (`fairness`, phase `sfq`) and the live figures
