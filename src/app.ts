@@ -169,7 +169,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       })(),
     });
     await ensureClasses(sql);
-    await upsertWindows(sql, windowSpecs);
+    await upsertWindows(sql, windowSpecs, env.PACE_LEARN);
 
     // 3. Shared services.
     const admin = await resolveAdminToken(sql, env.SLUICE_ADMIN_TOKEN);
@@ -234,7 +234,14 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       const tenantRows = metrics.tenantLabels ? await tenantDepths(sql) : [];
       return {
         queues: status.classes.map((c) => ({ class: c.priority, depth: c.depth, oldestAgeSeconds: c.oldestAgeSeconds })),
-        windows: status.windows.map((w) => ({ window: w.name, tokens: w.ratePerMinute === null ? null : tokensAt(w, w.dbNow), poolSize: w.poolSize, busy: w.inFlight })),
+        windows: status.windows.map((w) => ({
+          window: w.name,
+          tokens: w.ratePerMinute === null ? null : tokensAt(w, w.dbNow),
+          poolSize: w.poolSize,
+          busy: w.inFlight,
+          ratePerMinute: w.ratePerMinute,
+          configuredRatePerMinute: w.configuredRatePerMinute,
+        })),
         breakers: status.breakers.map((b) => ({ api: b.api, state: b.state === 'OPEN' ? 'open' : b.state === 'HALF_OPEN' ? 'half-open' : 'closed' })),
         alerts: status.alerts.map((a) => ({ alert: a.key.split(':')[0]!, active: true })),
         ...(metrics.tenantLabels ? { tenantQueues: tenantRows } : {}),
@@ -334,6 +341,14 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         timeoutBilling: env.TIMEOUT_BILLING,
         breakers,
         creditsStopSeconds: env.CREDITS_STOP_SECONDS,
+        ...(env.PACE_LEARN
+          ? {
+              pace: {
+                rules: { fraction: env.PACE_FRACTION, step: env.PACE_STEP, stepMs: env.PACE_STEP_MS, decrease: env.PACE_DECREASE, min: env.PACE_MIN },
+                sampleMs: env.PACE_SAMPLE_MS,
+              },
+            }
+          : {}),
         onLeased: (window, jobClass, jobs) => metrics.dispatched(window, jobClass, jobs),
         onSettled: ({ outcome, billed, reserved }) => metrics.attemptSettled(outcome, billed, reserved),
         log,

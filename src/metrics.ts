@@ -28,7 +28,7 @@ export interface GaugeSnapshot {
   /** Per class, all tenants together: jobs waiting, and the age of the oldest (0 or null when none waits). */
   queues?: Array<{ class: string; depth: number; oldestAgeSeconds: number | null }>;
   /** Per window (upstream key): pacer tokens (null = unpaced), pool size, calls in flight. */
-  windows?: Array<{ window: string; tokens: number | null; poolSize: number; busy: number }>;
+  windows?: Array<{ window: string; tokens: number | null; poolSize: number; busy: number; ratePerMinute?: number | null; configuredRatePerMinute?: number | null }>;
   /** Per API circuit breaker. */
   breakers?: Array<{ api: string; state: BreakerState }>;
   /** Every known alert, active or not (so a cleared alert shows 0 rather than vanishing). */
@@ -102,6 +102,8 @@ export class Metrics {
   readonly pacerTokens: Gauge<'window'>;
   readonly poolSize: Gauge<'window'>;
   readonly windowBusy: Gauge<'window'>;
+  readonly windowRate: Gauge<'window'>;
+  readonly windowConfiguredRate: Gauge<'window'>;
   readonly breakerState: Gauge<'api'>;
   readonly alertsActive: Gauge<'alert'>;
   readonly tenantQueueDepth: Gauge<'tenant' | 'class'> | null;
@@ -131,6 +133,8 @@ export class Metrics {
     this.pacerTokens = new Gauge({ name: 'sluice_pacer_tokens', help: "Tokens in the window's pacer bucket now (unpaced windows have no series).", labelNames: ['window'], registers });
     this.poolSize = new Gauge({ name: 'sluice_pool_size', help: "The window's pool size (Little's law).", labelNames: ['window'], registers });
     this.windowBusy = new Gauge({ name: 'sluice_window_busy', help: 'Calls in flight on the window, across nodes.', labelNames: ['window'], registers });
+    this.windowRate = new Gauge({ name: 'sluice_window_rate_per_minute', help: "The window's paced rate now, as learned from the provider's answers (unpaced windows have no series).", labelNames: ['window'], registers });
+    this.windowConfiguredRate = new Gauge({ name: 'sluice_window_configured_rate_per_minute', help: "The window's paced rate from configuration (limit × PACE_FRACTION): the learned rate's ceiling.", labelNames: ['window'], registers });
     this.breakerState = new Gauge({ name: 'sluice_breaker_state', help: 'Circuit breaker per API: 0 closed, 1 half-open, 2 open.', labelNames: ['api'], registers });
     this.alertsActive = new Gauge({ name: 'sluice_alerts_active', help: 'Alerts now: 1 active, 0 not.', labelNames: ['alert'], registers });
     this.tenantQueueDepth = this.tenantLabels
@@ -218,7 +222,7 @@ export class Metrics {
   }
 
   private resetGauges(): void {
-    for (const g of [this.queueDepth, this.queueOldestAge, this.pacerTokens, this.poolSize, this.windowBusy, this.breakerState, this.alertsActive, this.tenantQueueDepth, this.tenantRunning]) {
+    for (const g of [this.queueDepth, this.queueOldestAge, this.pacerTokens, this.poolSize, this.windowBusy, this.windowRate, this.windowConfiguredRate, this.breakerState, this.alertsActive, this.tenantQueueDepth, this.tenantRunning]) {
       g?.reset();
     }
   }
@@ -234,6 +238,8 @@ export class Metrics {
       if (w.tokens !== null) this.pacerTokens.set(labels, w.tokens);
       this.poolSize.set(labels, w.poolSize);
       this.windowBusy.set(labels, w.busy);
+      if (w.ratePerMinute != null) this.windowRate.set(labels, w.ratePerMinute);
+      if (w.configuredRatePerMinute != null) this.windowConfiguredRate.set(labels, w.configuredRatePerMinute);
     }
     for (const b of s.breakers ?? []) this.breakerState.set({ api: this.labels.api.value(b.api) }, BREAKER_VALUE[b.state]);
     for (const a of s.alerts ?? []) this.alertsActive.set({ alert: this.labels.alert.value(a.alert) }, a.active ? 1 : 0);

@@ -95,6 +95,18 @@ export const envSchema = z.object({
   /** Pacer: the share of each window's limit Sluice uses, and the bucket size (default max(1, limit × PACE_FRACTION / 20): three seconds at the paced rate). */
   PACE_FRACTION: z.coerce.number().gt(0).max(1).default(0.9),
   PACER_BURST: z.coerce.number().int().min(1).optional(),
+  /**
+   * The learned pace (scheduler/learned-pace.ts): the shared rate follows the provider's answers,
+   * lowered to the stated window × PACE_FRACTION (or what others on the key leave), × PACE_DECREASE
+   * on a rate-limit 429, never below PACE_MIN of the configured rate, and climbing back by
+   * PACE_STEP of it every PACE_STEP_MS, never above it. Each node folds its answers every PACE_SAMPLE_MS.
+   */
+  PACE_LEARN: bool(true),
+  PACE_SAMPLE_MS: int(1_000, 50),
+  PACE_STEP: z.coerce.number().gt(0).max(1).default(0.05),
+  PACE_STEP_MS: int(2_000, 0),
+  PACE_DECREASE: z.coerce.number().gt(0).max(1).default(0.5),
+  PACE_MIN: z.coerce.number().gt(0).max(1).default(0.05),
   /** Class-to-window map, e.g. `INTERACTIVE=sub1,BULK=sub2`; default: INTERACTIVE on sub1 when a sub-key exists. */
   CLASS_WINDOWS: z.string().default(''),
   /** Starvation guard: a lower class waiting longer than this is served anyway (`STANDARD=30,BULK=120`). */

@@ -231,9 +231,22 @@ export const windows = pgTable(
   'windows',
   {
   name: text('name').primaryKey(),
-  /** Paced calls per minute; null = unlimited (no pacer). */
+  /**
+   * Paced calls per minute now, the rate leases refill by; null = unlimited (no pacer). With a
+   * learned pace (scheduler/learned-pace.ts) it is lowered below the configured rate when the
+   * provider's answers show a smaller window, and climbs back towards it.
+   */
   ratePerMinute: doublePrecision('rate_per_minute'),
+  /** Bucket size now: the configured burst scaled with the learned rate (the same seconds' worth). */
   burst: doublePrecision('burst').notNull(),
+  /** What configuration says: limit × PACE_FRACTION, and its burst; the learned rate never goes above it. */
+  configuredRatePerMinute: doublePrecision('configured_rate_per_minute'),
+  configuredBurst: doublePrecision('configured_burst'),
+  /** The provider's x-rate-limit-limit as last written by a node that learned from it. */
+  observedLimitPerMinute: doublePrecision('observed_limit_per_minute'),
+  /** Why the rate last changed (LIMIT, DRAIN, RATE_LIMITED, CLIMB), and when. */
+  paceReason: text('pace_reason'),
+  pacedAt: timestamp('paced_at', { withTimezone: true }),
   tokens: doublePrecision('tokens').notNull(),
   refilledAt: timestamp('refilled_at', { withTimezone: true }).notNull().defaultNow(),
   pausedUntil: timestamp('paused_until', { withTimezone: true }),

@@ -10,8 +10,16 @@ const WindowRef = builder.objectRef<WindowRow & { callsPerSecond?: number }>('Wi
   description: 'One upstream rate window (key) and its pacer, shared by every node.',
   fields: (t) => ({
     name: t.exposeString('name'),
-    ratePerMinute: t.float({ nullable: true, description: 'The paced rate (limit × PACE_FRACTION); null = unlimited.', resolve: (w) => w.ratePerMinute }),
-    burst: t.float({ resolve: (w) => w.burst }),
+    ratePerMinute: t.float({
+      nullable: true,
+      description: 'The paced rate in use now, as learned from the provider (at most configuredRatePerMinute); null = unlimited.',
+      resolve: (w) => w.ratePerMinute,
+    }),
+    configuredRatePerMinute: t.float({ nullable: true, description: 'The paced rate from configuration (limit × PACE_FRACTION); null = unlimited.', resolve: (w) => w.configuredRatePerMinute }),
+    observedLimitPerMinute: t.float({ nullable: true, description: "The provider's stated window (x-rate-limit-limit) as last learned from; null = none seen.", resolve: (w) => w.observedLimitPerMinute }),
+    paceReason: t.string({ nullable: true, description: 'Why the rate last changed: LIMIT (a smaller stated window), DRAIN (others spend on the key), RATE_LIMITED (a 429), CLIMB (answers allow more); null = as configured.', resolve: (w) => w.paceReason }),
+    pacedAt: t.field({ type: 'DateTime', nullable: true, description: 'When the rate last changed.', resolve: (w) => (w.pacedAt === null ? null : new Date(w.pacedAt)) }),
+    burst: t.float({ description: 'The bucket size now (the configured burst scaled with the learned rate).', resolve: (w) => w.burst }),
     tokens: t.float({ nullable: true, description: 'Tokens in the bucket now; null for an unlimited window.', resolve: (w) => (w.ratePerMinute === null ? null : Math.round(tokensAt(w, w.dbNow) * 1000) / 1000) }),
     pausedUntil: t.field({ type: 'DateTime', nullable: true, resolve: (w) => (w.pausedUntil && w.pausedUntil > w.dbNow ? new Date(w.pausedUntil) : null) }),
     pauseReason: t.string({ nullable: true, resolve: (w) => (w.pausedUntil && w.pausedUntil > w.dbNow ? w.pauseReason : null) }),
