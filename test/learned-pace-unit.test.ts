@@ -60,6 +60,7 @@ describe('learned pace: examples', () => {
     // Sluice alone: the drop is its own calls less the refill.
     assert.equal(otherTraffic({ from: 20, to: 25, spanMs: 5000, limit: 600, ownCalls: 45, bucketSize: 30 }), 0);
     assert.equal(otherTraffic({ from: 29, to: 5, spanMs: 5000, limit: 600, ownCalls: 45, bucketSize: 30 }), null, 'a full bucket at the start drops its refill');
+    assert.equal(otherTraffic({ from: 20, to: 29, spanMs: 5000, limit: 600, ownCalls: 20, bucketSize: 30 }), null, 'so may one that is full at the end');
     assert.equal(otherTraffic({ from: 20, to: 5, spanMs: DRAIN_SPAN_MS - 1, limit: 600, ownCalls: 45, bucketSize: 30 }), null, 'too short a span');
     assert.equal(bucketLow(5, 30), true);
     assert.equal(bucketLow(10, 30), false);

@@ -115,12 +115,13 @@ export interface RemainingSample {
  * key. The bucket refills at the stated limit, so over a span
  *   to = from + limit × span − own − others,
  * which holds while the bucket is not full (a full bucket drops its refill, which would read as
- * others' calls). Null when not measurable: a span under DRAIN_SPAN_MS, or the bucket full at its start.
+ * others' calls). Null when not measurable: a span under DRAIN_SPAN_MS, or the bucket full at either end.
  * Never negative (a bucket refilling faster than expected is Sluice's own calls counted late).
  */
 export function otherTraffic(s: RemainingSample): number | null {
   if (!(s.spanMs >= DRAIN_SPAN_MS) || !(s.limit > 0)) return null;
-  if (s.from >= s.bucketSize - 1) return null;
+  // Full at either end: it may have been full in between, dropping refill that would read as others' calls.
+  if (s.from >= s.bucketSize - 1 || s.to >= s.bucketSize - 1) return null;
   const others = s.from - s.to + (s.limit * s.spanMs) / 60_000 - s.ownCalls;
   return Math.max(0, (others * 60_000) / s.spanMs);
 }
