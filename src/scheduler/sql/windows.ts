@@ -62,9 +62,7 @@ export async function resumeKeyStoppedWindows(sql: Tx, window: string | null): P
  * The windows from configuration, at start. The configured rate and burst are written as they are;
  * the rate leases refill by is the configured one, except that a learned rate (`learning`) is kept
  * while the configuration is unchanged (another node starting, a restart: the provider's window is
- * what it was). A window new to the database starts with an empty bucket when the pace is learned:
- * nothing has been heard from the provider yet, so no burst is spent on a window that may be
- * smaller than configured (it fills at the paced rate from the start, as after a pause).
+ * what it was).
  */
 export async function upsertWindows(sql: Tx, specs: readonly WindowSpec[], learning = false): Promise<void> {
   for (const w of specs) {
@@ -75,7 +73,7 @@ export async function upsertWindows(sql: Tx, specs: readonly WindowSpec[], learn
       and windows.rate_per_minute < excluded.rate_per_minute)`;
     await sql`
       insert into windows (name, rate_per_minute, burst, tokens, configured_rate_per_minute, configured_burst)
-      values (${w.name}, ${w.pacedPerMinute}, ${w.burst}, ${learning && w.pacedPerMinute !== null ? 0 : w.burst}, ${w.pacedPerMinute}, ${w.burst})
+      values (${w.name}, ${w.pacedPerMinute}, ${w.burst}, ${w.burst}, ${w.pacedPerMinute}, ${w.burst})
       on conflict (name) do update set
         rate_per_minute = case when ${kept} then windows.rate_per_minute else excluded.rate_per_minute end,
         burst = case when ${kept} then windows.burst else excluded.burst end,
@@ -99,7 +97,9 @@ export interface PaceChange {
 
 /**
  * Applies a pace change, one conditional statement. The bucket first refills at the old rate up
- * to now (so the new rate counts only from now) and is capped at the new burst; a paused bucket
+ * to now (so the new rate counts only from now); a lowering keeps the seconds' worth it holds
+ * (tokens × new / old: the configured burst the first answers found too big is not spent at the
+ * learned rate), and it is capped at the new burst; a paused bucket
  * (refilled_at ahead) keeps its pause. A lowering applies only where the rate is higher (nodes
  * deciding the same drop at once change it once; the lowest wins); an increase only where the
  * rate is still the one it was decided from (`from`), so two nodes never add two steps for one.
@@ -108,8 +108,8 @@ export interface PaceChange {
 export async function changePace(sql: Tx, window: string, change: PaceChange, from: number | null): Promise<boolean> {
   const rows = await sql`
     update windows set
-      tokens = case when refilled_at >= clock_timestamp() then least(tokens, ${change.burst}::float8)
-        else least(${change.burst}::float8, least(burst, tokens + extract(epoch from (clock_timestamp() - refilled_at)) * rate_per_minute / 60.0)) end,
+      tokens = least(${change.burst}::float8, least(1, ${change.rate}::float8 / rate_per_minute) * case when refilled_at >= clock_timestamp() then tokens
+        else least(burst, tokens + extract(epoch from (clock_timestamp() - refilled_at)) * rate_per_minute / 60.0) end),
       refilled_at = greatest(refilled_at, clock_timestamp()),
       rate_per_minute = ${change.rate}::float8, burst = ${change.burst}::float8,
       observed_limit_per_minute = coalesce(${change.observedLimit}::float8, observed_limit_per_minute),
