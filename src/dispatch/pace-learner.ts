@@ -157,6 +157,7 @@ export class PaceLearner {
         m.drain = { from: last, own: 0 };
       }
     }
+    log.trace({ window: w.name, own, others, limit, remaining: last?.remaining ?? null, bucketSize: m.bucketSize, tokens, burst: row.burst, rate: row.ratePerMinute }, 'learned pace: sample');
     const decision = planPace(
       { configured: row.configuredRatePerMinute, current: row.ratePerMinute, sinceChangeMs: row.pacedAt === null ? null : now - row.pacedAt },
       { limit, otherPerMinute: others, low: bucketLow(last?.remaining ?? null, m.bucketSize) },
