@@ -49,7 +49,7 @@ export interface PaceEvidence {
   limit: number | null;
   /** Calls per minute others spent on the key (otherTraffic); null = not measurable. */
   otherPerMinute: number | null;
-  /** The provider's bucket is low (under LOW_WATER of its size): no increase now. */
+  /** The provider's bucket is low (under LOW_WATER of its size): no increase now, and a drain counts. */
   low: boolean;
 }
 
@@ -140,7 +140,9 @@ export function planPace(now: PaceNow, ev: PaceEvidence, r: PaceRules): PaceDeci
   const floor = paceFloor(now.configured, r);
   const ceiling = paceCeiling(now.configured, ev.limit, r);
   if (now.current > ceiling + EPS) return { kind: 'lower', rate: ceiling, reason: 'LIMIT' };
-  if (ev.limit !== null && ev.otherPerMinute !== null && ev.otherPerMinute > ev.limit * DRAIN_NOISE) {
+  // Others' traffic is an estimate from headers that lag by the call's latency: it lowers the pace
+  // only once the provider's bucket is low too, i.e. when the drain is real and near a 429.
+  if (ev.limit !== null && ev.otherPerMinute !== null && ev.low && ev.otherPerMinute > ev.limit * DRAIN_NOISE) {
     const target = Math.max(floor, Math.min(ceiling, (ev.limit - ev.otherPerMinute) * r.fraction));
     if (target < now.current - EPS) return { kind: 'lower', rate: target, reason: 'DRAIN' };
     return { kind: 'hold' };
