@@ -9,7 +9,7 @@ import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { buildCatalog } from './config/apis.ts';
 import { ConfigError, type Env } from './config/env.ts';
-import { connect, connectDedicated, ensureDatabase, poolSizes } from './db/client.ts';
+import { connect, connectDedicated, connectDirect, databaseTargets, ensureDatabase, poolSizes, sessionTimeouts, timeoutStatements } from './db/client.ts';
 import { startEmbeddedPostgres, type EmbeddedDatabase } from './db/embedded.ts';
 import { runMigrations, shippedMigrations } from './db/migrate.ts';
 import { resolveAdminToken } from './db/settings.ts';
@@ -100,7 +100,9 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       databaseUrl = embedded.urlFor('sluice');
       log.info({ dataDir: path.resolve(env.SLUICE_DATA_DIR) }, 'embedded Postgres is running (set DATABASE_URL to use your own)');
     }
-    await runMigrations(databaseUrl);
+    // DATABASE_URL may be a transaction-mode pooler; what needs a session goes to DATABASE_DIRECT_URL.
+    const targets = databaseTargets(databaseUrl, env.DATABASE_DIRECT_URL, env.DATABASE_POOLER);
+    await runMigrations(targets.directUrl);
     const poolSettings = {
       timeouts: {
         lockTimeoutMs: env.DB_LOCK_TIMEOUT_MS,
@@ -109,10 +111,26 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       },
       // A connection attempt gives up within 5 s (and within the request deadline): a request never hangs on a Postgres that is away.
       connectTimeoutSeconds: Math.max(1, Math.min(5, Math.ceil(env.REQUEST_TIMEOUT_MS / 1000))),
+      pooler: targets.pooler,
     };
     const connection = connect(databaseUrl, { ...poolSettings, max: env.DB_POOL_MAX, countStatements: env.SLUICE_COUNT_SQL });
     const { sql, db } = connection;
     cleanups.push(() => connection.end());
+    // LISTEN and the session advisory locks. Without a pooler it is the main pool itself, as it
+    // always was (its LISTEN connection is the one more in the connection budget).
+    const direct = targets.directUrl === databaseUrl && !targets.pooler ? sql : connectDirect(targets.directUrl, poolSettings);
+    if (direct !== sql) cleanups.push(() => direct.end({ timeout: 5 }));
+    if (targets.pooler) {
+      // Startup parameters do not pass a pooler: the timeouts are the role's server defaults there.
+      const shown = await sessionTimeouts(sql);
+      const missing = timeoutStatements(shown.role, shown.database, poolSettings.timeouts, shown.timeouts);
+      if (missing.length > 0) {
+        log.warn(
+          { run: missing, current: shown.timeouts },
+          'behind the pooler, the Postgres timeouts (DB_*_TIMEOUT_MS) are not the server defaults of this role: a frozen node could hold rows longer; run these statements once on Postgres (docs/SCALING.md)',
+        );
+      }
+    }
     const boss = await startBoss(databaseUrl, { supervise: false, max: poolSizes(env.DB_POOL_MAX).boss });
     cleanups.push(() => boss.stop({ graceful: false, close: true }));
     // Queues created before the attempt lease keep a pg-boss heartbeat, before retention was set only 14
@@ -120,7 +138,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     const extended = await alignTenantQueues(sql, env.JOB_RETENTION_SECONDS);
     if (extended) log.info({ queues: extended, retentionDays: TENANT_QUEUE_RETENTION_SECONDS / 86_400 }, 'extended the retention of existing tenant queues');
     // pg-boss's maintenance runs on one process at a time, a bounded page of queues per pass.
-    const maintenance = new BossMaintenance(boss, sql, env.BOSS_SUPERVISE_INTERVAL_SECONDS * 1000, (err) => log.warn({ err }, 'pg-boss maintenance failed'), env.BOSS_MAINTENANCE_PAGE);
+    const maintenance = new BossMaintenance(boss, sql, env.BOSS_SUPERVISE_INTERVAL_SECONDS * 1000, (err) => log.warn({ err }, 'pg-boss maintenance failed'), env.BOSS_MAINTENANCE_PAGE, direct);
     maintenance.start();
     cleanups.push(() => maintenance.stop());
 
@@ -178,7 +196,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     // them: every event would otherwise be sent to and parsed by every worker (bench dispatch: the
     // worker processes' CPU per job fell from 0.16-0.27 ms to 0.14-0.24 ms with 1 to 4 workers).
     if (env.SLUICE_ROLE !== 'worker') {
-      await bus.start(sql);
+      await bus.start(direct);
       cleanups.push(() => bus.stop());
     }
     const queuePolicy = {
@@ -191,7 +209,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     // the changing process itself invalidate them (tenants/key-cache.ts).
     const tenantStore = new TenantStore(db, { authChanged: (id) => apiKeys.invalidate(id) });
     const apiKeys = new KeyCache({ ttlMs: env.AUTH_CACHE_TTL_MS, negativeTtlMs: env.AUTH_NEGATIVE_CACHE_MS, load: (hash) => tenantStore.byKeyHash(hash), loadMany: (hashes) => tenantStore.byKeyHashes(hashes) });
-    await apiKeys.start(sql);
+    await apiKeys.start(direct);
     cleanups.push(() => apiKeys.stop());
     const services: Services = {
       sql,
@@ -275,7 +293,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         graphiql,
       });
       // Revoked keys lose their open subscriptions on every node (http/ws-auth.ts).
-      await connections.start(sql, (err) => log.warn({ err }, 'could not re-validate graphql-ws connections'));
+      await connections.start(direct, (err) => log.warn({ err }, 'could not re-validate graphql-ws connections'));
       cleanups.push(() => connections.stop());
       await listen(server, env.PORT, env.HOST);
       intake.push(() => {
@@ -302,6 +320,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       const agePromises = parseClassSeconds(env.CLASS_AGE_PROMISE_SECONDS);
       const retention = new Retention({
         sql,
+        lockSql: direct,
         retentionSeconds: env.JOB_RETENTION_SECONDS,
         batchSize: env.RETENTION_BATCH_SIZE,
         maxBatches: 20,
@@ -314,6 +333,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       const dispatcher = new Dispatcher({
         sql,
         leaseSql,
+        listenSql: direct,
         boss,
         client,
         catalog,

@@ -44,6 +44,17 @@ export const envSchema = z.object({
   SLUICE_ROLE: z.enum(['all', 'api', 'worker']).default('all'),
   /** Any Postgres 13+. Unset: an embedded Postgres under SLUICE_DATA_DIR. */
   DATABASE_URL: optionalString,
+  /**
+   * Postgres itself, for what needs a session (LISTEN, migrations, session advisory locks) when
+   * DATABASE_URL points at a pooler in transaction mode (PgBouncer). Unset: DATABASE_URL.
+   */
+  DATABASE_DIRECT_URL: optionalString,
+  /**
+   * What sits in front of Postgres at DATABASE_URL: `pgbouncer` (any transaction-mode pooler: no
+   * startup parameters, no prepared statements) or `none`. Unset: `pgbouncer` when
+   * DATABASE_DIRECT_URL is set and differs from DATABASE_URL, else `none`.
+   */
+  DATABASE_POOLER: z.enum(['none', 'pgbouncer']).optional(),
   SLUICE_DATA_DIR: z.string().default('.data'),
   /** Admin bearer token, at least 32 characters (a guessable one is refused at start). Unset: one is generated on first start and stored. */
   SLUICE_ADMIN_TOKEN: optionalString.refine((v) => v === undefined || v.length >= 32, {
@@ -220,6 +231,14 @@ export const envSchema = z.object({
   /** GraphiQL at GET /graphql. Default: on in demo mode (no APIVERVE_API_KEY) and NODE_ENV=development, off otherwise. */
   GRAPHIQL: z.enum(['true', 'false', '1', '0', 'yes', 'no']).optional().transform((v) => (v === undefined ? undefined : v === 'true' || v === '1' || v === 'yes')),
 }).superRefine((env, ctx) => {
+  // The embedded Postgres has no pooler in front: a direct URL beside it would be another server.
+  if (env.DATABASE_DIRECT_URL && !env.DATABASE_URL) {
+    ctx.addIssue({ code: 'custom', path: ['DATABASE_DIRECT_URL'], message: 'is set without DATABASE_URL: set DATABASE_URL (the pooler) too, or unset both for the embedded Postgres' });
+  }
+  // LISTEN through a transaction-mode pooler is lost when its server connection goes to another client.
+  if (env.DATABASE_POOLER === 'pgbouncer' && (!env.DATABASE_DIRECT_URL || env.DATABASE_DIRECT_URL === env.DATABASE_URL)) {
+    ctx.addIssue({ code: 'custom', path: ['DATABASE_DIRECT_URL'], message: 'must point at Postgres itself (not the pooler) when DATABASE_POOLER=pgbouncer: LISTEN, migrations and session locks need a session' });
+  }
   // Node requires it, and a request cannot finish before its headers have.
   if (env.HTTP_HEADERS_TIMEOUT_MS > env.HTTP_REQUEST_TIMEOUT_MS) {
     ctx.addIssue({ code: 'custom', path: ['HTTP_HEADERS_TIMEOUT_MS'], message: `must not exceed HTTP_REQUEST_TIMEOUT_MS (${env.HTTP_REQUEST_TIMEOUT_MS})` });

@@ -40,6 +40,8 @@ export type DispatcherOptions = Omit<WindowLoopsOptions, 'leases' | 'settler' | 
      * Default `sql`.
      */
     leaseSql?: Sql;
+    /** The LISTEN for work wake-ups runs here: a session to Postgres itself (DATABASE_DIRECT_URL). Default `sql`. */
+    listenSql?: Sql;
   };
 
 export class Dispatcher {
@@ -79,7 +81,7 @@ export class Dispatcher {
   async start(): Promise<void> {
     if (this.running) return;
     this.running = true;
-    const { unlisten } = await this.options.sql.listen(WORK_CHANNEL, () => this.poke());
+    const { unlisten } = await (this.options.listenSql ?? this.options.sql).listen(WORK_CHANNEL, () => this.poke());
     this.unlisten = unlisten;
     this.leases.start();
     this.loops.start();

@@ -242,7 +242,10 @@ const MAINTENANCE_LOCK = 0x736c6d74;
  *
  * The process whose reserved connection holds a session advisory lock runs
  * it every `intervalMs`; when that process dies its session ends, the lock is
- * free, and another takes over within an interval.
+ * free, and another takes over within an interval. The lock is taken on
+ * `lockSql`, a session to Postgres itself (DATABASE_DIRECT_URL): through a
+ * transaction-mode pooler the next statement of a "session" may land on
+ * another server connection, so the lock could neither be checked nor released.
  */
 export class BossMaintenance {
   private timer: NodeJS.Timeout | null = null;
@@ -254,12 +257,14 @@ export class BossMaintenance {
   private readonly intervalMs: number;
   private readonly onError: (err: unknown) => void;
   private readonly pageSize: number;
+  private readonly lockSql: Sql;
   /** The last queue name of the previous page; undefined: start from the first queue. */
   private cursor: string | undefined;
 
-  constructor(boss: PgBoss, sql: Sql, intervalMs: number, onError: (err: unknown) => void, pageSize = 1000) {
+  constructor(boss: PgBoss, sql: Sql, intervalMs: number, onError: (err: unknown) => void, pageSize = 1000, lockSql: Sql = sql) {
     this.boss = boss;
     this.sql = sql;
+    this.lockSql = lockSql;
     this.intervalMs = intervalMs;
     this.onError = onError;
     this.pageSize = pageSize;
@@ -284,7 +289,7 @@ export class BossMaintenance {
   /** One turn: become the maintenance process if no one is, and if this is it, supervise once. */
   async pass(): Promise<void> {
     if (!this.leader) {
-      const conn = await this.sql.reserve();
+      const conn = await this.lockSql.reserve();
       try {
         const [row] = await conn`select pg_try_advisory_lock(${MAINTENANCE_LOCK}) as ok`;
         if (row!.ok) this.leader = conn;

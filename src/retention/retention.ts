@@ -26,6 +26,8 @@ const RETENTION_LOCK = 0x736c7265;
 
 export interface RetentionOptions {
   sql: Sql;
+  /** Where the pass's session lock is taken: Postgres itself (DATABASE_DIRECT_URL). Unset: `sql`. */
+  lockSql?: Sql;
   /** Finished jobs, settled reservations and cleared alerts older than this are deleted. */
   retentionSeconds: number;
   /** Rows per delete statement: small, so locks are short. */
@@ -69,8 +71,9 @@ export class Retention {
   /** One pass, whatever the interval; null when another process holds the lock. */
   async runOnce(): Promise<RetentionPass | null> {
     const { sql } = this.o;
-    // A session-level lock on one reserved connection, so the batches can be separate short transactions.
-    const reserved = await sql.reserve();
+    // A session-level lock on one reserved connection, so the batches can be separate short
+    // transactions; the session is Postgres's own (lockSql), never a pooler's borrowed one.
+    const reserved = await (this.o.lockSql ?? sql).reserve();
     try {
       const [lock] = await reserved`select pg_try_advisory_lock(${RETENTION_LOCK}) as ok`;
       if (!lock!.ok) return null;
