@@ -289,6 +289,9 @@ export class BossMaintenance {
   /** One turn: become the maintenance process if no one is, and if this is it, supervise once. */
   async pass(): Promise<void> {
     if (!this.leader) {
+      // On a separate session pool, look first (one pooled statement): while another process holds
+      // the lock, this one opens no session connection every interval just to be refused.
+      if (this.lockSql !== this.sql && (await this.lockHeldElsewhere())) return;
       const conn = await this.lockSql.reserve();
       try {
         const [row] = await conn`select pg_try_advisory_lock(${MAINTENANCE_LOCK}) as ok`;
@@ -309,6 +312,18 @@ export class BossMaintenance {
       }
     }
     if (this.leader && !this.stopped) await this.superviseNextPage();
+  }
+
+  /** Whether some session holds the maintenance lock in this database (pg_locks: a bigint key is classid, objid, objsubid 1). */
+  private async lockHeldElsewhere(): Promise<boolean> {
+    const [row] = await this.sql`
+      select exists (
+        select 1 from pg_locks
+        where locktype = 'advisory' and granted and objsubid = 1
+          and classid = ${Math.floor(MAINTENANCE_LOCK / 2 ** 32)}::bigint::oid and objid = ${MAINTENANCE_LOCK % 2 ** 32}::bigint::oid
+          and database = (select oid from pg_database where datname = current_database())
+      ) as held`;
+    return row!.held as boolean;
   }
 
   /**
