@@ -14,6 +14,7 @@ import { planSettlement, retryDelaySeconds } from '../src/dispatch/retry.ts';
 import { authorize } from '../src/graphql/auth-plugin.ts';
 import { bearerToken } from '../src/tenants/keys.ts';
 import { closedAncestor } from '../src/db/embedded.ts';
+import { databaseTargets, timeoutStatements } from '../src/db/client.ts';
 import { classifySettleError, pickSettleUnits, planSettleFailure, SETTLE_MAX_FAULTS } from '../src/dispatch/settle-groups.ts';
 import fc from 'fast-check';
 import type { CallOutcome } from '../src/provider/types.ts';
@@ -79,6 +80,33 @@ describe('configuration', () => {
     assert.throws(() => loadEnv({ PORT: 'eighty' }), (err: unknown) => err instanceof ConfigError && /PORT/.test(err.message));
     assert.throws(() => loadEnv({ SLUICE_ROLE: 'boss' }), (err: unknown) => err instanceof ConfigError && /SLUICE_ROLE/.test(err.message));
     assert.throws(() => loadEnv({ APIVERVE_PLAN: 'GOLD' }), (err: unknown) => err instanceof ConfigError && /APIVERVE_PLAN/.test(err.message));
+  });
+  test('a pooler without a direct URL, or a direct URL without DATABASE_URL, is refused naming DATABASE_DIRECT_URL', () => {
+    const pooled = 'postgres://u@pgbouncer:6432/sluice';
+    assert.throws(() => loadEnv({ DATABASE_URL: pooled, DATABASE_POOLER: 'pgbouncer' }), (err: unknown) => err instanceof ConfigError && /DATABASE_DIRECT_URL: must point at Postgres itself/.test(err.message));
+    assert.throws(() => loadEnv({ DATABASE_URL: pooled, DATABASE_DIRECT_URL: pooled, DATABASE_POOLER: 'pgbouncer' }), (err: unknown) => err instanceof ConfigError && /DATABASE_DIRECT_URL/.test(err.message));
+    assert.throws(() => loadEnv({ DATABASE_DIRECT_URL: 'postgres://u@db:5432/sluice' }), (err: unknown) => err instanceof ConfigError && /DATABASE_DIRECT_URL: is set without DATABASE_URL/.test(err.message));
+    assert.throws(() => loadEnv({ DATABASE_POOLER: 'odyssey' }), (err: unknown) => err instanceof ConfigError && /DATABASE_POOLER/.test(err.message));
+  });
+});
+
+describe('database targets behind a pooler', () => {
+  const pooled = 'postgres://u@pgbouncer:6432/sluice';
+  const direct = 'postgres://u@db:5432/sluice';
+  test('a separate direct URL means a pooler in front of DATABASE_URL, unless DATABASE_POOLER says otherwise', () => {
+    assert.deepEqual(databaseTargets(direct, undefined, undefined), { url: direct, directUrl: direct, pooler: false });
+    assert.deepEqual(databaseTargets(direct, direct, undefined), { url: direct, directUrl: direct, pooler: false });
+    assert.deepEqual(databaseTargets(pooled, direct, undefined), { url: pooled, directUrl: direct, pooler: true });
+    assert.deepEqual(databaseTargets(pooled, direct, 'none'), { url: pooled, directUrl: direct, pooler: false });
+    assert.deepEqual(databaseTargets(pooled, direct, 'pgbouncer'), { url: pooled, directUrl: direct, pooler: true });
+  });
+  test('the ALTER ROLE statements name only the timeouts that differ, with the role and database quoted', () => {
+    const wanted = { lockTimeoutMs: 30_000, statementTimeoutMs: 120_000, idleInTransactionTimeoutMs: 15_000 };
+    assert.deepEqual(timeoutStatements('sluice', 'db', wanted, wanted), []);
+    assert.deepEqual(timeoutStatements('a"b', 'my db', wanted, { ...wanted, lockTimeoutMs: 0, idleInTransactionTimeoutMs: 5 }), [
+      'ALTER ROLE "a""b" IN DATABASE "my db" SET lock_timeout = 30000',
+      'ALTER ROLE "a""b" IN DATABASE "my db" SET idle_in_transaction_session_timeout = 15000',
+    ]);
   });
 });
 
