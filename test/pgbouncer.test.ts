@@ -30,7 +30,9 @@ function errorLines(node: NodeProcess): string[] {
   return node.logs.filter((l) => /"level":(50|60)|prepared statement|startup parameter/.test(l));
 }
 
-describe('behind PgBouncer in transaction mode, with a direct connection for sessions', () => {
+// Four node processes start (and compile) at once: on a loaded 2-core machine that alone has taken
+// over 100 s, past the runner's default of 120 s for the whole file.
+describe('behind PgBouncer in transaction mode, with a direct connection for sessions', { timeout: 300_000 }, () => {
   let db: { url: string; drop(): Promise<void> };
   let sql: postgres.Sql;
   let sim: Simulator;
