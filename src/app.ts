@@ -33,6 +33,7 @@ import { createOpsServer, metricsRefused, type OpsOptions } from './http/ops.ts'
 import { applyTimeouts, isLoopbackHost } from './http/front-door.ts';
 import { SubscriptionRegistry } from './events/subscriptions.ts';
 import { Retention } from './retention/retention.ts';
+import { WebhookSender } from './webhooks/sender.ts';
 import { GRAPHQL_PATH, createHttpServer } from './server.ts';
 import { startSimulator, type Simulator, type SimulatorOptions } from './simulator/index.ts';
 import { simulatorOptionsFromEnv } from './simulator/env.ts';
@@ -217,6 +218,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       lifecycle: { sql, boss, authChanged: (id) => apiKeys.invalidate(id) },
       agePromiseSeconds: parseClassNumbers(env.CLASS_AGE_PROMISE_SECONDS),
       ...(env.REQUEST_BUDGET_ENABLED ? { budget: new RequestBudget(sql, { refusalDelayMs: env.REQUEST_BUDGET_REFUSAL_DELAY_MS }) } : {}),
+      webhooks: { allowPrivate: env.WEBHOOK_ALLOW_PRIVATE, maxEndpoints: env.WEBHOOK_MAX_ENDPOINTS, secretOverlapSeconds: env.WEBHOOK_SECRET_OVERLAP_SECONDS },
       tenantChanged: async (tenant) => {
         await ensureTenantQueues(boss, tenant.id, queuePolicy);
         await syncTenant(sql, tenant);
@@ -382,6 +384,24 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       });
       await sweeper.start();
       cleanups.push(() => sweeper.stop());
+      // Webhook deliveries: their own small pool, so a slow receiver or a burst of events never
+      // takes a connection the dispatcher or the settlement waits for.
+      const webhookSql = connectDedicated(databaseUrl, { ...poolSettings, max: 2 });
+      cleanups.push(() => webhookSql.end({ timeout: 5 }));
+      const webhooks = new WebhookSender({
+        sql: webhookSql,
+        log,
+        concurrency: env.WEBHOOK_CONCURRENCY,
+        perEndpoint: env.WEBHOOK_ENDPOINT_CONCURRENCY,
+        timeoutMs: env.WEBHOOK_TIMEOUT_MS,
+        allowPrivate: env.WEBHOOK_ALLOW_PRIVATE,
+        retry: { baseMs: env.WEBHOOK_RETRY_BASE_MS, maxMs: env.WEBHOOK_RETRY_MAX_MS, retryForMs: env.WEBHOOK_RETRY_FOR_SECONDS * 1000 },
+        disableAfterMs: env.WEBHOOK_DISABLE_AFTER_SECONDS * 1000,
+        pollMs: env.WEBHOOK_POLL_MS,
+        onAttempt: (outcome) => metrics.webhookAttempt(outcome),
+      });
+      await webhooks.start();
+      cleanups.push(() => webhooks.stop());
       await dispatcher.start();
       dispatcherUp = true;
       // Stops leasing, lets in-flight calls finish and settle within the grace; past it, their

@@ -19,6 +19,9 @@ export const ERROR_CODES = [
   'QUEUE_FULL',
   'TENANT_SUSPENDED',
   'TENANT_BUSY',
+  // Webhook endpoints (src/graphql/schema/webhooks.ts):
+  'BAD_WEBHOOK_URL',
+  'TOO_MANY_WEBHOOK_ENDPOINTS',
   // Refused before execution by the front door (src/http/hardening.ts):
   'QUERY_TOO_DEEP',
   'QUERY_TOO_COSTLY',

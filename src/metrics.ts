@@ -107,6 +107,7 @@ export class Metrics {
   readonly tenantQueueDepth: Gauge<'tenant' | 'class'> | null;
   readonly tenantRunning: Gauge<'tenant' | 'class'> | null;
 
+  readonly webhookAttempts: Counter<'outcome'>;
   readonly graphqlRequests: Counter<'operation' | 'transport'>;
   readonly graphqlErrors: Counter<'operation' | 'code'>;
   readonly graphqlDuration: Histogram<'operation'>;
@@ -124,6 +125,7 @@ export class Metrics {
     this.creditsRefunded = new Counter({ name: 'sluice_credits_refunded_total', help: 'Credits reserved and then refunded at settlement.', registers });
     this.admissionsRefused = new Counter({ name: 'sluice_admissions_refused_total', help: 'Submissions refused at admission, per code and class.', labelNames: ['code', 'class'], registers });
     this.alertsRaised = new Counter({ name: 'sluice_alerts_raised_total', help: 'Alerts raised (each transition to active).', labelNames: ['alert'], registers });
+    this.webhookAttempts = new Counter({ name: 'sluice_webhook_attempts_total', help: 'Webhook delivery attempts by this process: outcome="delivered" (2xx) or "failed".', labelNames: ['outcome'], registers });
     this.collectErrors = new Counter({ name: 'sluice_metrics_collect_errors_total', help: 'Scrapes whose gauge collector failed (those scrapes show no gauges).', registers });
 
     this.queueDepth = new Gauge({ name: 'sluice_queue_depth', help: 'Jobs waiting, per class, all tenants.', labelNames: ['class'], registers });
@@ -190,6 +192,10 @@ export class Metrics {
 
   refused(code: string, cls: string, n = 1): void {
     this.admissionsRefused.inc({ code: this.labels.code.value(code), class: this.labels.class.value(cls) }, n);
+  }
+
+  webhookAttempt(outcome: 'delivered' | 'failed'): void {
+    this.webhookAttempts.inc({ outcome });
   }
 
   alertRaised(name: string): void {

@@ -206,6 +206,28 @@ export const envSchema = z.object({
   /** Events one subscriber may have waiting; a subscriber that falls further behind is closed (4408). */
   SUBSCRIPTION_BUFFER_MAX: int(1_000, 1),
 
+  // Completion webhooks (src/webhooks/)
+  /** Allow plain http, loopback, private and link-local webhook addresses (development and tests only: off stops server-side request forgery). */
+  WEBHOOK_ALLOW_PRIVATE: bool(false),
+  /** One delivery attempt (connect, send, the answer's headers) within this. */
+  WEBHOOK_TIMEOUT_MS: int(10_000, 100),
+  /** Deliveries one process sends at once, and one endpoint receives at once across every node. */
+  WEBHOOK_CONCURRENCY: int(64, 1),
+  WEBHOOK_ENDPOINT_CONCURRENCY: int(8, 1),
+  /** A failed attempt is retried after this, doubling each time up to WEBHOOK_RETRY_MAX_MS... */
+  WEBHOOK_RETRY_BASE_MS: int(5_000, 10),
+  WEBHOOK_RETRY_MAX_MS: int(3_600_000, 10),
+  /** ...for this long after the event; then the delivery is FAILED. */
+  WEBHOOK_RETRY_FOR_SECONDS: int(86_400, 1),
+  /** An endpoint answering nothing but failures for this long is disabled (re-enabled with updateWebhookEndpoint). */
+  WEBHOOK_DISABLE_AFTER_SECONDS: int(86_400, 1),
+  /** After rotateWebhookSecret, deliveries are signed with the old secret too for this long. */
+  WEBHOOK_SECRET_OVERLAP_SECONDS: int(86_400, 0),
+  /** The senders look for due deliveries at least this often (a NOTIFY wakes them at once for new ones). */
+  WEBHOOK_POLL_MS: int(1_000, 10),
+  /** Endpoints one tenant may have. */
+  WEBHOOK_MAX_ENDPOINTS: int(10, 1),
+
   // Limits before authentication (src/http/front-door.ts)
   /** Most bytes of a request body (or a graphql-ws message before connection_init is accepted) without a valid credential. */
   UNAUTHENTICATED_MAX_BODY_BYTES: int(64 * 1024, 1024),

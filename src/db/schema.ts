@@ -393,3 +393,70 @@ export const windowSlotDeltas = pgTable(
   { window: text('window').notNull(), n: integer('n').notNull() },
   (t) => [index('window_slot_deltas_idx').on(t.window)],
 );
+
+/* ---- Completion webhooks (owned by src/webhooks/store.ts; deliveries created by a trigger on jobs, migration 0038) ---- */
+
+/** A tenant's webhook endpoints: where its jobs' final states are POSTed (Standard Webhooks). */
+export const webhookEndpoints = pgTable(
+  'webhook_endpoints',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    tenantId: uuid('tenant_id')
+      .notNull()
+      .references(() => tenants.id, { onDelete: 'cascade' }),
+    url: text('url').notNull(),
+    /** JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELLED: the trigger compares 'JOB_' || jobs.state. */
+    events: text('events').array().notNull(),
+    /** `whsec_` + base64 of the signing key. Stored as is: every delivery must be signed with it. */
+    secret: text('secret').notNull(),
+    /** The key before the last rotation, still signed with (a second signature) until previous_secret_until. */
+    previousSecret: text('previous_secret'),
+    previousSecretUntil: timestamp('previous_secret_until', { withTimezone: true }),
+    enabled: boolean('enabled').notNull().default(true),
+    /** Why and when it was disabled (null while enabled): failing for WEBHOOK_DISABLE_AFTER_SECONDS, or by the tenant. */
+    disabledReason: text('disabled_reason'),
+    disabledAt: timestamp('disabled_at', { withTimezone: true }),
+    /** Start of the current run of failed attempts; cleared by any 2xx. */
+    failingSince: timestamp('failing_since', { withTimezone: true }),
+    ...timestamps,
+  },
+  (t) => [index('webhook_endpoints_tenant_idx').on(t.tenantId)],
+);
+
+/**
+ * One row per (endpoint, job event): the durable outbox the sender drains, and the record a tenant
+ * reads (webhookDeliveries). Written in the transaction that makes the job final (the trigger), so
+ * no event of an endpoint's tenant is lost; its id is the `webhook-id` of every attempt.
+ * No foreign key to jobs: a delivery outlives its job's retention.
+ */
+export const webhookDeliveries = pgTable(
+  'webhook_deliveries',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    tenantId: uuid('tenant_id').notNull(),
+    endpointId: uuid('endpoint_id')
+      .notNull()
+      .references(() => webhookEndpoints.id, { onDelete: 'cascade' }),
+    jobId: uuid('job_id').notNull(),
+    event: text('event').notNull(),
+    /** PENDING (waiting for its next attempt), SENDING (claimed until locked_until), SUCCEEDED, FAILED. */
+    status: text('status').notNull().default('PENDING'),
+    attempts: integer('attempts').notNull().default(0),
+    nextAttemptAt: timestamp('next_attempt_at', { withTimezone: true }).notNull().defaultNow(),
+    /** A SENDING row whose claim passed this instant (its node died) is due again. */
+    lockedUntil: timestamp('locked_until', { withTimezone: true }),
+    lastAttemptAt: timestamp('last_attempt_at', { withTimezone: true }),
+    responseStatus: integer('response_status'),
+    lastError: text('last_error'),
+    /** The job's row (sluice_job_json) as first sent: every retry sends the same body. */
+    payload: jsonb('payload'),
+    ...timestamps,
+  },
+  (t) => [
+    uniqueIndex('webhook_deliveries_event_key').on(t.endpointId, t.jobId, t.event),
+    index('webhook_deliveries_tenant_idx').on(t.tenantId, t.createdAt.desc(), t.id.desc()),
+    index('webhook_deliveries_due_idx').on(t.endpointId, t.nextAttemptAt).where(sql`${t.status} in ('PENDING', 'SENDING')`),
+    index('webhook_deliveries_sending_idx').on(t.endpointId).where(sql`${t.status} = 'SENDING'`),
+    check('webhook_deliveries_status_check', sql`${t.status} in ('PENDING', 'SENDING', 'SUCCEEDED', 'FAILED')`),
+  ],
+);

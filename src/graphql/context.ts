@@ -44,6 +44,8 @@ export interface Services {
   agePromiseSeconds?: Partial<Record<JobClass, number>>;
   /** Tenants' request budgets (src/http/budget.ts); absent: requests are not charged (REQUEST_BUDGET_ENABLED=false). */
   budget?: RequestBudget;
+  /** Webhook endpoints' rules (WEBHOOK_ALLOW_PRIVATE, WEBHOOK_MAX_ENDPOINTS, WEBHOOK_SECRET_OVERLAP_SECONDS). */
+  webhooks: { allowPrivate: boolean; maxEndpoints: number; secretOverlapSeconds: number };
   /** After a tenant is created or changed: its pg-boss queues exist and the scheduler has its limits. */
   tenantChanged(tenant: TenantRecord): Promise<void>;
 }

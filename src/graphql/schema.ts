@@ -11,6 +11,7 @@ import './schema/system.ts';
 import './schema/usage.ts';
 import './schema/console.ts';
 import './schema/budget.ts';
+import './schema/webhooks.ts';
 
 builder.queryType({});
 builder.mutationType({});

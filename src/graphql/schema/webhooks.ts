@@ -1,0 +1,223 @@
+/**
+ * Completion webhooks (Standard Webhooks): a tenant's endpoints and the record of their
+ * deliveries. Tenant-scoped throughout: another tenant's endpoint is NOT_FOUND, never FORBIDDEN.
+ */
+import { SluiceError } from '../../errors.ts';
+import { DELIVERY_STATUSES, WEBHOOK_EVENTS, urlRefusal } from '../../webhooks/policy.ts';
+import { newWebhookSecret } from '../../webhooks/signature.ts';
+import { countEndpoints, deleteEndpoint, insertEndpoint, listDeliveries, listEndpoints, rotateSecret, updateEndpoint, type DeliveryRow, type EndpointRow } from '../../webhooks/store.ts';
+import { builder, role } from '../builder.ts';
+import { tenantOf, type Context } from '../context.ts';
+import { asId } from '../ids.ts';
+
+export const WebhookEventEnum = builder.enumType('WebhookEvent', {
+  description: 'A job event an endpoint can receive (the body\'s `type` is `job.succeeded`, `job.failed` or `job.cancelled`).',
+  values: WEBHOOK_EVENTS,
+});
+const DeliveryStatusEnum = builder.enumType('WebhookDeliveryStatus', {
+  values: {
+    PENDING: { description: 'Waiting for its first attempt or its next retry (see nextAttemptAt).' },
+    SENDING: { description: 'An attempt is in flight.' },
+    SUCCEEDED: { description: 'The endpoint answered 2xx.' },
+    FAILED: { description: 'Given up: still failing WEBHOOK_RETRY_FOR_SECONDS after the event (about a day), or its job was gone.' },
+  },
+});
+
+const EndpointRef = builder.objectRef<EndpointRow>('WebhookEndpoint').implement({
+  fields: (t) => ({
+    id: t.exposeID('id'),
+    url: t.exposeString('url'),
+    events: t.field({ type: [WebhookEventEnum], resolve: (e) => e.events }),
+    enabled: t.exposeBoolean('enabled', { description: 'False when you disabled it, or when it failed every delivery for WEBHOOK_DISABLE_AFTER_SECONDS (see disabledReason); enable it with updateWebhookEndpoint.' }),
+    disabledReason: t.string({ nullable: true, description: 'FAILING (disabled after failing too long) or DISABLED_BY_TENANT; null while enabled.', resolve: (e) => e.disabledReason }),
+    disabledAt: t.field({ type: 'DateTime', nullable: true, resolve: (e) => e.disabledAt }),
+    failingSince: t.field({ type: 'DateTime', nullable: true, description: 'Start of the current run of failed attempts; null after any success.', resolve: (e) => e.failingSince }),
+    createdAt: t.field({ type: 'DateTime', resolve: (e) => e.createdAt }),
+  }),
+});
+
+const EndpointWithSecret = builder.objectRef<{ endpoint: EndpointRow; secret: string }>('WebhookEndpointWithSecret').implement({
+  description: 'An endpoint and its signing secret (`whsec_` + base64 of the key), shown only here, once.',
+  fields: (t) => ({
+    endpoint: t.field({ type: EndpointRef, resolve: (x) => x.endpoint }),
+    secret: t.exposeString('secret'),
+  }),
+});
+
+const DeliveryRef = builder.objectRef<DeliveryRow>('WebhookDelivery').implement({
+  fields: (t) => ({
+    id: t.exposeID('id', { description: 'Also the `webhook-id` header of every attempt: deduplicate on it.' }),
+    endpointId: t.exposeID('endpointId'),
+    event: t.field({ type: WebhookEventEnum, resolve: (d) => d.event }),
+    jobId: t.exposeID('jobId'),
+    status: t.field({ type: DeliveryStatusEnum, resolve: (d) => d.status }),
+    attempts: t.exposeInt('attempts'),
+    lastAttemptAt: t.field({ type: 'DateTime', nullable: true, resolve: (d) => d.lastAttemptAt }),
+    nextAttemptAt: t.field({ type: 'DateTime', nullable: true, description: 'While PENDING: when it is tried next.', resolve: (d) => (d.status === 'PENDING' ? d.nextAttemptAt : null) }),
+    responseStatus: t.int({ nullable: true, description: "The last attempt's HTTP status; null when it got no answer.", resolve: (d) => d.responseStatus }),
+    lastError: t.string({ nullable: true, description: 'Why the last attempt failed (HTTP_500, TIMEOUT: …, ADDRESS_REFUSED: …, CONNECTION_FAILED: …).', resolve: (d) => d.lastError }),
+    createdAt: t.field({ type: 'DateTime', description: 'When the job event happened.', resolve: (d) => d.createdAt }),
+  }),
+});
+
+const CreateInput = builder.inputType('CreateWebhookEndpointInput', {
+  fields: (t) => ({
+    url: t.string({ required: true, description: 'https only (plain http, loopback and private addresses only with WEBHOOK_ALLOW_PRIVATE=true).' }),
+    events: t.field({ type: [WebhookEventEnum], required: true }),
+  }),
+});
+const UpdateInput = builder.inputType('UpdateWebhookEndpointInput', {
+  description: 'Fields left out are unchanged. enabled: true re-enables a disabled endpoint and sends the deliveries it kept waiting.',
+  fields: (t) => ({
+    id: t.id({ required: true }),
+    url: t.string(),
+    events: t.field({ type: [WebhookEventEnum] }),
+    enabled: t.boolean(),
+  }),
+});
+const DeliveryFilter = builder.inputType('WebhookDeliveryFilter', {
+  fields: (t) => ({
+    endpointId: t.id(),
+    status: t.field({ type: DeliveryStatusEnum }),
+    jobId: t.id(),
+  }),
+});
+
+function checkUrl(ctx: Context, url: string): string {
+  const refusal = urlRefusal(url.trim(), ctx.services.webhooks.allowPrivate);
+  if (refusal) throw new SluiceError('BAD_WEBHOOK_URL', refusal, { field: 'url' });
+  return url.trim();
+}
+
+function checkEvents(events: readonly string[]): string[] {
+  const unique = [...new Set(events)];
+  if (unique.length === 0) throw new SluiceError('BAD_USER_INPUT', 'events must name at least one event', { field: 'events' });
+  return unique;
+}
+
+function ownEndpoint(ctx: Context, id: string | number): { tenantId: string; id: string } {
+  return { tenantId: tenantOf(ctx).id, id: asId(id, 'webhook endpoint') };
+}
+
+const notFound = (id: string) => new SluiceError('NOT_FOUND', `no webhook endpoint with id ${id}`);
+
+function encodeCursor(d: DeliveryRow): string {
+  return Buffer.from(JSON.stringify([d.createdAtMicros, d.id])).toString('base64url');
+}
+function decodeCursor(cursor: string): { createdAtMicros: string; id: string } {
+  try {
+    const [micros, id] = JSON.parse(Buffer.from(cursor, 'base64url').toString()) as [string, string];
+    if (typeof micros !== 'string' || !/^\d{1,19}$/.test(micros) || BigInt(micros) > 9_223_372_036_854_775_807n) throw new Error('bad cursor');
+    return { createdAtMicros: micros, id: asId(id, 'delivery') };
+  } catch {
+    throw new SluiceError('BAD_USER_INPUT', 'invalid cursor', { field: 'after' });
+  }
+}
+
+const MAX_PAGE = 500;
+
+builder.queryFields((t) => ({
+  webhookEndpoints: t.field({
+    ...role('tenant'),
+    type: [EndpointRef],
+    description: 'Your webhook endpoints, oldest first.',
+    resolve: (_r, _a, ctx) => listEndpoints(ctx.services.sql, tenantOf(ctx).id),
+  }),
+  webhookDeliveries: t.connection(
+    {
+      ...role('tenant'),
+      type: DeliveryRef,
+      description: "Your endpoints' deliveries, newest first.",
+      args: { filter: t.arg({ type: DeliveryFilter }) },
+      resolve: async (_r, args, ctx) => {
+        if (args.before || args.last) throw new SluiceError('BAD_USER_INPUT', 'only forward pagination (first, after) is supported');
+        const first = args.first ?? 50;
+        if (first < 0 || first > MAX_PAGE) throw new SluiceError('BAD_USER_INPUT', `first must be 0 to ${MAX_PAGE}`, { field: 'first' });
+        const f = args.filter;
+        // An id that is no UUID matches nothing of yours: an empty page, not an error.
+        const uuidOr = (v: string | number | null | undefined, what: string) => (v === null || v === undefined ? undefined : asId(v, what));
+        let filter;
+        try {
+          filter = { endpointId: uuidOr(f?.endpointId, 'webhook endpoint'), status: f?.status ?? undefined, jobId: uuidOr(f?.jobId, 'job') };
+        } catch {
+          return { edges: [], pageInfo: { hasNextPage: false, hasPreviousPage: false, startCursor: null, endCursor: null } };
+        }
+        const after = args.after ? decodeCursor(args.after) : null;
+        const rows = await listDeliveries(ctx.services.sql, tenantOf(ctx).id, filter, first + 1, after);
+        const page = rows.slice(0, first);
+        return {
+          edges: page.map((node) => ({ cursor: encodeCursor(node), node })),
+          pageInfo: {
+            hasNextPage: rows.length > first,
+            hasPreviousPage: after !== null,
+            startCursor: page[0] ? encodeCursor(page[0]) : null,
+            endCursor: page.at(-1) ? encodeCursor(page.at(-1)!) : null,
+          },
+        };
+      },
+    },
+    { name: 'WebhookDeliveryConnection' },
+  ),
+}));
+
+builder.mutationFields((t) => ({
+  createWebhookEndpoint: t.field({
+    ...role('tenant'),
+    type: EndpointWithSecret,
+    description: "Your jobs' chosen final states are POSTed to url, signed per Standard Webhooks with the secret returned here (once).",
+    args: { input: t.arg({ type: CreateInput, required: true }) },
+    resolve: async (_r, { input }, ctx) => {
+      const tenantId = tenantOf(ctx).id;
+      const url = checkUrl(ctx, input.url);
+      const events = checkEvents(input.events);
+      const max = ctx.services.webhooks.maxEndpoints;
+      if ((await countEndpoints(ctx.services.sql, tenantId)) >= max) {
+        throw new SluiceError('TOO_MANY_WEBHOOK_ENDPOINTS', `a tenant may have at most ${max} webhook endpoints`, { max });
+      }
+      const secret = newWebhookSecret();
+      const endpoint = await insertEndpoint(ctx.services.sql, { tenantId, url, events, secret });
+      return { endpoint, secret };
+    },
+  }),
+  updateWebhookEndpoint: t.field({
+    ...role('tenant'),
+    type: EndpointRef,
+    args: { input: t.arg({ type: UpdateInput, required: true }) },
+    resolve: async (_r, { input }, ctx) => {
+      const { tenantId, id } = ownEndpoint(ctx, input.id);
+      const change = {
+        url: input.url === null || input.url === undefined ? undefined : checkUrl(ctx, input.url),
+        events: input.events === null || input.events === undefined ? undefined : checkEvents(input.events),
+        enabled: input.enabled ?? undefined,
+      };
+      const row = await updateEndpoint(ctx.services.sql, tenantId, id, change);
+      if (!row) throw notFound(id);
+      return row;
+    },
+  }),
+  deleteWebhookEndpoint: t.field({
+    ...role('tenant'),
+    type: 'ID',
+    description: 'Deletes the endpoint and its deliveries (waiting ones are not sent); returns its id.',
+    args: { id: t.arg.id({ required: true }) },
+    resolve: async (_r, args, ctx) => {
+      const { tenantId, id } = ownEndpoint(ctx, args.id);
+      if (!(await deleteEndpoint(ctx.services.sql, tenantId, id))) throw notFound(id);
+      return id;
+    },
+  }),
+  rotateWebhookSecret: t.field({
+    ...role('tenant'),
+    type: EndpointWithSecret,
+    description:
+      'A new signing secret (shown once). For WEBHOOK_SECRET_OVERLAP_SECONDS (default a day) deliveries carry two signatures, the new and the old, so receivers can switch without missing one.',
+    args: { id: t.arg.id({ required: true }) },
+    resolve: async (_r, args, ctx) => {
+      const { tenantId, id } = ownEndpoint(ctx, args.id);
+      const secret = newWebhookSecret();
+      const endpoint = await rotateSecret(ctx.services.sql, tenantId, id, secret, ctx.services.webhooks.secretOverlapSeconds);
+      if (!endpoint) throw notFound(id);
+      return { endpoint, secret };
+    },
+  }),
+}));
