@@ -263,8 +263,8 @@ export interface AttemptOutcome {
  */
 export async function recordAttempts(sql: Tx, outcomes: readonly AttemptOutcome[]): Promise<Array<{ id: string; tenantId: string; url: string; failingSince: Date }>> {
   if (outcomes.length === 0) return [];
-  const items = JSON.stringify(
-    outcomes.map((o) => ({ id: o.id, endpoint_id: o.endpointId, status: o.status, retry_in_ms: o.retryInMs, response_status: o.responseStatus, last_error: o.lastError, delivered: o.delivered })),
+  const items = sql.json(
+    outcomes.map((o) => ({ id: o.id, endpoint_id: o.endpointId, status: o.status, retry_in_ms: o.retryInMs, response_status: o.responseStatus, last_error: o.lastError, delivered: o.delivered })) as never,
   );
   const rows = await sql`
     with x as (
