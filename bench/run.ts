@@ -27,6 +27,7 @@ import * as consoleReads from './console.ts';
 import * as maintenance from './maintenance.ts';
 import * as chaos from './chaos.ts';
 import * as noisyNeighbor from './noisy-neighbor.ts';
+import * as webhooks from './webhooks.ts';
 
 interface Benchmark {
   description: string;
@@ -46,6 +47,7 @@ const BENCHMARKS: Record<string, Benchmark> = {
   maintenance,
   chaos,
   'noisy-neighbor': noisyNeighbor,
+  webhooks,
 };
 
 function usage(): string {

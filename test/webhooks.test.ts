@@ -122,6 +122,9 @@ describe('completion webhooks (WEBHOOK_ALLOW_PRIVATE=true, a real receiver)', ()
       WEBHOOK_DISABLE_AFTER_SECONDS: '2',
       WEBHOOK_POLL_MS: '100',
       WEBHOOK_MAX_ENDPOINTS: '3',
+      // Small, so one stuck endpoint could take every slot of the process were it not bounded per endpoint.
+      WEBHOOK_CONCURRENCY: '8',
+      WEBHOOK_ENDPOINT_CONCURRENCY: '4',
     });
     a = await t.createTenant('hooked', 'PRO');
     b = await t.createTenant('other', 'PRO');
@@ -266,6 +269,31 @@ describe('completion webhooks (WEBHOOK_ALLOW_PRIVATE=true, a real receiver)', ()
     await eventually(async () => (await deliveries(t, c.apiKey, { jobId }))[0]?.status === 'SUCCEEDED');
     const after = await t.gql(list, {}, c.apiKey);
     assert.equal(after.body.data.webhookEndpoints[0].failingSince, null);
+  });
+
+  test('a receiver that never answers holds only its own endpoint\'s slots: another tenant\'s deliveries go through', async () => {
+    const stuck = await t.createTenant('stuck-receiver', 'ENTERPRISE');
+    const stuckHook = await createEndpoint(t, stuck.apiKey, rx.url('/stuck'));
+    rx.answers.set('/stuck', ['hang']);
+    const r = await t.gql(`mutation($i: SubmitJobsInput!) { submitJobs(input: $i) { jobs { id } } }`, {
+      i: { jobs: Array.from({ length: 20 }, (_, i) => ({ api: 'dnslookup', params: { domain: `stuck${i}.example.com` } })) },
+    }, stuck.apiKey);
+    assert.ok(r.body.data, JSON.stringify(r.body.errors));
+    // The stuck endpoint has its 4 slots hanging (more would fill the process's 8).
+    await eventually(async () => rx.at('/stuck').length >= 4);
+    const fast = await t.createTenant('fast-receiver', 'PRO');
+    const fastHook = await createEndpoint(t, fast.apiKey, rx.url('/fast'));
+    rx.secrets.set('/fast', [fastHook.secret]);
+    const jobId = await submit(t, fast.apiKey);
+    await eventually(async () => rx.at('/fast').some((g) => g.json?.data?.id === jobId && g.verified));
+    const stuckRows = await deliveries(t, stuck.apiKey, {});
+    assert.ok(stuckRows.length >= 4 && stuckRows.length <= 20, `${stuckRows.length} deliveries (one per finished job)`);
+    assert.ok(stuckRows.every((d) => d.status !== 'SUCCEEDED'), 'the stuck endpoint is still stuck');
+    assert.ok(stuckRows.filter((d) => d.status === 'SENDING').length <= 4, 'at most WEBHOOK_ENDPOINT_CONCURRENCY in flight to one endpoint');
+    // Deleting the endpoint drops its deliveries: nothing more is sent to it.
+    const del = await t.gql(`mutation($id: ID!) { deleteWebhookEndpoint(id: $id) }`, { id: stuckHook.id }, stuck.apiKey);
+    assert.equal(del.body.data.deleteWebhookEndpoint, stuckHook.id);
+    assert.deepEqual(await deliveries(t, stuck.apiKey, {}), []);
   });
 
   test('rotateWebhookSecret: deliveries carry the new and the old signature during the overlap', async () => {

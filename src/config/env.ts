@@ -213,7 +213,7 @@ export const envSchema = z.object({
   WEBHOOK_TIMEOUT_MS: int(10_000, 100),
   /** Deliveries one process sends at once, and one endpoint receives at once across every node. */
   WEBHOOK_CONCURRENCY: int(64, 1),
-  WEBHOOK_ENDPOINT_CONCURRENCY: int(8, 1),
+  WEBHOOK_ENDPOINT_CONCURRENCY: int(16, 1),
   /** A failed attempt is retried after this, doubling each time up to WEBHOOK_RETRY_MAX_MS... */
   WEBHOOK_RETRY_BASE_MS: int(5_000, 10),
   WEBHOOK_RETRY_MAX_MS: int(3_600_000, 10),

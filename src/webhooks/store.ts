@@ -182,66 +182,70 @@ export interface ClaimedDelivery {
 
 /**
  * Claims up to `limit` due deliveries of enabled endpoints, at most `perEndpoint` sending at once
- * per endpoint across every node (rows SENDING with a live claim count): each endpoint offers its
- * oldest due deliveries up to its free slots, and the slots are handed out round-robin (every
- * endpoint's first, then every second, ...), so one busy or slow endpoint cannot take every slot
- * nor hold back another's deliveries.
+ * per endpoint (rows SENDING with a live claim count): each endpoint offers its oldest due
+ * deliveries up to its free slots, and the slots are handed out round-robin (every endpoint's
+ * first, then every second, ...), so one busy or slow endpoint cannot take every slot nor hold
+ * back another's deliveries. One statement: the endpoints with due work are locked
+ * (`for no key update skip locked`: no wait on the trigger's KEY SHARE, and a claim running on
+ * another node skips them), so two nodes never count one endpoint's slots at once.
  * Claimed rows are SENDING until now + claimSeconds: a node that dies mid-send leaves them due
  * again then (at least once). The first claim stores the job's row: every retry sends the same body.
- * One claim at a time across nodes (a transaction-scoped advisory lock): the per-endpoint count
- * cannot be read by two claims at once.
  */
-export async function claimDue(sql: postgres.Sql, o: { limit: number; perEndpoint: number; claimSeconds: number }): Promise<ClaimedDelivery[]> {
+export async function claimDue(sql: Tx, o: { limit: number; perEndpoint: number; claimSeconds: number }): Promise<ClaimedDelivery[]> {
   if (o.limit <= 0) return [];
-  return sql.begin(async (tx) => {
-    const [locked] = await tx`select pg_try_advisory_xact_lock(hashtext('sluice_webhook_claim')) as ok`;
-    if (!locked!.ok) return [];
-    const rows = await tx`
-      with busy as (
-        select endpoint_id, count(*)::int as n from webhook_deliveries
-        where status = 'SENDING' and locked_until >= now() group by endpoint_id
-      ),
-      candidates as (
-        select x.id, x.next_attempt_at, x.rn + coalesce(b.n, 0) as slot
-        from webhook_endpoints e
-        left join busy b on b.endpoint_id = e.id
-        cross join lateral (
-          select d.id, d.next_attempt_at, row_number() over (order by d.next_attempt_at, d.id) as rn
-          from webhook_deliveries d
-          where d.endpoint_id = e.id and d.status in ('PENDING', 'SENDING') and d.next_attempt_at <= now()
-            and (d.status = 'PENDING' or d.locked_until < now())
-          order by d.next_attempt_at, d.id
-          limit greatest(0, ${o.perEndpoint}::int - coalesce(b.n, 0))
-        ) x
-        where e.enabled
-      ),
-      picked as (
-        select d.id from webhook_deliveries d join candidates c on c.id = d.id
-        order by c.slot, c.next_attempt_at
-        limit ${o.limit}
-        for update of d skip locked
-      )
-      update webhook_deliveries d set
-        status = 'SENDING', locked_until = now() + make_interval(secs => ${o.claimSeconds}),
-        attempts = d.attempts + 1, last_attempt_at = now(), updated_at = now(),
-        payload = coalesce(d.payload, sluice_job_json(d.job_id))
-      from picked, webhook_endpoints e
-      where d.id = picked.id and e.id = d.endpoint_id
-      returning d.id, d.endpoint_id, d.tenant_id, d.event, d.attempts, d.created_at, d.payload, e.url,
-        e.secret, case when e.previous_secret_until > now() then e.previous_secret end as previous_secret, now() as now`;
-    return rows.map((r) => ({
-      id: r.id,
-      endpointId: r.endpoint_id,
-      tenantId: r.tenant_id,
-      event: r.event,
-      attempts: r.attempts,
-      createdAt: r.created_at,
-      url: r.url,
-      secrets: r.previous_secret ? [r.secret, r.previous_secret] : [r.secret],
-      payload: r.payload,
-      now: r.now,
-    }));
-  });
+  const rows = await sql`
+    with endpoints as (
+      select e.id from webhook_endpoints e
+      where e.enabled and exists (
+        select 1 from webhook_deliveries d
+        where d.endpoint_id = e.id and d.status in ('PENDING', 'SENDING') and d.next_attempt_at <= now()
+          and (d.status = 'PENDING' or d.locked_until < now()))
+      for no key update of e skip locked
+    ),
+    busy as (
+      select endpoint_id, count(*)::int as n from webhook_deliveries
+      where status = 'SENDING' and locked_until >= now() and endpoint_id in (select id from endpoints)
+      group by endpoint_id
+    ),
+    candidates as (
+      select x.id, x.next_attempt_at, x.rn + coalesce(b.n, 0) as slot
+      from endpoints e
+      left join busy b on b.endpoint_id = e.id
+      cross join lateral (
+        select d.id, d.next_attempt_at, row_number() over (order by d.next_attempt_at, d.id) as rn
+        from webhook_deliveries d
+        where d.endpoint_id = e.id and d.status in ('PENDING', 'SENDING') and d.next_attempt_at <= now()
+          and (d.status = 'PENDING' or d.locked_until < now())
+        order by d.next_attempt_at, d.id
+        limit greatest(0, ${o.perEndpoint}::int - coalesce(b.n, 0))
+      ) x
+    ),
+    picked as (
+      select d.id from webhook_deliveries d join candidates c on c.id = d.id
+      order by c.slot, c.next_attempt_at
+      limit ${o.limit}
+      for update of d skip locked
+    )
+    update webhook_deliveries d set
+      status = 'SENDING', locked_until = now() + make_interval(secs => ${o.claimSeconds}),
+      attempts = d.attempts + 1, last_attempt_at = now(), updated_at = now(),
+      payload = coalesce(d.payload, sluice_job_json(d.job_id))
+    from picked, webhook_endpoints e
+    where d.id = picked.id and e.id = d.endpoint_id
+    returning d.id, d.endpoint_id, d.tenant_id, d.event, d.attempts, d.created_at, d.payload, e.url,
+      e.secret, case when e.previous_secret_until > now() then e.previous_secret end as previous_secret, now() as now`;
+  return rows.map((r) => ({
+    id: r.id,
+    endpointId: r.endpoint_id,
+    tenantId: r.tenant_id,
+    event: r.event,
+    attempts: r.attempts,
+    createdAt: r.created_at,
+    url: r.url,
+    secrets: r.previous_secret ? [r.secret, r.previous_secret] : [r.secret],
+    payload: r.payload,
+    now: r.now,
+  }));
 }
 
 export interface AttemptOutcome {
