@@ -39,4 +39,5 @@ CREATE UNIQUE INDEX "webhook_deliveries_event_key" ON "webhook_deliveries" USING
 CREATE INDEX "webhook_deliveries_tenant_idx" ON "webhook_deliveries" USING btree ("tenant_id","created_at" DESC NULLS LAST,"id" DESC NULLS LAST);--> statement-breakpoint
 CREATE INDEX "webhook_deliveries_due_idx" ON "webhook_deliveries" USING btree ("endpoint_id","next_attempt_at") WHERE "webhook_deliveries"."status" in ('PENDING', 'SENDING');--> statement-breakpoint
 CREATE INDEX "webhook_deliveries_sending_idx" ON "webhook_deliveries" USING btree ("endpoint_id") WHERE "webhook_deliveries"."status" = 'SENDING';--> statement-breakpoint
+CREATE INDEX "webhook_deliveries_ended_idx" ON "webhook_deliveries" USING btree ("updated_at") WHERE "webhook_deliveries"."status" in ('SUCCEEDED', 'FAILED');--> statement-breakpoint
 CREATE INDEX "webhook_endpoints_tenant_idx" ON "webhook_endpoints" USING btree ("tenant_id");

@@ -10,6 +10,8 @@ import assert from 'node:assert/strict';
 import { createHmac } from 'node:crypto';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
+import postgres from 'postgres';
+import { Retention } from '../src/retention/retention.ts';
 import { collect, eventually, startTestApp, type TestApp } from './helpers/app.ts';
 
 interface Received {
@@ -362,6 +364,29 @@ describe('completion webhooks (WEBHOOK_ALLOW_PRIVATE=true, a real receiver)', ()
     const del = await t.gql(`mutation($id: ID!) { deleteWebhookEndpoint(id: $id) }`, { id: first }, c.apiKey);
     assert.equal(del.body.data.deleteWebhookEndpoint, first);
     assert.equal(await code(`mutation($id: ID!) { deleteWebhookEndpoint(id: $id) }`, { id: first }), 'NOT_FOUND');
+  });
+
+  test('retention deletes deliveries that ended longer ago than JOB_RETENTION_SECONDS, not the waiting ones', async () => {
+    // Retention holds one connection for its lock and deletes on another.
+    const sql = postgres(t.databaseUrl, { max: 3, onnotice: () => {} });
+    try {
+      // A waiting delivery: an endpoint disabled by hand keeps its event PENDING.
+      const c = await t.createTenant('retained', 'PRO');
+      const hook = await createEndpoint(t, c.apiKey, rx.url('/retained'));
+      const off = await t.gql(UPDATE, { i: { id: hook.id, enabled: false } }, c.apiKey);
+      assert.equal(off.body.data.updateWebhookEndpoint.disabledReason, 'DISABLED_BY_TENANT');
+      await sql`insert into webhook_deliveries (tenant_id, endpoint_id, job_id, event, updated_at) values (${c.id}, ${hook.id}, gen_random_uuid(), 'JOB_SUCCEEDED', now() - interval '1 hour')`;
+      const retention = new Retention({ sql, retentionSeconds: 1, batchSize: 100, maxBatches: 100, intervalSeconds: 1 });
+      await eventually(async () => {
+        await retention.runOnce();
+        const [r] = await sql`select count(*)::int as n from webhook_deliveries where status in ('SUCCEEDED', 'FAILED')`;
+        return r!.n === 0;
+      });
+      const [pending] = await sql`select count(*)::int as n from webhook_deliveries where endpoint_id = ${hook.id} and status = 'PENDING'`;
+      assert.equal(pending!.n, 1);
+    } finally {
+      await sql.end();
+    }
   });
 });
 

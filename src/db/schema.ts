@@ -457,6 +457,8 @@ export const webhookDeliveries = pgTable(
     index('webhook_deliveries_tenant_idx').on(t.tenantId, t.createdAt.desc(), t.id.desc()),
     index('webhook_deliveries_due_idx').on(t.endpointId, t.nextAttemptAt).where(sql`${t.status} in ('PENDING', 'SENDING')`),
     index('webhook_deliveries_sending_idx').on(t.endpointId).where(sql`${t.status} = 'SENDING'`),
+    // Retention deletes the ended ones oldest first.
+    index('webhook_deliveries_ended_idx').on(t.updatedAt).where(sql`${t.status} in ('SUCCEEDED', 'FAILED')`),
     check('webhook_deliveries_status_check', sql`${t.status} in ('PENDING', 'SENDING', 'SUCCEEDED', 'FAILED')`),
   ],
 );

@@ -5,7 +5,8 @@
  *  - finished jobs (SUCCEEDED, FAILED, CANCELLED) whose finished_at is older
  *    than JOB_RETENTION_SECONDS, and their results (cascade);
  *  - settled reservations older than that (usage history already holds them);
- *  - alerts cleared longer ago than that.
+ *  - alerts cleared longer ago than that;
+ *  - webhook deliveries that ended (SUCCEEDED, FAILED) longer ago than that.
  * It also folds usage deltas into hourly history. pg-boss deletes its own
  * finished jobs after the same retention (the queues' deleteAfterSeconds,
  * src/queue/boss.ts). Usage history is never deleted here: it is what
@@ -20,6 +21,7 @@ import { deleteClearedAlerts } from '../alerts/store.ts';
 import { deleteFinishedJobs } from '../jobs/store.ts';
 import { deleteSettledReservations } from '../scheduler/sql/reservations.ts';
 import { foldDeltas } from '../usage/store.ts';
+import { deleteEndedDeliveries } from '../webhooks/store.ts';
 
 /** Arbitrary, fixed: only one process runs retention at a time. */
 const RETENTION_LOCK = 0x736c7265;
@@ -41,6 +43,7 @@ export interface RetentionPass {
   jobs: number;
   reservations: number;
   alerts: number;
+  webhookDeliveries: number;
   foldedDeltas: number;
 }
 
@@ -49,6 +52,7 @@ const DELETE_BATCH = {
   jobs: deleteFinishedJobs,
   reservations: deleteSettledReservations,
   alerts: deleteClearedAlerts,
+  webhookDeliveries: deleteEndedDeliveries,
 } as const;
 
 export class Retention {
@@ -75,8 +79,8 @@ export class Retention {
       const [lock] = await reserved`select pg_try_advisory_lock(${RETENTION_LOCK}) as ok`;
       if (!lock!.ok) return null;
       try {
-        const pass: RetentionPass = { jobs: 0, reservations: 0, alerts: 0, foldedDeltas: 0 };
-        for (const kind of ['jobs', 'reservations', 'alerts'] as const) {
+        const pass: RetentionPass = { jobs: 0, reservations: 0, alerts: 0, webhookDeliveries: 0, foldedDeltas: 0 };
+        for (const kind of ['jobs', 'reservations', 'alerts', 'webhookDeliveries'] as const) {
           for (let i = 0; i < this.o.maxBatches; i++) {
             const deleted = await DELETE_BATCH[kind](sql, this.o.retentionSeconds, this.o.batchSize);
             pass[kind] += deleted;
@@ -88,7 +92,7 @@ export class Retention {
           pass.foldedDeltas += folded;
           if (folded < this.o.batchSize) break;
         }
-        if (pass.jobs + pass.reservations + pass.alerts > 0) this.o.log?.info(pass, 'retention deleted old rows');
+        if (pass.jobs + pass.reservations + pass.alerts + pass.webhookDeliveries > 0) this.o.log?.info(pass, 'retention deleted old rows');
         return pass;
       } finally {
         await reserved`select pg_advisory_unlock(${RETENTION_LOCK})`;

@@ -38,6 +38,8 @@ export class WebhookSender {
   private stopped = false;
   private timer: NodeJS.Timeout | null = null;
   private pending: AttemptOutcome[] = [];
+  /** Attempts ended here and not yet recorded: their endpoint slots are free already (claimDue). */
+  private readonly finished = new Set<string>();
   private flushing: Promise<void> | null = null;
   private unlisten: (() => Promise<void>) | null = null;
   private readonly idle = new Set<() => void>();
@@ -86,7 +88,7 @@ export class WebhookSender {
         this.again = false;
         const free = this.o.concurrency - this.inFlight;
         if (free <= 0 || this.stopped) break;
-        const claimed = await claimDue(this.o.sql, { limit: free, perEndpoint: this.o.perEndpoint, claimSeconds: Math.ceil(this.o.timeoutMs / 1000) + 30 });
+        const claimed = await claimDue(this.o.sql, { limit: free, perEndpoint: this.o.perEndpoint, claimSeconds: Math.ceil(this.o.timeoutMs / 1000) + 30, finished: [...this.finished] });
         for (const d of claimed) this.send(d);
         // A full claim may leave more due: look again.
         if (claimed.length === free) this.again = true;
@@ -109,11 +111,14 @@ export class WebhookSender {
     void this.attempt(d)
       .then((outcome) => {
         this.pending.push(outcome);
+        this.finished.add(outcome.id);
         this.o.onAttempt?.(outcome.delivered ? 'delivered' : 'failed');
       })
       .catch((err) => this.o.log.error({ err, delivery: d.id }, 'webhook sender: an attempt threw (its claim expires and it is tried again)'))
       .finally(() => {
         this.inFlight--;
+        // Its slot is free now: claim beside the recording, not after it.
+        this.poke();
         void this.flush().then(() => {
           this.wakeIdle();
           this.poke();
@@ -154,6 +159,7 @@ export class WebhookSender {
     this.flushing = (async () => {
       try {
         const failing = await recordAttempts(this.o.sql, batch);
+        for (const o of batch) this.finished.delete(o.id);
         const now = new Date();
         for (const e of failing) {
           if (!shouldDisable(e.failingSince, now, this.o.disableAfterMs)) continue;
@@ -165,7 +171,9 @@ export class WebhookSender {
           }
         }
       } catch (err) {
-        // The attempts stay SENDING until their claim expires, then they are sent again (at least once).
+        // The attempts stay SENDING until their claim expires, then they are sent again (at least once);
+        // meanwhile their slots count as taken again.
+        for (const o of batch) this.finished.delete(o.id);
         this.o.log.warn({ err, deliveries: batch.length }, 'webhook sender: recording attempts failed (they are retried when their claim expires)');
       } finally {
         this.flushing = null;

@@ -189,9 +189,11 @@ export interface ClaimedDelivery {
  * (`for no key update skip locked`: no wait on the trigger's KEY SHARE, and a claim running on
  * another node skips them), so two nodes never count one endpoint's slots at once.
  * Claimed rows are SENDING until now + claimSeconds: a node that dies mid-send leaves them due
- * again then (at least once). The first claim stores the job's row: every retry sends the same body.
+ * again then (at least once). `finished`: this node's attempts that ended but are not recorded
+ * yet; their slots are free (they stay SENDING, so no one claims them meanwhile), which lets a
+ * claim run beside the recording instead of after it. The first claim stores the job's row: every retry sends the same body.
  */
-export async function claimDue(sql: Tx, o: { limit: number; perEndpoint: number; claimSeconds: number }): Promise<ClaimedDelivery[]> {
+export async function claimDue(sql: Tx, o: { limit: number; perEndpoint: number; claimSeconds: number; finished: readonly string[] }): Promise<ClaimedDelivery[]> {
   if (o.limit <= 0) return [];
   const rows = await sql`
     with endpoints as (
@@ -205,6 +207,7 @@ export async function claimDue(sql: Tx, o: { limit: number; perEndpoint: number;
     busy as (
       select endpoint_id, count(*)::int as n from webhook_deliveries
       where status = 'SENDING' and locked_until >= now() and endpoint_id in (select id from endpoints)
+        and not (id = any(${o.finished as string[]}::uuid[]))
       group by endpoint_id
     ),
     candidates as (
@@ -298,4 +301,15 @@ export async function disableFailing(sql: Tx, id: string, reason: string): Promi
     update webhook_endpoints set enabled = false, disabled_reason = ${reason}, disabled_at = now(), updated_at = now()
     where id = ${id} and enabled and failing_since is not null`;
   return r.count > 0;
+}
+
+/** Retention: one batch of deliveries that ended (SUCCEEDED, FAILED) more than `seconds` ago. Returns how many went. */
+export async function deleteEndedDeliveries(sql: Tx, seconds: number, n: number): Promise<number> {
+  const deleted = await sql`
+    with doomed as (
+      select id from webhook_deliveries
+      where status in ('SUCCEEDED', 'FAILED') and updated_at < now() - make_interval(secs => ${seconds})
+      order by updated_at limit ${n} for update skip locked)
+    delete from webhook_deliveries d using doomed where d.id = doomed.id`;
+  return deleted.count;
 }
