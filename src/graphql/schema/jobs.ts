@@ -7,6 +7,7 @@ import { SluiceError } from '../../errors.ts';
 import { builder, role } from '../builder.ts';
 import { tenantOf } from '../context.ts';
 import { asId } from '../ids.ts';
+import { pageArgs, pageOf } from '../pages.ts';
 import { estimatedStartAt, queuePositions, tenantQueueStatus, type QueueStatus } from '../../visibility/status.ts';
 import { batchLoad, perRequest } from '../memo.ts';
 import type { Context } from '../context.ts';
@@ -112,22 +113,6 @@ function asParams(params: unknown): Record<string, unknown> | undefined {
   return params as Record<string, unknown>;
 }
 
-function encodeCursor(j: JobRow): string {
-  return Buffer.from(JSON.stringify([j.createdAtMicros, j.id])).toString('base64url');
-}
-function decodeCursor(cursor: string): { createdAtMicros: string; id: string } {
-  try {
-    const [micros, id] = JSON.parse(Buffer.from(cursor, 'base64url').toString()) as [string, string];
-    // Digits only, and within Postgres's bigint (the cursor is compared as one).
-    if (typeof micros !== 'string' || !/^\d{1,19}$/.test(micros) || BigInt(micros) > 9_223_372_036_854_775_807n) throw new Error('bad cursor');
-    return { createdAtMicros: micros, id: asId(id, 'job') };
-  } catch {
-    throw new SluiceError('BAD_USER_INPUT', 'invalid cursor', { field: 'after' });
-  }
-}
-
-const MAX_PAGE = 500;
-
 /** A resync re-reads jobs finished this long before the last one sent: settlements commit a little after their finish time. */
 const RESYNC_MARGIN_MS = 60_000;
 
@@ -163,24 +148,14 @@ builder.queryFields((t) => ({
       description: 'Your jobs, newest first.',
       args: { filter: t.arg({ type: JobFilter }) },
       resolve: async (_r, args, ctx) => {
-        if (args.before || args.last) throw new SluiceError('BAD_USER_INPUT', 'only forward pagination (first, after) is supported');
-        const first = args.first ?? 50;
-        if (first < 0 || first > MAX_PAGE) throw new SluiceError('BAD_USER_INPUT', `first must be 0 to ${MAX_PAGE}`, { field: 'first' });
+        const { first, after } = pageArgs(args, 'job');
         const tenantId = tenantOf(ctx).id;
         const filter = { state: args.filter?.state, api: args.filter?.api, priority: args.filter?.priority };
-        const after = args.after ? decodeCursor(args.after) : null;
         const rows = await listJobs(ctx.services.sql, tenantId, filter, first + 1, after);
-        const page = rows.slice(0, first);
         return {
           // Counted only when totalCount is selected (its resolver): a count(*) over a big backlog is not free.
           count: () => countJobs(ctx.services.sql, tenantId, filter),
-          edges: page.map((node) => ({ cursor: encodeCursor(node), node })),
-          pageInfo: {
-            hasNextPage: rows.length > first,
-            hasPreviousPage: after !== null,
-            startCursor: page[0] ? encodeCursor(page[0]) : null,
-            endCursor: page.at(-1) ? encodeCursor(page.at(-1)!) : null,
-          },
+          ...pageOf(rows, first, after),
         };
       },
     },

@@ -9,6 +9,7 @@ import { countEndpoints, deleteEndpoint, insertEndpoint, listDeliveries, listEnd
 import { builder, role } from '../builder.ts';
 import { tenantOf, type Context } from '../context.ts';
 import { asId } from '../ids.ts';
+import { pageArgs, pageOf } from '../pages.ts';
 
 export const WebhookEventEnum = builder.enumType('WebhookEvent', {
   description: 'A job event an endpoint can receive (the body\'s `type` is `job.succeeded`, `job.failed` or `job.cancelled`).',
@@ -101,21 +102,6 @@ function ownEndpoint(ctx: Context, id: string | number): { tenantId: string; id:
 
 const notFound = (id: string) => new SluiceError('NOT_FOUND', `no webhook endpoint with id ${id}`);
 
-function encodeCursor(d: DeliveryRow): string {
-  return Buffer.from(JSON.stringify([d.createdAtMicros, d.id])).toString('base64url');
-}
-function decodeCursor(cursor: string): { createdAtMicros: string; id: string } {
-  try {
-    const [micros, id] = JSON.parse(Buffer.from(cursor, 'base64url').toString()) as [string, string];
-    if (typeof micros !== 'string' || !/^\d{1,19}$/.test(micros) || BigInt(micros) > 9_223_372_036_854_775_807n) throw new Error('bad cursor');
-    return { createdAtMicros: micros, id: asId(id, 'delivery') };
-  } catch {
-    throw new SluiceError('BAD_USER_INPUT', 'invalid cursor', { field: 'after' });
-  }
-}
-
-const MAX_PAGE = 500;
-
 builder.queryFields((t) => ({
   webhookEndpoints: t.field({
     ...role('tenant'),
@@ -130,9 +116,7 @@ builder.queryFields((t) => ({
       description: "Your endpoints' deliveries, newest first.",
       args: { filter: t.arg({ type: DeliveryFilter }) },
       resolve: async (_r, args, ctx) => {
-        if (args.before || args.last) throw new SluiceError('BAD_USER_INPUT', 'only forward pagination (first, after) is supported');
-        const first = args.first ?? 50;
-        if (first < 0 || first > MAX_PAGE) throw new SluiceError('BAD_USER_INPUT', `first must be 0 to ${MAX_PAGE}`, { field: 'first' });
+        const { first, after } = pageArgs(args, 'delivery');
         const f = args.filter;
         // An id that is no UUID matches nothing of yours: an empty page, not an error.
         const uuidOr = (v: string | number | null | undefined, what: string) => (v === null || v === undefined ? undefined : asId(v, what));
@@ -140,20 +124,9 @@ builder.queryFields((t) => ({
         try {
           filter = { endpointId: uuidOr(f?.endpointId, 'webhook endpoint'), status: f?.status ?? undefined, jobId: uuidOr(f?.jobId, 'job') };
         } catch {
-          return { edges: [], pageInfo: { hasNextPage: false, hasPreviousPage: false, startCursor: null, endCursor: null } };
+          return pageOf([], first, after);
         }
-        const after = args.after ? decodeCursor(args.after) : null;
-        const rows = await listDeliveries(ctx.services.sql, tenantOf(ctx).id, filter, first + 1, after);
-        const page = rows.slice(0, first);
-        return {
-          edges: page.map((node) => ({ cursor: encodeCursor(node), node })),
-          pageInfo: {
-            hasNextPage: rows.length > first,
-            hasPreviousPage: after !== null,
-            startCursor: page[0] ? encodeCursor(page[0]) : null,
-            endCursor: page.at(-1) ? encodeCursor(page.at(-1)!) : null,
-          },
-        };
+        return pageOf(await listDeliveries(ctx.services.sql, tenantOf(ctx).id, filter, first + 1, after), first, after);
       },
     },
     { name: 'WebhookDeliveryConnection' },
