@@ -76,8 +76,10 @@ export class WebhookSender {
     void this.claimRound();
   }
 
+  /** Resolves stop()'s wait once nothing is claimed or in flight (and only then: it waits for exactly that). */
   private wakeIdle(): void {
-    if (this.inFlight === 0 && !this.claiming) for (const r of this.idle) r();
+    if (this.inFlight > 0 || this.claiming) return;
+    for (const r of this.idle) r();
     this.idle.clear();
   }
 
