@@ -37,6 +37,7 @@ import { GRAPHQL_PATH, createHttpServer } from './server.ts';
 import { startSimulator, type Simulator, type SimulatorOptions } from './simulator/index.ts';
 import { simulatorOptionsFromEnv } from './simulator/env.ts';
 import { TenantStore } from './tenants/store.ts';
+import { KeyUseRecorder } from './tenants/key-use.ts';
 import { KeyCache } from './tenants/key-cache.ts';
 import { publishProviderStatus, readAccount } from './scheduler/sql/account.ts';
 import { publishBreakers, readBreakers } from './scheduler/sql/breakers.ts';
@@ -193,10 +194,15 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     const apiKeys = new KeyCache({ ttlMs: env.AUTH_CACHE_TTL_MS, negativeTtlMs: env.AUTH_NEGATIVE_CACHE_MS, load: (hash) => tenantStore.byKeyHash(hash), loadMany: (hashes) => tenantStore.byKeyHashes(hashes) });
     await apiKeys.start(sql);
     cleanups.push(() => apiKeys.stop());
+    const keyUse = new KeyUseRecorder({ write: (uses) => tenantStore.recordKeyUse(uses), onError: (err) => log.warn({ err }, 'writing API keys\' lastUsedAt failed; kept for the next flush') });
+    keyUse.start();
+    cleanups.push(() => keyUse.stop());
     const services: Services = {
       sql,
       tenants: tenantStore,
       apiKeys,
+      keyUse,
+      keyRotationOverlapSeconds: env.KEY_ROTATION_OVERLAP_SECONDS,
       jobs: new JobService({
         sql,
         boss,

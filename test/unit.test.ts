@@ -13,6 +13,7 @@ import { TIERS } from '../src/config/tiers.ts';
 import { planSettlement, retryDelaySeconds } from '../src/dispatch/retry.ts';
 import { authorize } from '../src/graphql/auth-plugin.ts';
 import { bearerToken } from '../src/tenants/keys.ts';
+import { checkNewKey, keyLive, lastUseDue, rotationExpiry } from '../src/tenants/api-keys.ts';
 import { closedAncestor } from '../src/db/embedded.ts';
 import { classifySettleError, pickSettleUnits, planSettleFailure, SETTLE_MAX_FAULTS } from '../src/dispatch/settle-groups.ts';
 import fc from 'fast-check';
@@ -125,7 +126,8 @@ describe('settling an attempt', () => {
 });
 
 describe('authorization', () => {
-  const tenant = { kind: 'tenant' as const, tenant: {} as never };
+  const tenant = { kind: 'tenant' as const, tenant: {} as never, key: { id: 'k', scopes: ['SUBMIT', 'READ'] as const, expiresAtMs: null } };
+  const readOnly = { ...tenant, key: { ...tenant.key, scopes: ['READ'] as const } };
   test('missing or wrong credentials are 401, the other role is 403', () => {
     assert.equal(authorize({ kind: 'anonymous' }, ['tenant'])?.extensions.code, 'UNAUTHENTICATED');
     assert.equal(authorize({ kind: 'invalid' }, ['public'])?.extensions.code, 'UNAUTHENTICATED');
@@ -133,6 +135,37 @@ describe('authorization', () => {
     assert.equal(authorize({ kind: 'admin' }, ['tenant'])?.extensions.code, 'FORBIDDEN');
     assert.equal(authorize({ kind: 'anonymous' }, ['public']), null);
     assert.equal(authorize(tenant, ['tenant', 'public']), null);
+  });
+  test('a tenant key without a scope the operation needs is 403; tenantOrAdmin fields take either', () => {
+    assert.equal(authorize(readOnly, ['tenant'], ['SUBMIT'])?.extensions.code, 'FORBIDDEN');
+    assert.match(authorize(readOnly, ['tenant'], ['SUBMIT', 'READ'])!.message, /SUBMIT scope/);
+    assert.equal(authorize(readOnly, ['tenant'], ['READ']), null);
+    assert.equal(authorize({ kind: 'admin' }, ['tenantOrAdmin'], ['SUBMIT']), null, 'the admin has no scopes to lack');
+    assert.equal(authorize(tenant, ['tenantOrAdmin'], ['SUBMIT', 'READ']), null);
+    assert.equal(authorize({ kind: 'anonymous' }, ['tenantOrAdmin'])?.extensions.code, 'UNAUTHENTICATED');
+  });
+  test('key rules: expiry, rotation overlap, last use at most once an interval, new key input', () => {
+    assert.equal(keyLive({ id: 'k', scopes: ['READ'], expiresAtMs: 1_000 }, 999), true);
+    assert.equal(keyLive({ id: 'k', scopes: ['READ'], expiresAtMs: 1_000 }, 1_000), false);
+    assert.equal(keyLive({ id: 'k', scopes: ['READ'], expiresAtMs: null }, 1e15), true);
+    const now = new Date('2026-01-01T00:00:00Z');
+    assert.equal(rotationExpiry(null, now, 60).toISOString(), '2026-01-01T00:01:00.000Z');
+    assert.equal(rotationExpiry(new Date('2026-01-01T00:00:10Z'), now, 60).toISOString(), '2026-01-01T00:00:10.000Z', 'a sooner expiry stands');
+    assert.equal(lastUseDue(undefined, 5, 60_000), true);
+    assert.equal(lastUseDue(0, 59_999, 60_000), false);
+    assert.equal(lastUseDue(0, 60_000, 60_000), true);
+    assert.deepEqual(checkNewKey({ name: ' ci ', scopes: ['READ', 'SUBMIT', 'READ'] }, now), { name: 'ci', scopes: ['SUBMIT', 'READ'], expiresAt: null });
+    const code = (f: () => unknown) => {
+      try {
+        f();
+        return null;
+      } catch (err) {
+        return [(err as SluiceError).code, (err as SluiceError).extensions.field];
+      }
+    };
+    assert.deepEqual(code(() => checkNewKey({ name: '', scopes: ['READ'] }, now)), ['BAD_USER_INPUT', 'name']);
+    assert.deepEqual(code(() => checkNewKey({ name: 'x', scopes: [] }, now)), ['BAD_USER_INPUT', 'scopes']);
+    assert.deepEqual(code(() => checkNewKey({ name: 'x', scopes: ['READ'], expiresAt: now }, now)), ['BAD_USER_INPUT', 'expiresAt']);
   });
   test('bearer tokens parse strictly', () => {
     assert.equal(bearerToken('Bearer abc'), 'abc');

@@ -151,6 +151,8 @@ export const envSchema = z.object({
    * the TTL only bounds what a lost notice could leave behind. Unknown keys: AUTH_NEGATIVE_CACHE_MS.
    */
   AUTH_CACHE_TTL_MS: int(5_000, 0),
+  /** rotateTenantKey leaves the tenant's old keys working this long (0: they stop at once). */
+  KEY_ROTATION_OVERLAP_SECONDS: int(86_400, 0),
   /** Admission: the bound on waiting jobs across all tenants, and the share of it each class may fill. */
   GLOBAL_QUEUE_BOUND: int(1_000_000, 1),
   CLASS_SHARES: classNumbers('BULK=0.7,STANDARD=0.9,INTERACTIVE=1'),

@@ -72,10 +72,22 @@ export const tenantApiKeys = pgTable(
     keyHash: text('key_hash').notNull(),
     /** The first characters of the key, to tell keys apart in listings. */
     keyPrefix: text('key_prefix').notNull(),
+    /** What the tenant calls it ("ci", "dashboard"); keys from before named keys are "default". */
+    name: text('name').notNull().default('default'),
+    /** What the key may do: SUBMIT (submit and cancel), READ (queries and subscriptions). */
+    scopes: text('scopes').array().notNull().default(sql`'{SUBMIT,READ}'::text[]`),
     createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+    /** The key stops authenticating at this instant (set by the tenant, or by a rotation's overlap). */
+    expiresAt: timestamp('expires_at', { withTimezone: true }),
+    /** When the key last authenticated, to within a minute: each process writes it at most once a minute per key. */
+    lastUsedAt: timestamp('last_used_at', { withTimezone: true }),
     revokedAt: timestamp('revoked_at', { withTimezone: true }),
   },
-  (t) => [uniqueIndex('tenant_api_keys_hash_key').on(t.keyHash), index('tenant_api_keys_tenant_idx').on(t.tenantId)],
+  (t) => [
+    uniqueIndex('tenant_api_keys_hash_key').on(t.keyHash),
+    index('tenant_api_keys_tenant_idx').on(t.tenantId),
+    check('tenant_api_keys_scopes_check', sql`cardinality(${t.scopes}) > 0 and ${t.scopes} <@ '{SUBMIT,READ}'::text[]`),
+  ],
 );
 
 export const jobs = pgTable(

@@ -11,6 +11,8 @@ import { bearerToken, hashSecret, sameHash } from '../tenants/keys.ts';
 import type { TenantRecord } from '../tenants/policy.ts';
 import type { TenantStore } from '../tenants/store.ts';
 import type { KeyCache } from '../tenants/key-cache.ts';
+import { keyLive, type KeyGrant } from '../tenants/api-keys.ts';
+import type { KeyUseRecorder } from '../tenants/key-use.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
 import type { CommitGate } from '../http/deadline.ts';
 import type { LifecycleDeps } from '../tenants/lifecycle.ts';
@@ -22,15 +24,21 @@ export type Auth =
   /** A credential was presented and matched nothing. */
   | { kind: 'invalid' }
   | { kind: 'admin' }
-  | { kind: 'tenant'; tenant: TenantRecord };
+  /** A tenant's API key: its tenant, and what the key may do (its scopes). */
+  | { kind: 'tenant'; tenant: TenantRecord; key: KeyGrant };
 
-export type Role = 'public' | 'tenant' | 'admin';
+/** Who may call a root field; `tenantOrAdmin`: a tenant for itself, or the admin naming the tenant. */
+export type Role = 'public' | 'tenant' | 'admin' | 'tenantOrAdmin';
 
 export interface Services {
   sql: Sql;
   tenants: TenantStore;
   /** Tenant API keys → tenants, cached per process (AUTH_CACHE_TTL_MS), invalidated by the sluice_auth notice. */
   apiKeys: KeyCache;
+  /** Notes each key's use, written at most once a minute per key (absent: lastUsedAt is not kept). */
+  keyUse?: KeyUseRecorder;
+  /** KEY_ROTATION_OVERLAP_SECONDS: how long rotateTenantKey leaves the old keys working. */
+  keyRotationOverlapSeconds: number;
   jobs: JobService;
   bus: EventBus;
   catalog: ApiCatalog;
@@ -85,8 +93,11 @@ export async function authenticate(services: Services, authorization: string | n
   if (!token) return { kind: 'invalid' };
   const hash = hashSecret(token); // once per request: the admin check and the key lookup share it
   if (sameHash(hash, services.adminTokenHash)) return { kind: 'admin' };
-  const tenant = await services.apiKeys.lookup(hash, opts);
-  return tenant ? { kind: 'tenant', tenant } : { kind: 'invalid' };
+  const holder = await services.apiKeys.lookup(hash, opts);
+  // The cache keeps a key until its entry expires; the key's own expiry is checked on every use.
+  if (!holder || !keyLive(holder.key, Date.now())) return { kind: 'invalid' };
+  services.keyUse?.seen(holder.key.id);
+  return { kind: 'tenant', tenant: holder.tenant, key: holder.key };
 }
 
 /** The calling tenant; resolvers of tenant fields run only after the operation-level check, so this holds. */

@@ -4,6 +4,7 @@
 import { builder } from './builder.ts';
 import './schema/scalars.ts';
 import './schema/tenants.ts';
+import './schema/keys.ts';
 import './schema/jobs.ts';
 import './schema/me.ts';
 import './schema/apis.ts';

@@ -108,9 +108,10 @@ builder.mutationFields((t) => ({
   rotateTenantKey: t.field({
     ...role('admin'),
     type: TenantWithKey,
-    description: "Revokes the tenant's current keys and returns a new one.",
+    description:
+      "Issues a new key (both scopes) and gives the tenant's other live keys an expiry KEY_ROTATION_OVERLAP_SECONDS from now (default 24 h), so running deployments keep working while they get the new key; revokeApiKey ends one at once.",
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx) => ctx.services.tenants.rotateKey(asId(id, 'tenant')),
+    resolve: (_r, { id }, ctx) => ctx.services.tenants.rotateKey(asId(id, 'tenant'), ctx.services.keyRotationOverlapSeconds),
   }),
   suspendTenant: t.field({
     ...role('admin'),
