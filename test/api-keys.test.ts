@@ -127,11 +127,13 @@ describe('named API keys and scopes', () => {
         const keys = (await t.gql('{ apiKeys { id lastUsedAt } }', {}, acme.apiKey)).body.data.apiKeys as { id: string; lastUsedAt: string | null }[];
         return keys.find((x) => x.id === k.key.id)?.lastUsedAt ?? null;
       }, 20_000, 250);
-      const [{ xmin: before }] = await sql`select xmin::text from tenant_api_keys where id = ${k.key.id}`;
+      const before = (await sql`select xmin::text from tenant_api_keys where id = ${k.key.id}`)[0]!.xmin as string;
       for (let i = 0; i < 20; i++) assert.equal((await t.gql('{ me { tenant { id } } }', {}, k.secret)).status, 200);
       // The flush runs every 5 s: wait past one, then the row is still the same version.
       await new Promise((r) => setTimeout(r, 6_000));
-      const [{ xmin: after, last_used_at }] = await sql`select xmin::text, last_used_at from tenant_api_keys where id = ${k.key.id}`;
+      const row = (await sql`select xmin::text, last_used_at from tenant_api_keys where id = ${k.key.id}`)[0]!;
+      const after = row.xmin as string;
+      const last_used_at = row.last_used_at as Date;
       assert.equal(after, before, 'twenty uses within the minute wrote nothing');
       assert.equal(new Date(last_used_at).toISOString(), new Date(used).toISOString());
     } finally {

@@ -303,6 +303,8 @@ export const reservations = pgTable(
     sentAt: timestamp('sent_at', { withTimezone: true }),
     /** A late settlement corrected the expiry's settlement (0028): at most once. */
     reconciledAt: timestamp('reconciled_at', { withTimezone: true }),
+    /** The expiry's bill a late settlement replaced (usage events: the charge as first served, then the correction). */
+    expiryBilled: integer('expiry_billed'),
   },
   (t) => [
     index('reservations_open_idx').on(t.nodeId).where(sql`${t.settledAt} is null`),
@@ -310,6 +312,8 @@ export const reservations = pgTable(
     index('reservations_job_idx').on(t.jobId),
     // The console's calls/s per window reads the last seconds of reservations (migration 0010).
     index('reservations_created_idx').on(t.createdAt),
+    // Usage events' corrections, in reconciliation order (rare rows: an update that does not reconcile adds nothing to it).
+    index('reservations_reconciled_idx').on(t.reconciledAt, t.id).where(sql`${t.reconciledAt} is not null`),
   ],
 );
 
