@@ -209,6 +209,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         catalog,
         maxJobsPerSubmission: env.MAX_JOBS_PER_SUBMISSION,
         paramLimits: { maxKeys: env.MAX_PARAM_KEYS, maxBytes: env.MAX_PARAMS_BYTES },
+        runAtMaxSeconds: env.JOB_RUN_AT_MAX_SECONDS,
         admission: { globalBound: env.GLOBAL_QUEUE_BOUND, classShare: parseClassNumbers(env.CLASS_SHARES), windows: windowSpecs },
         groupCommit: { windowMs: env.GROUP_COMMIT_MS, maxItems: env.GROUP_COMMIT_MAX },
         bulkReserveMin: env.BULK_RESERVE_MIN,

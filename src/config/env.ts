@@ -151,6 +151,8 @@ export const envSchema = z.object({
    * the TTL only bounds what a lost notice could leave behind. Unknown keys: AUTH_NEGATIVE_CACHE_MS.
    */
   AUTH_CACHE_TTL_MS: int(5_000, 0),
+  /** How far ahead a job's runAt may be (JobInput.runAt); further is refused with BAD_RUN_AT. */
+  JOB_RUN_AT_MAX_SECONDS: int(30 * 24 * 3600, 1),
   /** rotateTenantKey leaves the tenant's old keys working this long (0: they stop at once). */
   KEY_ROTATION_OVERLAP_SECONDS: int(86_400, 0),
   /** Admission: the bound on waiting jobs across all tenants, and the share of it each class may fill. */

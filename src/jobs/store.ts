@@ -9,7 +9,7 @@
 import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
 import { queueName } from '../queue/boss.ts';
-import { type JobClass } from '../config/classes.ts';
+import { CLASSES, type JobClass } from '../config/classes.ts';
 import type { ValidJob } from './validate.ts';
 import type { ResultRecord } from '../dispatch/retry.ts';
 import { BOSS_QUEUE_DEFAULTS } from '../queue/insert.ts';
@@ -32,6 +32,8 @@ export interface JobRow {
   createdAt: Date;
   /** created_at in epoch microseconds: a Date keeps only milliseconds, too coarse for a keyset cursor. */
   createdAtMicros: string;
+  /** A waiting job is not handed out before this (runAt, a retry's delay); absent in rows carried by job events. */
+  runAfter?: Date;
   startedAt: Date | null;
   finishedAt: Date | null;
   result: unknown;
@@ -45,7 +47,7 @@ export interface JobRow {
 const JOB_COLUMNS = `
   j.id, j.tenant_id as "tenantId", j.api, j.params, j.priority, j.state,
   j.idempotency_key as "idempotencyKey", j.attempts, j.created_at as "createdAt",
-  (extract(epoch from j.created_at) * 1000000)::bigint::text as "createdAtMicros",
+  (extract(epoch from j.created_at) * 1000000)::bigint::text as "createdAtMicros", j.run_after as "runAfter",
   j.started_at as "startedAt", j.finished_at as "finishedAt",
   r.data as result, r.error_code as "errorCode", r.error_message as "errorMessage",
   r.http_status as "httpStatus", coalesce(r.credits_billed, 0) as "creditsBilled"`;
@@ -75,23 +77,24 @@ export interface NewJobRow extends NewJob {
  */
 export async function insertJobsQueued(tx: Tx, jobs: readonly NewJobRow[]): Promise<{ jobs: number; queued: number }> {
   if (jobs.length === 0) return { jobs: 0, queued: 0 };
-  const payload = jobs.map((j) => ({ id: j.id, tenant_id: j.tenantId, api: j.api, params: j.params, priority: j.priority, state: j.state, idempotency_key: j.idempotencyKey }));
+  const payload = jobs.map((j) => ({ id: j.id, tenant_id: j.tenantId, api: j.api, params: j.params, priority: j.priority, state: j.state, idempotency_key: j.idempotencyKey, run_at: j.runAt?.toISOString() ?? null }));
   const d = BOSS_QUEUE_DEFAULTS;
   const names = [...new Set(jobs.map((j) => queueName(j.tenantId, j.priority)))];
   const [row] = await tx`
     with j as (
-      insert into jobs (id, tenant_id, api, params, priority, state, idempotency_key)
-      select x.id, x.tenant_id, x.api, x.params, x.priority, x.state, x.idempotency_key
+      insert into jobs (id, tenant_id, api, params, priority, state, idempotency_key, run_after)
+      select x.id, x.tenant_id, x.api, x.params, x.priority, x.state, x.idempotency_key, greatest(now(), coalesce(x.run_at, now()))
       from jsonb_to_recordset(${tx.json(payload as never)}::jsonb)
-        as x(id uuid, tenant_id uuid, api text, params jsonb, priority text, state text, idempotency_key text)
+        as x(id uuid, tenant_id uuid, api text, params jsonb, priority text, state text, idempotency_key text, run_at timestamptz)
       on conflict (tenant_id, idempotency_key) where idempotency_key is not null do nothing
-      returning id, tenant_id, api, params, priority
+      returning id, tenant_id, api, params, priority, run_after
     ), b as (
       insert into pgboss.job (id, name, data, priority, start_after, created_on, expire_seconds, deletion_seconds, keep_until,
         retry_limit, retry_delay, retry_backoff, retry_delay_max, policy, dead_letter, heartbeat_seconds)
-      select j.id, q.name, jsonb_build_object('tenantId', j.tenant_id, 'api', j.api, 'params', j.params), 0, pgboss.job_now(), pgboss.job_now(),
+      select j.id, q.name, jsonb_build_object('tenantId', j.tenant_id, 'api', j.api, 'params', j.params), 0,
+        greatest(pgboss.job_now(), j.run_after), pgboss.job_now(),
         coalesce(q.expire_seconds, ${d.expireSeconds}), coalesce(q.deletion_seconds, ${d.deletionSeconds}),
-        pgboss.job_now() + coalesce(q.retention_seconds, ${d.retentionSeconds}) * interval '1s',
+        greatest(pgboss.job_now(), j.run_after) + coalesce(q.retention_seconds, ${d.retentionSeconds}) * interval '1s',
         coalesce(q.retry_limit, ${d.retryLimit}), coalesce(q.retry_delay, ${d.retryDelay}), coalesce(q.retry_backoff, false),
         q.retry_delay_max, q.policy, q.dead_letter, q.heartbeat_seconds
       from j join pgboss.queue q on q.name = 't.' || j.tenant_id || '.' || lower(j.priority)
@@ -136,6 +139,7 @@ export interface JobFilter {
   state?: JobState | null | undefined;
   api?: string | null | undefined;
   priority?: JobClass | null | undefined;
+  idempotencyKey?: string | null | undefined;
 }
 
 /** Keyset page of a tenant's jobs, newest first. `after` is the (createdAtMicros, id) of the last row seen. */
@@ -150,10 +154,11 @@ export async function listJobs(
     `select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id
      where j.tenant_id = $1
        and ($2::text is null or j.state = $2) and ($3::text is null or j.api = $3) and ($4::text is null or j.priority = $4)
+       and ($8::text is null or j.idempotency_key = $8)
        and ($5::bigint is null or (j.created_at, j.id) < (to_timestamp($5::bigint / 1000000.0), $6::uuid))
      order by j.created_at desc, j.id desc
      limit $7`,
-    [tenantId, filter.state ?? null, filter.api ?? null, filter.priority ?? null, after?.createdAtMicros ?? null, after?.id ?? null, limit],
+    [tenantId, filter.state ?? null, filter.api ?? null, filter.priority ?? null, after?.createdAtMicros ?? null, after?.id ?? null, limit, filter.idempotencyKey ?? null],
   );
   return rows as unknown as JobRow[];
 }
@@ -164,8 +169,40 @@ export async function countJobs(sql: Tx, tenantId: string, filter: JobFilter): P
     where tenant_id = ${tenantId}
       and (${filter.state ?? null}::text is null or state = ${filter.state ?? null})
       and (${filter.api ?? null}::text is null or api = ${filter.api ?? null})
-      and (${filter.priority ?? null}::text is null or priority = ${filter.priority ?? null})`;
+      and (${filter.priority ?? null}::text is null or priority = ${filter.priority ?? null})
+      and (${filter.idempotencyKey ?? null}::text is null or idempotency_key = ${filter.idempotencyKey ?? null})`;
   return row!.n as number;
+}
+
+/** Per class, when the tenant's earliest QUEUED job is due (runAt, a retry's delay): one index probe per class. */
+export async function earliestRunAfter(sql: Tx, tenantId: string): Promise<Map<JobClass, Date>> {
+  const rows = await sql`
+    select c.class, (select run_after from jobs where tenant_id = ${tenantId} and priority = c.class and state = 'QUEUED' order by run_after limit 1) as at
+    from unnest(${CLASSES as unknown as string[]}::text[]) as c(class)`;
+  return new Map(rows.filter((r) => r.at !== null).map((r) => [r.class as JobClass, r.at as Date]));
+}
+
+/** The tenant's waiting jobs (QUEUED, WAITING_QUOTA) matching the filter, oldest first, at most `limit` (cancelJobs' pick). */
+export async function waitingJobsMatching(tx: Tx, tenantId: string, filter: JobFilter, limit: number): Promise<Array<{ id: string; priority: JobClass }>> {
+  const rows = await tx`
+    select id, priority from jobs
+    where tenant_id = ${tenantId} and state in ('QUEUED', 'WAITING_QUOTA')
+      and (${filter.state ?? null}::text is null or state = ${filter.state ?? null})
+      and (${filter.api ?? null}::text is null or api = ${filter.api ?? null})
+      and (${filter.priority ?? null}::text is null or priority = ${filter.priority ?? null})
+      and (${filter.idempotencyKey ?? null}::text is null or idempotency_key = ${filter.idempotencyKey ?? null})
+    order by created_at, id limit ${limit}`;
+  return rows.map((r) => ({ id: r.id as string, priority: r.priority as JobClass }));
+}
+
+/** QUEUED or WAITING_QUOTA → CANCELLED for these jobs of the tenant (those still waiting); returns them with their class. */
+export async function cancelQueuedJobs(tx: Tx, tenantId: string, ids: readonly string[]): Promise<Array<{ id: string; priority: JobClass }>> {
+  if (ids.length === 0) return [];
+  const rows = await tx`
+    update jobs set state = 'CANCELLED', finished_at = now(), updated_at = now()
+    where id = any(${ids as string[]}::uuid[]) and tenant_id = ${tenantId} and state in ('QUEUED', 'WAITING_QUOTA')
+    returning id, priority`;
+  return rows.map((r) => ({ id: r.id as string, priority: r.priority as JobClass }));
 }
 
 /** The class of a tenant's job (it never changes), or null when there is no such job. */

@@ -202,6 +202,12 @@ export async function lockBossJob(tx: postgres.TransactionSql, queue: string, id
   await tx`select 1 from pgboss.job where name = ${queue} and id = ${id} and state < 'active' for update`;
 }
 
+/** lockBossJob for many jobs in one statement (cancelJobs), in id order like every other path that locks several. */
+export async function lockBossJobs(tx: postgres.TransactionSql, queues: readonly string[], ids: readonly string[]): Promise<void> {
+  if (ids.length === 0) return;
+  await tx`select 1 from pgboss.job where name = any(${queues as string[]}::text[]) and id = any(${ids as string[]}::uuid[]) and state < 'active' order by id for update`;
+}
+
 /**
  * Deletes a waiting job's pg-boss row (pg-boss's states before `active`): a
  * late settlement finished the job while it waited to run again

@@ -82,6 +82,11 @@ const JobInput = builder.inputType('JobInput', {
     params: t.field({ type: 'JSON', description: 'Query parameters for the API, as a JSON object.' }),
     priority: t.field({ type: PriorityEnum, defaultValue: 'STANDARD' }),
     idempotencyKey: t.string({ description: 'Same key from the same tenant returns the original job instead of a new one.' }),
+    runAt: t.field({
+      type: 'DateTime',
+      description:
+        'Not before this instant (at most JOB_RUN_AT_MAX_SECONDS ahead, 30 days by default; up to 5 minutes past counts as now; otherwise BAD_RUN_AT). The job is QUEUED, counts in your queue bound, and waits with waitReason SCHEDULED until then.',
+    }),
   }),
 });
 
@@ -101,6 +106,17 @@ const JobFilter = builder.inputType('JobFilter', {
     state: t.field({ type: JobStateEnum }),
     api: t.string(),
     priority: t.field({ type: PriorityEnum }),
+    idempotencyKey: t.string({ description: 'The job submitted with this idempotency key (at most one per tenant).' }),
+  }),
+});
+
+/** cancelJobs cancels at most this many jobs per call (one transaction: it must not hold the tenant for long). */
+export const MAX_CANCEL_JOBS = 1_000;
+
+const CancelJobsPayload = builder.objectRef<{ cancelled: number; more: boolean }>('CancelJobsPayload').implement({
+  fields: (t) => ({
+    cancelled: t.exposeInt('cancelled', { description: 'Waiting jobs cancelled by this call (never sent, never billed).' }),
+    more: t.exposeBoolean('more', { description: 'Waiting jobs matching the filter remain (past `limit`): call again.' }),
   }),
 });
 
@@ -167,7 +183,7 @@ builder.queryFields((t) => ({
         const first = args.first ?? 50;
         if (first < 0 || first > MAX_PAGE) throw new SluiceError('BAD_USER_INPUT', `first must be 0 to ${MAX_PAGE}`, { field: 'first' });
         const tenantId = tenantOf(ctx).id;
-        const filter = { state: args.filter?.state, api: args.filter?.api, priority: args.filter?.priority };
+        const filter = { state: args.filter?.state, api: args.filter?.api, priority: args.filter?.priority, idempotencyKey: args.filter?.idempotencyKey };
         const after = args.after ? decodeCursor(args.after) : null;
         const rows = await listJobs(ctx.services.sql, tenantId, filter, first + 1, after);
         const page = rows.slice(0, first);
@@ -224,6 +240,20 @@ builder.mutationFields((t) => ({
     description: 'Cancels one of your QUEUED jobs.',
     args: { id: t.arg.id({ required: true }) },
     resolve: (_r, { id }, ctx) => ctx.services.jobs.cancel(tenantOf(ctx).id, asId(id, 'job')),
+  }),
+  cancelJobs: t.field({
+    ...role('tenant'),
+    type: CancelJobsPayload,
+    description: `Cancels your waiting jobs (QUEUED, WAITING_QUOTA) that match the filter, the oldest \`limit\` (1 to ${MAX_CANCEL_JOBS}, default ${MAX_CANCEL_JOBS}) per call; \`more\` says whether matching waiting jobs remain. Running and finished jobs are left as they are.`,
+    args: { filter: t.arg({ type: JobFilter, required: true }), limit: t.arg.int({ defaultValue: MAX_CANCEL_JOBS }) },
+    resolve: (_r, { filter, limit }, ctx) => {
+      const n = limit ?? MAX_CANCEL_JOBS;
+      if (!Number.isInteger(n) || n < 1 || n > MAX_CANCEL_JOBS) throw new SluiceError('BAD_USER_INPUT', `limit must be 1 to ${MAX_CANCEL_JOBS}`, { field: 'limit' });
+      if (filter.state && filter.state !== 'QUEUED' && filter.state !== 'WAITING_QUOTA') {
+        throw new SluiceError('NOT_CANCELLABLE', `only waiting jobs (QUEUED, WAITING_QUOTA) can be cancelled, not ${filter.state}`, { field: 'filter.state', state: filter.state });
+      }
+      return ctx.services.jobs.cancelMany(tenantOf(ctx).id, { state: filter.state, api: filter.api, priority: filter.priority, idempotencyKey: filter.idempotencyKey }, n);
+    },
   }),
 }));
 
