@@ -121,7 +121,8 @@ export function validateJob(
   if (key !== null && (key.length === 0 || key.length > MAX_IDEMPOTENCY_KEY_LENGTH)) {
     refuse('BAD_USER_INPUT', index, `idempotencyKey must be 1 to ${MAX_IDEMPOTENCY_KEY_LENGTH} characters`, { field: 'idempotencyKey' });
   }
-  return { api: spec.name, params, priority: priority as JobClass, idempotencyKey: key, runAt: checkRunAt(input.runAt, schedule, index) };
+  const runAt = checkRunAt(input.runAt, schedule, index);
+  return { api: spec.name, params, priority: priority as JobClass, idempotencyKey: key, ...(runAt ? { runAt } : {}) };
 }
 
 export function validateSubmission(
