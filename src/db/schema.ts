@@ -94,6 +94,11 @@ export const jobs = pgTable(
     priority: text('priority').notNull(),
     state: text('state').notNull(),
     idempotencyKey: text('idempotency_key'),
+    /**
+     * The FAILED or CANCELLED job this one was submitted again from (`retryJob`). No foreign key:
+     * the original may be deleted by retention first, and the link is only shown, never followed.
+     */
+    retryOf: uuid('retry_of'),
     /** Upstream attempts made so far; also the fencing token of the current attempt. */
     attempts: integer('attempts').notNull().default(0),
     /** A queued job is ready from this instant (retries and put-backs wait). */

@@ -43,7 +43,7 @@ export function authorize(auth: Auth, roles: readonly Role[]): GraphQLError | nu
   for (const r of roles) {
     if (r === 'public') continue;
     if (auth.kind === 'anonymous') return refusal('UNAUTHENTICATED', 'missing credential: send Authorization: Bearer <api key>');
-    if (r !== auth.kind) {
+    if (r !== auth.kind && r !== 'either') {
       return refusal('FORBIDDEN', r === 'admin' ? 'this operation needs the admin token' : 'this operation needs a tenant API key');
     }
   }

@@ -24,7 +24,8 @@ export type Auth =
   | { kind: 'admin' }
   | { kind: 'tenant'; tenant: TenantRecord };
 
-export type Role = 'public' | 'tenant' | 'admin';
+/** Who may call a root field; `either` is a tenant or the admin (the field scopes itself, e.g. retryJob). */
+export type Role = 'public' | 'tenant' | 'admin' | 'either';
 
 export interface Services {
   sql: Sql;

@@ -19,7 +19,7 @@ import { SluiceError } from '../errors.ts';
 import { publishJobEvents } from '../events/bus.ts';
 import { inTransaction, lockBossJob, queueName } from '../queue/boss.ts';
 import { type JobClass } from '../config/classes.ts';
-import { cancelQueuedJob, getJob, insertJobsQueued, jobClassOf, originalsByIdempotencyKey, type JobState, type NewJob, type NewJobRow } from './store.ts';
+import { cancelQueuedJob, getJob, insertJobsQueued, jobClassOf, originalsByIdempotencyKey, type JobRow, type JobState, type NewJob, type NewJobRow } from './store.ts';
 import { newJobIds } from './ids.ts';
 import { validateSubmission, type JobInput, type ParamLimits } from './validate.ts';
 import type { CommitGate } from '../http/deadline.ts';
@@ -34,6 +34,15 @@ import { busyWeights, lockTenants, tenantSchedState } from '../scheduler/sql/ten
 import { readWindows } from '../scheduler/sql/windows.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../tenants/policy.ts';
 import { GroupCommit, type ItemResult } from './group-commit.ts';
+
+/** States a job can be submitted again from (retryJob). */
+export const RETRYABLE_STATES: readonly JobState[] = ['FAILED', 'CANCELLED'];
+
+/** Why this job cannot be retried, or null when it can; pure. */
+export function retryRefusal(job: Pick<JobRow, 'id' | 'state'>): SluiceError | null {
+  if (RETRYABLE_STATES.includes(job.state)) return null;
+  return new SluiceError('NOT_RETRYABLE', `job ${job.id} is ${job.state}; only FAILED or CANCELLED jobs can be retried`, { state: job.state });
+}
 
 /** Channel the dispatcher listens on to wake up when new work arrives. */
 export const WORK_CHANNEL = 'sluice_work';
@@ -447,6 +456,19 @@ export class JobService {
       tenant: tenantDrainRate({ pacedPerSecond: paced, weight: limits.weight, busyWeights: busy, cap: state?.cap ?? limits.concurrencyCap, latencySeconds: latency }),
       global,
     };
+  }
+
+  /**
+   * Submits a FAILED or CANCELLED job again as a new job of its tenant, with
+   * its api, params and class (no idempotency key: the original keeps its
+   * own), linked back through `retry_of`. The new job goes through admission
+   * like any submission (bounds, quota, suspension).
+   */
+  async retry(tenant: TenantRecord, original: JobRow, opts: { gate?: CommitGate } = {}): Promise<SubmittedJob> {
+    const refusal = retryRefusal(original);
+    if (refusal) throw refusal;
+    const [job] = await this.submit(tenant, [{ api: original.api, params: original.params, priority: original.priority, retryOf: original.id }], { bulk: false, gate: opts.gate });
+    return job!;
   }
 
   /** Cancels a queued job of the calling tenant. */

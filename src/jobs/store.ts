@@ -75,15 +75,15 @@ export interface NewJobRow extends NewJob {
  */
 export async function insertJobsQueued(tx: Tx, jobs: readonly NewJobRow[]): Promise<{ jobs: number; queued: number }> {
   if (jobs.length === 0) return { jobs: 0, queued: 0 };
-  const payload = jobs.map((j) => ({ id: j.id, tenant_id: j.tenantId, api: j.api, params: j.params, priority: j.priority, state: j.state, idempotency_key: j.idempotencyKey }));
+  const payload = jobs.map((j) => ({ id: j.id, tenant_id: j.tenantId, api: j.api, params: j.params, priority: j.priority, state: j.state, idempotency_key: j.idempotencyKey, retry_of: j.retryOf ?? null }));
   const d = BOSS_QUEUE_DEFAULTS;
   const names = [...new Set(jobs.map((j) => queueName(j.tenantId, j.priority)))];
   const [row] = await tx`
     with j as (
-      insert into jobs (id, tenant_id, api, params, priority, state, idempotency_key)
-      select x.id, x.tenant_id, x.api, x.params, x.priority, x.state, x.idempotency_key
+      insert into jobs (id, tenant_id, api, params, priority, state, idempotency_key, retry_of)
+      select x.id, x.tenant_id, x.api, x.params, x.priority, x.state, x.idempotency_key, x.retry_of
       from jsonb_to_recordset(${tx.json(payload as never)}::jsonb)
-        as x(id uuid, tenant_id uuid, api text, params jsonb, priority text, state text, idempotency_key text)
+        as x(id uuid, tenant_id uuid, api text, params jsonb, priority text, state text, idempotency_key text, retry_of uuid)
       on conflict (tenant_id, idempotency_key) where idempotency_key is not null do nothing
       returning id, tenant_id, api, params, priority
     ), b as (
@@ -136,6 +136,7 @@ export interface JobFilter {
   state?: JobState | null | undefined;
   api?: string | null | undefined;
   priority?: JobClass | null | undefined;
+  idempotencyKey?: string | null | undefined;
 }
 
 /** Keyset page of a tenant's jobs, newest first. `after` is the (createdAtMicros, id) of the last row seen. */
@@ -150,10 +151,11 @@ export async function listJobs(
     `select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id
      where j.tenant_id = $1
        and ($2::text is null or j.state = $2) and ($3::text is null or j.api = $3) and ($4::text is null or j.priority = $4)
+       and ($8::text is null or j.idempotency_key = $8)
        and ($5::bigint is null or (j.created_at, j.id) < (to_timestamp($5::bigint / 1000000.0), $6::uuid))
      order by j.created_at desc, j.id desc
      limit $7`,
-    [tenantId, filter.state ?? null, filter.api ?? null, filter.priority ?? null, after?.createdAtMicros ?? null, after?.id ?? null, limit],
+    [tenantId, filter.state ?? null, filter.api ?? null, filter.priority ?? null, after?.createdAtMicros ?? null, after?.id ?? null, limit, filter.idempotencyKey ?? null],
   );
   return rows as unknown as JobRow[];
 }
@@ -164,8 +166,34 @@ export async function countJobs(sql: Tx, tenantId: string, filter: JobFilter): P
     where tenant_id = ${tenantId}
       and (${filter.state ?? null}::text is null or state = ${filter.state ?? null})
       and (${filter.api ?? null}::text is null or api = ${filter.api ?? null})
-      and (${filter.priority ?? null}::text is null or priority = ${filter.priority ?? null})`;
+      and (${filter.priority ?? null}::text is null or priority = ${filter.priority ?? null})
+      and (${filter.idempotencyKey ?? null}::text is null or idempotency_key = ${filter.idempotencyKey ?? null})`;
   return row!.n as number;
+}
+
+/**
+ * Jobs of any tenant (the operator's job search): the job with this id, and
+ * the jobs submitted under this idempotency key, newest first. The key is
+ * looked up without its tenant through the (tenant_id, idempotency_key)
+ * index, which Postgres 18 skip-scans.
+ */
+export async function findJobs(sql: Tx, text: string, limit: number): Promise<JobRow[]> {
+  const id = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(text) ? text : null;
+  const rows = await sql.unsafe(
+    `select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id
+     where ($1::uuid is not null and j.id = $1::uuid) or j.idempotency_key = $2
+     order by j.created_at desc, j.id desc
+     limit $3`,
+    [id, text, limit],
+  );
+  return rows as unknown as JobRow[];
+}
+
+/** Each of these jobs' `retry_of` (the job it was submitted again from), where set. */
+export async function retriedFrom(sql: Tx, ids: readonly string[]): Promise<Map<string, string>> {
+  if (ids.length === 0) return new Map();
+  const rows = await sql`select id, retry_of from jobs where id = any(${ids as string[]}::uuid[]) and retry_of is not null`;
+  return new Map(rows.map((r) => [r.id as string, r.retry_of as string]));
 }
 
 /** The class of a tenant's job (it never changes), or null when there is no such job. */

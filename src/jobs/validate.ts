@@ -13,6 +13,8 @@ export interface JobInput {
   params?: Record<string, unknown> | null | undefined;
   priority?: string | null | undefined;
   idempotencyKey?: string | null | undefined;
+  /** Set by retryJob only (not part of the GraphQL input): the job this one is submitted again from. */
+  retryOf?: string | null | undefined;
 }
 
 export interface ValidJob {
@@ -20,6 +22,8 @@ export interface ValidJob {
   params: Record<string, string | number | boolean>;
   priority: JobClass;
   idempotencyKey: string | null;
+  /** The job this one is submitted again from (retryJob); absent for a new submission. */
+  retryOf?: string | null;
 }
 
 export const MAX_IDEMPOTENCY_KEY_LENGTH = 200;
@@ -87,7 +91,7 @@ export function validateJob(input: JobInput, catalog: ApiCatalog, index: number 
   if (key !== null && (key.length === 0 || key.length > MAX_IDEMPOTENCY_KEY_LENGTH)) {
     refuse('BAD_USER_INPUT', index, `idempotencyKey must be 1 to ${MAX_IDEMPOTENCY_KEY_LENGTH} characters`, { field: 'idempotencyKey' });
   }
-  return { api: spec.name, params, priority: priority as JobClass, idempotencyKey: key };
+  return { api: spec.name, params, priority: priority as JobClass, idempotencyKey: key, ...(input.retryOf ? { retryOf: input.retryOf } : {}) };
 }
 
 export function validateSubmission(inputs: readonly JobInput[], catalog: ApiCatalog, maxItems: number, limits: ParamLimits = DEFAULT_PARAM_LIMITS): ValidJob[] {

@@ -1,5 +1,5 @@
 import { GraphQLError } from 'graphql';
-import { FINAL_STATES, JOB_STATES, countJobs, finishedSince, getJob, listJobs, type JobRow } from '../../jobs/store.ts';
+import { FINAL_STATES, JOB_STATES, countJobs, findJobs, finishedSince, getJob, listJobs, retriedFrom, type JobRow } from '../../jobs/store.ts';
 import { RESYNC } from '../../events/bus.ts';
 import { isTransientOutage } from '../../db/availability.ts';
 import { CLASSES } from '../../config/classes.ts';
@@ -11,6 +11,8 @@ import { estimatedStartAt, queuePositions, tenantQueueStatus, type QueueStatus }
 import { batchLoad, perRequest } from '../memo.ts';
 import type { Context } from '../context.ts';
 import type { TenantRecord } from '../../tenants/policy.ts';
+import { MAX_IDEMPOTENCY_KEY_LENGTH } from '../../jobs/validate.ts';
+import { TenantRef } from './tenants.ts';
 
 export const PriorityEnum = builder.enumType('Priority', {
   description: 'Priority class. INTERACTIVE is served first; BULK sheds first when queues fill.',
@@ -45,6 +47,12 @@ export const JobRef = builder.objectRef<JobRow>('Job').implement({
     creditsBilled: t.int({ resolve: (j) => j.creditsBilled }),
     attempts: t.exposeInt('attempts'),
     idempotencyKey: t.exposeString('idempotencyKey', { nullable: true }),
+    retryOf: t.id({
+      nullable: true,
+      description: 'The FAILED or CANCELLED job this one was submitted again from by retryJob; null for a job submitted afresh.',
+      // A page's jobs share one lookup (graphql/memo.ts).
+      resolve: async (j, _a, ctx) => (await batchLoad(ctx, 'retriedFrom', (ids: string[]) => retriedFrom(ctx.services.sql, ids), j.id)) ?? null,
+    }),
     createdAt: t.field({ type: 'DateTime', resolve: (j) => j.createdAt }),
     startedAt: t.field({ type: 'DateTime', nullable: true, resolve: (j) => j.startedAt }),
     finishedAt: t.field({ type: 'DateTime', nullable: true, resolve: (j) => j.finishedAt }),
@@ -65,6 +73,14 @@ export const JobRef = builder.objectRef<JobRow>('Job').implement({
         return estimatedStartAt(ctx.services, tenant, j, ahead, queues);
       },
     }),
+  }),
+});
+
+/** A job found by the operator's search, with its tenant. */
+const FoundJobRef = builder.objectRef<{ job: JobRow; tenant: TenantRecord }>('FoundJob').implement({
+  fields: (t) => ({
+    job: t.field({ type: JobRef, resolve: (x) => x.job }),
+    tenant: t.field({ type: TenantRef, resolve: (x) => x.tenant }),
   }),
 });
 
@@ -101,6 +117,7 @@ const JobFilter = builder.inputType('JobFilter', {
     state: t.field({ type: JobStateEnum }),
     api: t.string(),
     priority: t.field({ type: PriorityEnum }),
+    idempotencyKey: t.string({ description: 'The job submitted under this idempotency key (at most one).' }),
   }),
 });
 
@@ -162,27 +179,7 @@ builder.queryFields((t) => ({
       type: JobRef,
       description: 'Your jobs, newest first.',
       args: { filter: t.arg({ type: JobFilter }) },
-      resolve: async (_r, args, ctx) => {
-        if (args.before || args.last) throw new SluiceError('BAD_USER_INPUT', 'only forward pagination (first, after) is supported');
-        const first = args.first ?? 50;
-        if (first < 0 || first > MAX_PAGE) throw new SluiceError('BAD_USER_INPUT', `first must be 0 to ${MAX_PAGE}`, { field: 'first' });
-        const tenantId = tenantOf(ctx).id;
-        const filter = { state: args.filter?.state, api: args.filter?.api, priority: args.filter?.priority };
-        const after = args.after ? decodeCursor(args.after) : null;
-        const rows = await listJobs(ctx.services.sql, tenantId, filter, first + 1, after);
-        const page = rows.slice(0, first);
-        return {
-          // Counted only when totalCount is selected (its resolver): a count(*) over a big backlog is not free.
-          count: () => countJobs(ctx.services.sql, tenantId, filter),
-          edges: page.map((node) => ({ cursor: encodeCursor(node), node })),
-          pageInfo: {
-            hasNextPage: rows.length > first,
-            hasPreviousPage: after !== null,
-            startCursor: page[0] ? encodeCursor(page[0]) : null,
-            endCursor: page.at(-1) ? encodeCursor(page.at(-1)!) : null,
-          },
-        };
-      },
+      resolve: (_r, args, ctx) => jobsPage(ctx, tenantOf(ctx).id, args),
     },
     {
       name: 'JobConnection',
@@ -191,7 +188,60 @@ builder.queryFields((t) => ({
       }),
     },
   ),
+  tenantJobs: t.connection(
+    {
+      ...role('admin'),
+      type: JobRef,
+      description: "One tenant's jobs, newest first (admin; the console's tenant page).",
+      args: { tenantId: t.arg.id({ required: true }), filter: t.arg({ type: JobFilter }) },
+      resolve: (_r, args, ctx) => jobsPage(ctx, asId(args.tenantId, 'tenant'), args),
+    },
+    { name: 'TenantJobConnection', fields: (c) => ({ totalCount: c.int({ description: 'Jobs matching the filter.', resolve: (conn) => (conn as unknown as { count: () => Promise<number> }).count() }) }) },
+  ),
+  jobSearch: t.field({
+    ...role('admin'),
+    type: [FoundJobRef],
+    description: 'Jobs of any tenant with this id or idempotency key, newest first (admin; the console\'s job search).',
+    args: { text: t.arg.string({ required: true }), first: t.arg.int({ defaultValue: 20 }) },
+    resolve: async (_r, { text, first }, ctx) => {
+      const wanted = text.trim();
+      if (wanted.length === 0 || wanted.length > MAX_IDEMPOTENCY_KEY_LENGTH) {
+        throw new SluiceError('BAD_USER_INPUT', `text must be 1 to ${MAX_IDEMPOTENCY_KEY_LENGTH} characters: a job id or an idempotency key`, { field: 'text' });
+      }
+      const limit = first ?? 20;
+      if (limit < 1 || limit > 100) throw new SluiceError('BAD_USER_INPUT', 'first must be 1 to 100', { field: 'first' });
+      const jobs = await findJobs(ctx.services.sql, wanted, limit);
+      const tenants = await Promise.all(jobs.map((j) => ctx.services.tenants.get(j.tenantId)));
+      return jobs.flatMap((job, i) => (tenants[i] ? [{ job, tenant: tenants[i]! }] : []));
+    },
+  }),
 }));
+
+/** One page of a tenant's jobs for `jobs` and `tenantJobs`: keyset paging on (created_at, id), newest first. */
+async function jobsPage(
+  ctx: Context,
+  tenantId: string,
+  args: { first?: number | null; after?: string | null; last?: number | null; before?: string | null; filter?: { state?: JobRow['state'] | null; api?: string | null; priority?: JobRow['priority'] | null; idempotencyKey?: string | null } | null },
+) {
+  if (args.before || args.last) throw new SluiceError('BAD_USER_INPUT', 'only forward pagination (first, after) is supported');
+  const first = args.first ?? 50;
+  if (first < 0 || first > MAX_PAGE) throw new SluiceError('BAD_USER_INPUT', `first must be 0 to ${MAX_PAGE}`, { field: 'first' });
+  const filter = { state: args.filter?.state, api: args.filter?.api, priority: args.filter?.priority, idempotencyKey: args.filter?.idempotencyKey };
+  const after = args.after ? decodeCursor(args.after) : null;
+  const rows = await listJobs(ctx.services.sql, tenantId, filter, first + 1, after);
+  const page = rows.slice(0, first);
+  return {
+    // Counted only when totalCount is selected (its resolver): a count(*) over a big backlog is not free.
+    count: () => countJobs(ctx.services.sql, tenantId, filter),
+    edges: page.map((node) => ({ cursor: encodeCursor(node), node })),
+    pageInfo: {
+      hasNextPage: rows.length > first,
+      hasPreviousPage: after !== null,
+      startCursor: page[0] ? encodeCursor(page[0]) : null,
+      endCursor: page.at(-1) ? encodeCursor(page.at(-1)!) : null,
+    },
+  };
+}
 
 builder.mutationFields((t) => ({
   submitJob: t.field({
@@ -216,6 +266,24 @@ builder.mutationFields((t) => ({
         { bulk: true, gate: ctx.gate },
       );
       return { jobs };
+    },
+  }),
+  retryJob: t.field({
+    ...role('either'),
+    type: JobRef,
+    description:
+      "Submits a FAILED or CANCELLED job again as a new job (same api, params and class; Job.retryOf names the original). A tenant retries its own jobs; the admin any tenant's.",
+    args: { id: t.arg.id({ required: true }) },
+    resolve: async (_r, { id }, ctx) => {
+      const jobId = asId(id, 'job');
+      // A tenant's lookup is scoped to it: another tenant's job is NOT_FOUND, as if it did not exist.
+      const original = await getJob(ctx.services.sql, ctx.auth.kind === 'tenant' ? ctx.auth.tenant.id : null, jobId);
+      const tenant = original ? (ctx.auth.kind === 'tenant' ? ctx.auth.tenant : await ctx.services.tenants.get(original.tenantId)) : null;
+      if (!original || !tenant) throw new SluiceError('NOT_FOUND', `no job with id ${jobId}`);
+      const submitted = await ctx.services.jobs.retry(tenant, original, { gate: ctx.gate });
+      const job = await getJob(ctx.services.sql, tenant.id, submitted.id);
+      if (!job) throw new SluiceError('NOT_FOUND', `no job with id ${submitted.id}`);
+      return job;
     },
   }),
   cancelJob: t.field({
