@@ -48,6 +48,7 @@ import { Sweeper } from './scheduler/sweeper.ts';
 import { Reconciler } from './scheduler/reconcile.ts';
 import { parseClassWindows, planWindows } from './scheduler/windows.ts';
 import { parseClassNumbers, parseClassSeconds } from './config/classes.ts';
+import { WindowHistory } from './visibility/history.ts';
 
 export interface SluiceApp {
   /** http://host:port/graphql when this process serves the API. */
@@ -256,6 +257,11 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     };
     if (ops.metricsOff) log.warn({ host: env.HOST }, 'GET /metrics is refused (403): this process listens on a non-loopback address and METRICS_TOKEN is not set; set METRICS_TOKEN to serve it');
     if (env.SLUICE_ROLE !== 'worker') {
+      // The console's chart history: this node's own ring buffer (visibility/history.ts).
+      const history = new WindowHistory(sql);
+      history.start((err) => log.debug({ err }, 'chart history sample failed (the next one is in 5 s)'));
+      services.history = history;
+      cleanups.push(async () => history.stop());
       // In demo mode and development GraphiQL is on unless GRAPHIQL=false; in production only with GRAPHIQL=true.
       const graphiql = env.GRAPHIQL ?? (!env.APIVERVE_API_KEY || env.NODE_ENV === 'development');
       const subscriptions = new SubscriptionRegistry({ perTenant: env.MAX_SUBSCRIPTIONS_PER_TENANT, perProcess: env.MAX_SUBSCRIPTIONS_PER_PROCESS });

@@ -16,6 +16,7 @@ import type { CommitGate } from '../http/deadline.ts';
 import type { LifecycleDeps } from '../tenants/lifecycle.ts';
 import type { JobClass } from '../config/classes.ts';
 import type { BudgetState, RequestBudget } from '../http/budget.ts';
+import type { WindowHistory } from '../visibility/history.ts';
 
 export type Auth =
   | { kind: 'anonymous' }
@@ -45,6 +46,8 @@ export interface Services {
   agePromiseSeconds?: Partial<Record<JobClass, number>>;
   /** Tenants' request budgets (src/http/budget.ts); absent: requests are not charged (REQUEST_BUDGET_ENABLED=false). */
   budget?: RequestBudget;
+  /** This node's chart history of the windows (API processes; visibility/history.ts). */
+  history?: WindowHistory;
   /** After a tenant is created or changed: its pg-boss queues exist and the scheduler has its limits. */
   tenantChanged(tenant: TenantRecord): Promise<void>;
 }

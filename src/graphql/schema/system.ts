@@ -5,6 +5,8 @@ import { changes, systemStatus, type SystemStatus } from '../../visibility/statu
 import { PriorityEnum } from './jobs.ts';
 import { tokensAt } from '../../scheduler/pacer.ts';
 import { builder, role } from '../builder.ts';
+import { HEALTH_STATUSES, paceUsed, systemHealth, type Health } from '../../visibility/health.ts';
+import { HISTORY_RANGES, HISTORY_SAMPLE_MS, type HistoryPoint } from '../../visibility/history.ts';
 
 const WindowRef = builder.objectRef<WindowRow & { callsPerSecond?: number }>('Window').implement({
   description: 'One upstream rate window (key) and its pacer, shared by every node.',
@@ -20,6 +22,51 @@ const WindowRef = builder.objectRef<WindowRow & { callsPerSecond?: number }>('Wi
     latencyP50Ms: t.float({ nullable: true, resolve: (w) => w.latencyP50Ms }),
     latencyP95Ms: t.float({ nullable: true, resolve: (w) => w.latencyP95Ms }),
     callsPerSecond: t.float({ description: 'Calls sent on this window over the last 10 seconds, per second (one per batch item, as the pacer counts).', resolve: (w) => w.callsPerSecond ?? 0 }),
+    paceUsed: t.float({
+      nullable: true,
+      description: 'callsPerSecond ÷ the paced rate per second (0.5 = half the pace used); null for an unlimited window.',
+      resolve: (w) => paceUsed({ ratePerMinute: w.ratePerMinute, callsPerSecond: w.callsPerSecond ?? 0 }),
+    }),
+    limitPerMinute: t.float({
+      nullable: true,
+      description: "The key's configured limit upstream (calls/min; the paced rate is this × PACE_FRACTION); null = no per-minute ceiling.",
+      resolve: (w, _a, ctx) => ctx.services.windows.find((s) => s.name === w.name)?.limitPerMinute ?? null,
+    }),
+  }),
+});
+
+const HealthStatusEnum = builder.enumType('HealthStatus', {
+  values: {
+    HEALTHY: { description: 'Every window open, no breaker open, no active alert.' },
+    DEGRADED: { description: 'Part of the work is held back or needs a look: a paused window, a breaker not closed, an active alert.' },
+    STOPPED: { description: 'Nothing is dispatched: the account is out of credits, or every window is paused.' },
+  } satisfies Record<(typeof HEALTH_STATUSES)[number], unknown>,
+});
+
+const HealthRef = builder.objectRef<Health>('Health').implement({
+  description: 'One verdict of the system, with the reasons.',
+  fields: (t) => ({
+    status: t.field({ type: HealthStatusEnum, resolve: (h) => h.status }),
+    reasons: t.exposeStringList('reasons', { description: 'Why, most fundamental first (for HEALTHY, what was checked).' }),
+  }),
+});
+
+const HistoryRangeEnum = builder.enumType('HistoryRange', { values: Object.keys(HISTORY_RANGES) as Array<keyof typeof HISTORY_RANGES> });
+
+const HistoryPointRef = builder.objectRef<HistoryPoint>('HistoryPoint').implement({
+  fields: (t) => ({
+    at: t.field({ type: 'DateTime', resolve: (p) => new Date(p.at) }),
+    callsPerSecond: t.exposeFloat('callsPerSecond'),
+    pacedPerSecond: t.float({ nullable: true, description: 'The paced rate per second; null = unlimited.', resolve: (p) => p.pacedPerSecond }),
+    busy: t.exposeInt('busy', { description: 'Calls in flight (the peak, when points are averaged).' }),
+    poolSize: t.exposeInt('poolSize'),
+  }),
+});
+
+const WindowHistoryRef = builder.objectRef<{ window: string; points: HistoryPoint[] }>('WindowHistory').implement({
+  fields: (t) => ({
+    window: t.exposeString('window'),
+    points: t.field({ type: [HistoryPointRef], description: 'Oldest first; at most 360 (longer ranges are averaged).', resolve: (h) => h.points }),
   }),
 });
 
@@ -73,11 +120,19 @@ const SystemRef = builder.objectRef<SystemStatus>('System').implement({
     alerts: t.field({ type: [AlertRef], description: 'Active alerts.', resolve: (s) => s.alerts }),
     classes: t.field({ type: [ClassTotalRef], resolve: (s) => s.classes }),
     estimatedDrainSeconds: t.float({ nullable: true, description: 'All waiting work ÷ the whole pace.', resolve: (s) => s.estimatedDrainSeconds }),
+    health: t.field({ type: HealthRef, description: 'HEALTHY, DEGRADED or STOPPED, with the reasons.', resolve: (s) => systemHealth(s) }),
   }),
 });
 
 builder.queryFields((t) => ({
   system: t.field({ ...role('admin'), type: SystemRef, resolve: (_r, _a, ctx) => systemStatus(ctx.services) }),
+  systemHistory: t.field({
+    ...role('admin'),
+    type: [WindowHistoryRef],
+    description: `Each window's calls, pace, in-flight and pool over a range, sampled every ${HISTORY_SAMPLE_MS / 1000} s by the node that answers and kept in its memory for 24 h (empty after that node restarts).`,
+    args: { range: t.arg({ type: HistoryRangeEnum, defaultValue: 'MINUTES_15' }) },
+    resolve: (_r, { range }, ctx) => ctx.services.history?.read(range ?? 'MINUTES_15') ?? [],
+  }),
 }));
 
 builder.mutationFields((t) => ({
