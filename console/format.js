@@ -7,8 +7,14 @@ export function secs(v) {
   if (v < 3600) return `${Math.floor(v / 60)} min ${Math.round(v % 60)} s`;
   return `${Math.floor(v / 3600)} h ${Math.round((v % 3600) / 60)} min`;
 }
-export const time = (iso) => (iso ? new Date(iso).toLocaleString('en-GB', { dateStyle: 'medium', timeStyle: 'medium' }) : '—');
+/** Every time on the console in one format and one zone, said: 2026-12-04 09:38:34 UTC (the charts' axes are UTC too). */
+export const time = (iso) => (iso ? new Date(iso).toISOString().replace('T', ' ').replace(/\.\d{3}Z$/, ' UTC') : '—');
 export const pct = (part, whole) => (whole > 0 ? Math.min(100, Math.round((part / whole) * 100)) : 0);
+/** A quota meter's level: amber ('warn') from 75 %, red ('bad') from 90 %. */
+export const level = (part, whole) => {
+  const share = whole > 0 ? part / whole : part > 0 ? 1 : 0;
+  return share >= 0.9 ? 'bad' : share >= 0.75 ? 'warn' : 'ok';
+};
 export const WAIT_REASONS = {
   CREDITS_EXHAUSTED: 'account out of credits',
   KEY_UNUSABLE: 'upstream key refused',
@@ -17,5 +23,10 @@ export const WAIT_REASONS = {
   QUOTA: 'monthly quota reached',
   CAP: 'at concurrency cap',
   RATE: 'waiting its fair turn',
+  SUSPENDED: 'tenant suspended',
 };
 export const reason = (r) => (r ? WAIT_REASONS[r] ?? r : '—');
+export const FINAL = new Set(['SUCCEEDED', 'FAILED', 'CANCELLED']);
+export const RETRYABLE = new Set(['FAILED', 'CANCELLED']);
+export const JOB_STATES = ['QUEUED', 'WAITING_QUOTA', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'];
+export const errorText = (e) => `${e.code ? `${e.code}: ` : ''}${e.message}`;

@@ -1,9 +1,13 @@
 /**
  * The console at /console in real Chromium, against a real Sluice (in-process,
- * simulator over HTTP): the operator sees the windows move as jobs run and
- * creates a tenant; a tenant submits a job from the form and watches it go
- * QUEUED → SUCCEEDED without a reload; neither view scrolls sideways at 390 px;
- * nothing is fetched from outside 127.0.0.1.
+ * simulator over HTTP): the operator sees the health strip and the windows move
+ * as jobs run (pace used, charts from the server's history with ranges),
+ * creates a tenant, finds a job by key and retries it, opens a tenant's page
+ * (usage chart, CSV, quota meter thresholds) and suspends, resumes and deletes
+ * it through inline confirmations; a tenant submits a job from the form and
+ * follows it live in the note, the table and the detail, filters and pages its
+ * jobs and retries a failed one; every view works at 1280 px and at 390 px
+ * without scrolling sideways; nothing is fetched from outside 127.0.0.1.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
@@ -63,8 +67,23 @@ describe('console', { skip: available ? false : SKIP_MESSAGE }, () => {
 
     // Calls/s, tokens or busy move on the page, pushed by systemStatus (no reload).
     await eventually(async () => (await windows.locator('tbody').innerText()) !== before, 30_000);
-    await eventually(async () => Number((await windows.getByTestId('calls').first().innerText()).replace(/[^0-9.]/g, '')) > 0, 30_000);
-    await page.getByRole('figure', { name: /calls\/s vs paced rate/ }).first().waitFor();
+    // "pace used N% (x of y calls/s)": the calls move, against the paced rate.
+    await eventually(async () => Number(/\(([0-9.]+) of [0-9.]+ calls\/s\)/.exec(await windows.getByTestId('calls').first().innerText())?.[1] ?? 0) > 0, 30_000);
+    assert.match(await windows.getByTestId('calls').first().innerText(), /^pace used \d+% \([0-9.]+ of [0-9.]+ calls\/s\)$/);
+    // One verdict of health, with its reason.
+    await page.getByTestId('health').getByRole('heading', { name: /Healthy|Degraded/ }).waitFor();
+    // Charts come from the server's history: a summary in words, units on the axes, UTC; ranges switch.
+    const chart = page.getByRole('figure', { name: /calls\/s vs paced rate \(15 min\)/ }).first();
+    await chart.waitFor({ timeout: 30_000 });
+    assert.match(await chart.getByTestId('chart-summary').innerText(), /^Last 15 min: [0-9.]+ calls\/s on average, peak [0-9.]+/);
+    assert.match(await page.getByRole('group', { name: 'Chart range' }).innerText(), /times in UTC/);
+    await page.getByRole('button', { name: '1 h', exact: true }).click();
+    await page.getByRole('figure', { name: /calls\/s vs paced rate \(1 h\)/ }).first().waitFor();
+    assert.equal(await page.getByRole('button', { name: '1 h', exact: true }).getAttribute('aria-pressed'), 'true');
+    // Resume is offered only while dispatch is stopped.
+    assert.equal(await page.getByRole('button', { name: /Resume dispatch/ }).count(), 0);
+    const history = await t.gql('{ systemHistory(range: MINUTES_15) { window points { at callsPerSecond } } }');
+    assert.ok(history.body.data.systemHistory.some((w: { points: unknown[] }) => w.points.length > 0), JSON.stringify(history.body));
 
     await page.getByLabel('New tenant name').fill('console-made');
     await page.getByRole('button', { name: 'Create tenant' }).click();
@@ -85,8 +104,16 @@ describe('console', { skip: available ? false : SKIP_MESSAGE }, () => {
       const r = await t.gql('{ tenants { name concurrencyCap } }');
       return r.body.data.tenants.find((x: { name: string }) => x.name === 'console-made')?.concurrencyCap === 3;
     });
-    page.once('dialog', (d) => void d.accept());
+    // An inline confirmation, not confirm(): it takes focus; Cancel leaves the key alone.
+    page.on('dialog', (d) => assert.fail(`a browser dialog opened: ${d.message()}`));
     await page.getByRole('button', { name: 'Rotate the key of console-made' }).click();
+    const ask = page.getByRole('alertdialog', { name: /Rotate the key of console-made/ });
+    await ask.waitFor();
+    assert.equal(await ask.evaluate((el) => el === document.activeElement), true, 'focus moves into the confirmation');
+    await ask.getByRole('button', { name: 'Cancel' }).click();
+    assert.equal((await t.gql('{ me { tenant { name } } }', {}, key)).status, 200);
+    await page.getByRole('button', { name: 'Rotate the key of console-made' }).click();
+    await page.getByRole('alertdialog').getByRole('button', { name: 'Rotate key' }).click();
     const rotated = (await page.getByTestId('new-key').innerText()).trim();
     assert.notEqual(rotated, key);
     assert.equal((await t.gql('{ me { tenant { name } } }', {}, key)).status, 401);
@@ -106,9 +133,10 @@ describe('console', { skip: available ? false : SKIP_MESSAGE }, () => {
     await signIn(page, tenant.apiKey);
     await page.getByTestId('usage').waitFor();
     await page.getByText('● live').waitFor();
-    await page.getByLabel('API').selectOption('emailvalidator');
-    await page.getByLabel('email', { exact: true }).fill('jane@mailinator.com');
-    await page.getByLabel('Priority').selectOption('BULK');
+    const form = page.getByRole('region', { name: 'Submit a job' });
+    await form.getByLabel('API').selectOption('emailvalidator');
+    await form.getByLabel('email', { exact: true }).fill('jane@mailinator.com');
+    await form.getByLabel('Priority').selectOption('BULK');
     // Record every state each job's row shows, as it changes.
     await page.evaluate(() => {
       const seen: Record<string, string[]> = {};
@@ -128,7 +156,15 @@ describe('console', { skip: available ? false : SKIP_MESSAGE }, () => {
     const note = await page.getByText(/^Job .* is QUEUED\.$/).innerText();
     const id = /^Job (\S+) is/.exec(note)![1]!;
     const first = page.getByTestId('jobs').locator(`tbody tr[data-job="${id}"]`);
+    // The detail, opened while the job waits, follows it live (jobUpdated) and takes focus.
+    await first.getByRole('button', { name: /Details of job/ }).click();
+    const detail = page.getByTestId('job-detail');
+    await detail.getByTestId('detail-state').getByText(/QUEUED|RUNNING/).waitFor();
+    assert.equal(await detail.evaluate((el) => el === document.activeElement), true, 'focus moves into the job detail');
     await first.getByText('SUCCEEDED').waitFor({ timeout: 60_000 });
+    await detail.getByTestId('detail-state').getByText('SUCCEEDED').waitFor({ timeout: 30_000 });
+    // The submit note follows the job too.
+    await page.getByTestId('submit-note').getByText(`Job ${id} is SUCCEEDED.`).waitFor({ timeout: 30_000 });
     const seen = (await page.evaluate(() => (window as unknown as { seen: Record<string, string[]> }).seen))[id!] ?? [];
     assert.equal(seen[0], 'QUEUED', `states seen: ${seen.join(' → ')}`);
     assert.equal(seen[seen.length - 1], 'SUCCEEDED', `states seen: ${seen.join(' → ')}`);
@@ -137,7 +173,6 @@ describe('console', { skip: available ? false : SKIP_MESSAGE }, () => {
     assert.deepEqual(job.body.data.job.params, { email: 'jane@mailinator.com' });
     assert.deepEqual(navigations, [], 'the page did not reload');
 
-    await first.getByRole('button', { name: /Details of job/ }).click();
     await page.getByTestId('job-detail').getByText('"hasTypo"', { exact: false }).waitFor();
     assert.equal(await scrollsSideways(page), false, 'the tenant view scrolls sideways at 1280 px');
     await screenshot(page, 'tenant');
@@ -154,10 +189,149 @@ describe('console', { skip: available ? false : SKIP_MESSAGE }, () => {
       await signIn(page, token);
       await page.getByText('● live').waitFor();
       await page.locator(name.startsWith('operator') ? '[data-testid="windows"]' : '[data-testid="usage"]').waitFor();
-      await page.getByRole('heading', { name: name.startsWith('operator') ? 'Tenants' : 'Recent jobs' }).waitFor();
+      await page.getByRole('heading', { name: name.startsWith('operator') ? 'Tenants' : 'Your jobs' }).waitFor();
       await page.waitForTimeout(300); // let charts and tables lay out
       assert.equal(await scrollsSideways(page), false, `${name} scrolls sideways`);
       await screenshot(page, name);
+    }
+    assert.deepEqual(b.outside, []);
+  });
+
+  test('a tenant filters and pages its jobs and retries a failed one, at 1280 px and 390 px', async () => {
+    const tenant = await t.createTenant('jobs-co');
+    // 21 jobs (a page is 20): one fails upstream (the simulator answers 400 to a malformed domain), one carries a key.
+    const jobs = [
+      { api: 'dnslookup', params: { domain: 'not a domain' }, priority: 'INTERACTIVE', idempotencyKey: 'invoice-9' },
+      ...Array.from({ length: 20 }, (_, i) => ({ api: 'dnslookup', params: { domain: `j${i}.example` }, priority: 'BULK' })),
+    ];
+    const r = await t.gql('mutation($i: SubmitJobsInput!) { submitJobs(input: $i) { jobs { id } } }', { i: { jobs } }, tenant.apiKey);
+    const failedId = r.body.data.submitJobs.jobs[0].id;
+    await eventually(async () => (await t.gql('query($id: ID!) { job(id: $id) { state } }', { id: failedId }, tenant.apiKey)).body.data.job.state === 'FAILED', 60_000);
+
+    let total = 21; // the retry adds one
+    for (const [width, height, shot] of [[1280, 800, 'tenant-jobs'], [390, 844, 'tenant-jobs-phone']] as const) {
+      const page = await b.page({ width, height });
+      await signIn(page, tenant.apiKey);
+      const table = page.getByTestId('jobs');
+      await table.locator('tbody tr').first().waitFor();
+      // Paging: 21 jobs, 20 a page.
+      await page.getByText(`Page 1 · ${total} jobs`).waitFor();
+      await page.getByRole('button', { name: 'Next' }).click();
+      await page.getByText(`Page 2 · ${total} jobs`).waitFor();
+      assert.equal(await table.locator('tbody tr').count(), total - 20);
+      await page.getByRole('button', { name: 'Previous' }).click();
+      await page.getByText(`Page 1 · ${total} jobs`).waitFor();
+      // Filters: by state, then by idempotency key.
+      await page.getByLabel('Job state').selectOption('FAILED');
+      const failedCount = total - 20; // the first job and, after the retry, its retry
+      await page.getByText(`Page 1 · ${failedCount} job${failedCount === 1 ? '' : 's'}`, { exact: true }).waitFor();
+      assert.ok((await table.locator('tbody tr').evaluateAll((rows) => rows.map((x) => x.getAttribute('data-job')))).includes(failedId));
+      if (width === 1280) {
+        // Retry the failed job from the filtered list: a new job linked to it is submitted, and runs.
+        await table.getByRole('button', { name: `Retry job ${failedId}` }).click();
+        const retried = await page.getByTestId('jobs-note').getByText(/retried as job/).innerText();
+        const newId = /retried as job (\S+) /.exec(retried)![1]!;
+        total += 1;
+        const again = await t.gql('query($id: ID!) { job(id: $id) { retryOf api params } }', { id: newId }, tenant.apiKey);
+        assert.equal(again.body.data.job.retryOf, failedId);
+        assert.deepEqual(again.body.data.job.params, { domain: 'not a domain' });
+        // Once it fails too, the filtered list shows it, marked as a retry.
+        await eventually(async () => (await t.gql('query($id: ID!) { job(id: $id) { state } }', { id: newId }, tenant.apiKey)).body.data.job.state === 'FAILED', 60_000);
+        await page.getByLabel('Job state').selectOption('');
+        await page.getByLabel('Job state').selectOption('FAILED');
+        await table.locator(`tbody tr[data-job="${newId}"]`).getByText(`retry of ${failedId.slice(0, 8)}…`).waitFor();
+      }
+      await page.getByLabel('Job state').selectOption('');
+      await page.getByLabel('Idempotency key').fill('invoice-9');
+      await page.getByRole('button', { name: 'Filter' }).click();
+      await page.getByText('Page 1 · 1 job', { exact: true }).waitFor();
+      await table.getByText('key invoice-9').waitFor();
+      await page.getByLabel('Idempotency key').fill('');
+      await page.getByRole('button', { name: 'Filter' }).click();
+      await page.getByText(/Page 1 · 2\d jobs/).waitFor();
+      assert.equal(await scrollsSideways(page), false, `${shot} scrolls sideways`);
+      await screenshot(page, shot);
+    }
+    assert.deepEqual(b.outside, []);
+  });
+
+  test('an operator finds a job by key, retries it, and opens, suspends, resumes and deletes its tenant, at 1280 px and 390 px', async () => {
+    const tenant = await t.createTenant('page-co');
+    // Quota 4 credits and three 1-credit jobs: 75 % used, the meter turns amber.
+    await t.gql('mutation($i: UpdateTenantInput!) { updateTenant(input: $i) { id } }', { i: { id: tenant.id, monthlyQuota: 4 } });
+    const jobs = [
+      { api: 'dnslookup', params: { domain: 'bad domain' }, idempotencyKey: 'shipment-42' },
+      ...[1, 2, 3].map((i) => ({ api: 'dnslookup', params: { domain: `p${i}.example` } })),
+    ];
+    const r = await t.gql('mutation($i: SubmitJobsInput!) { submitJobs(input: $i) { jobs { id } } }', { i: { jobs } }, tenant.apiKey);
+    const ids: string[] = r.body.data.submitJobs.jobs.map((j: { id: string }) => j.id);
+    await eventually(async () => {
+      const d = await t.gql('{ jobs { edges { node { state } } } }', {}, tenant.apiKey);
+      return d.body.data.jobs.edges.every((e: { node: { state: string } }) => ['SUCCEEDED', 'FAILED'].includes(e.node.state));
+    }, 60_000);
+
+    // Phone width first: the wide pass ends by deleting the tenant.
+    for (const [width, height, shot] of [[390, 844, 'operator-tenant-phone'], [1280, 800, 'operator-tenant']] as const) {
+      const page = await b.page({ width, height });
+      page.on('dialog', (d) => assert.fail(`a browser dialog opened: ${d.message()}`));
+      await signIn(page, ADMIN_TOKEN);
+      await page.getByTestId('health').waitFor();
+      // Search across tenants by idempotency key; the hit names its tenant.
+      await page.getByLabel('Job id or idempotency key').fill('shipment-42');
+      await page.getByRole('button', { name: 'Find', exact: true }).click();
+      const hits = page.getByTestId('search-results');
+      await hits.locator(`tr[data-job="${ids[0]}"]`).getByText('FAILED').waitFor();
+      if (width === 1280) {
+        await hits.getByRole('button', { name: `Retry job ${ids[0]}` }).click();
+        await page.getByText(new RegExp(`Job ${ids[0]} retried as job`)).waitFor();
+        const mine = await t.gql('{ jobs(first: 10) { edges { node { retryOf } } } }', {}, tenant.apiKey);
+        assert.ok(mine.body.data.jobs.edges.some((e: { node: { retryOf: string | null } }) => e.node.retryOf === ids[0]));
+      }
+      // Open its tenant: the page takes focus, shows queues, failed and recent jobs, the usage chart and meter.
+      await hits.getByRole('button', { name: 'page-co' }).first().click();
+      const panel = page.getByTestId('tenant-page');
+      await panel.getByRole('heading', { name: /Tenant page-co/ }).waitFor();
+      assert.equal(await panel.evaluate((el) => el === document.activeElement), true, 'focus moves into the tenant page');
+      await panel.getByTestId('tenant-queues').waitFor();
+      await panel.getByTestId('tenant-failed').locator(`tr[data-job="${ids[0]}"]`).waitFor();
+      await panel.getByTestId('tenant-jobs').locator('tbody tr').first().waitFor();
+      await panel.getByText(/over 75%/).first().waitFor();
+      await panel.getByRole('figure', { name: /credits billed per day/ }).getByText(/^Last 30 days: 3 credits billed/).waitFor({ timeout: 30_000 });
+      // The CSV downloads from the page, with the same credentials.
+      const [download] = await Promise.all([page.waitForEvent('download'), panel.getByRole('button', { name: 'Download usage CSV' }).click()]);
+      const csv = await new Promise<string>((resolve, reject) => {
+        download.createReadStream().then((stream) => {
+          let text = '';
+          stream.on('data', (c: Buffer) => (text += c.toString()));
+          stream.on('end', () => resolve(text));
+          stream.on('error', reject);
+        }, reject);
+      });
+      assert.match(csv, /^start,api,priority,calls,succeeded,failed,creditsBilled/);
+      assert.match(csv, /dnslookup/);
+      assert.equal(await scrollsSideways(page), false, `${shot} scrolls sideways`);
+      await screenshot(page, shot);
+      if (width !== 1280) continue;
+
+      // Suspend and resume, each confirmed inline.
+      await panel.getByRole('button', { name: 'Suspend…' }).click();
+      await panel.getByRole('alertdialog').getByRole('button', { name: 'Suspend' }).click();
+      await panel.getByText(/suspended since/).waitFor();
+      assert.notEqual((await t.gql('query($id: ID!) { tenantRow(id: $id) { tenant { suspendedAt } } }', { id: tenant.id })).body.data.tenantRow.tenant.suspendedAt, null);
+      await panel.getByRole('button', { name: 'Resume…' }).click();
+      await panel.getByRole('alertdialog').getByRole('button', { name: 'Resume' }).click();
+      await panel.getByRole('button', { name: 'Suspend…' }).waitFor();
+      assert.equal((await t.gql('query($id: ID!) { tenantRow(id: $id) { tenant { suspendedAt } } }', { id: tenant.id })).body.data.tenantRow.tenant.suspendedAt, null);
+      // Delete: Cancel first leaves it; then confirmed, it is gone.
+      await panel.getByRole('button', { name: 'Delete…' }).click();
+      await panel.getByRole('alertdialog').getByRole('button', { name: 'Cancel' }).click();
+      assert.notEqual((await t.gql('query($id: ID!) { tenantRow(id: $id) { tenant { id } } }', { id: tenant.id })).body.data.tenantRow, null);
+      await panel.getByRole('button', { name: 'Delete…' }).click();
+      await panel.getByRole('alertdialog').getByRole('button', { name: 'Delete page-co' }).click();
+      await page.getByText(/Tenant page-co deleted/).waitFor({ timeout: 30_000 });
+      await page.getByTestId('tenant-page').waitFor({ state: 'detached' });
+      assert.equal((await t.gql('query($id: ID!) { tenantRow(id: $id) { tenant { id } } }', { id: tenant.id })).body.data.tenantRow, null);
+      assert.equal((await t.gql('{ me { tenant { name } } }', {}, tenant.apiKey)).status, 401);
     }
     assert.deepEqual(b.outside, []);
   });

@@ -24,6 +24,8 @@ const FILES: Record<string, string> = {
   'operator.js': path.join(root, 'console', 'operator.js'),
   'tenant.js': path.join(root, 'console', 'tenant.js'),
   'format.js': path.join(root, 'console', 'format.js'),
+  'ui.js': path.join(root, 'console', 'ui.js'),
+  'jobs.js': path.join(root, 'console', 'jobs.js'),
   'console.css': path.join(root, 'console', 'console.css'),
   'vendor/preact.js': path.join(modules, 'preact', 'dist', 'preact.module.js'),
   'vendor/preact-hooks.js': path.join(modules, 'preact', 'hooks', 'dist', 'hooks.module.js'),
