@@ -20,9 +20,9 @@ const SYSTEM = `subscription Console { systemStatus {
 } }`;
 
 const RANGES = [
-  ['MINUTES_15', '15 min'],
-  ['HOUR_1', '1 h'],
-  ['HOURS_24', '24 h'],
+  ['MINUTES_15', '15 min', 900],
+  ['HOUR_1', '1 h', 3600],
+  ['HOURS_24', '24 h', 86400],
 ];
 const HISTORY = `query History($range: HistoryRange) { systemHistory(range: $range) { window points { at callsPerSecond pacedPerSecond busy poolSize } } }`;
 
@@ -116,7 +116,7 @@ function WindowState({ w, token, onError }) {
 function Windows({ windows, token, onError }) {
   const [range, setRange] = useState('MINUTES_15');
   const history = useHistory(token, range, onError);
-  const label = RANGES.find(([r]) => r === range)[1];
+  const [, label, span] = RANGES.find(([r]) => r === range);
   return html`<section aria-labelledby="windows-h" class="card wide">
     <h2 id="windows-h">Windows</h2>
     <table class="stack" data-testid="windows">
@@ -148,10 +148,10 @@ function Windows({ windows, token, onError }) {
         const b = stats(h.busy);
         const paced = stats(h.rate);
         return html`<div class="chart-pair" key=${w.name}>
-          <${Chart} key=${`${w.name}-calls-${range}`} title=${`${w.name}: calls/s vs paced rate (${label})`} unit="calls/s" data=${[h.t, h.calls, h.rate]}
+          <${Chart} key=${`${w.name}-calls-${range}`} title=${`${w.name}: calls/s vs paced rate (${label})`} unit="calls/s" xSpan=${span} data=${[h.t, h.calls, h.rate]}
             series=${[{ label: 'calls/s', color: '#0b5cad' }, { label: 'paced rate/s', color: '#a33b00', dash: [6, 4] }]}
             summary=${`Last ${label}: ${num(c.avg, 2)} calls/s on average, peak ${num(c.peak, 2)}, now ${num(c.last, 2)}; paced rate ${paced.last === null ? 'unlimited' : `${num(paced.last, 2)} calls/s`}.`} />
-          <${Chart} key=${`${w.name}-busy-${range}`} title=${`${w.name}: in flight vs pool size (${label})`} unit="calls in flight" data=${[h.t, h.busy, h.pool]}
+          <${Chart} key=${`${w.name}-busy-${range}`} title=${`${w.name}: in flight vs pool size (${label})`} unit="calls in flight" xSpan=${span} data=${[h.t, h.busy, h.pool]}
             series=${[{ label: 'in flight', color: '#1b6e2e' }, { label: 'pool size', color: '#6b2fa3', dash: [6, 4] }]}
             summary=${`Last ${label}: at most ${num(b.peak)} calls in flight, ${num(b.last)} now, of a pool of ${num(stats(h.pool).last)}.`} />
         </div>`;
@@ -528,7 +528,7 @@ function TenantPage({ token, id, onClose, onChanged }) {
         </tr>`)}</tbody>
       </table>
       <h3>Usage, last 30 days</h3>
-      <${Chart} key=${`usage-${id}`} title=${`${t.name}: credits billed per day (UTC)`} unit="credits" bars=${true}
+      <${Chart} key=${`usage-${id}`} title=${`${t.name}: credits billed per day (UTC)`} unit="credits" bars=${true} xRange=${[from.getTime() / 1000 - DAY / 2000, to.getTime() / 1000]}
         data=${[hist.map((r) => Date.parse(r.start) / 1000), hist.map((r) => r.creditsBilled)]}
         series=${[{ label: 'credits billed', color: '#0b5cad' }]}
         summary=${hist.length === 0 ? 'No settled calls in the last 30 days.' : `Last 30 days: ${num(billed)} credits billed over ${num(calls)} calls on ${hist.length} day(s); busiest day ${num(stats(hist.map((r) => r.creditsBilled)).peak)} credits.`} />`}

@@ -43,8 +43,10 @@ export function Confirm({ title, message, confirmLabel, danger = false, onConfir
 /** Credits used against a quota: amber from 75 %, red from 90 %, said in words as well as colour. */
 export function QuotaMeter({ used, quota, label }) {
   const l = level(used, quota);
+  // A meter's own bands include their lower bound in the better band: nudge them so 75 % is amber and 90 % red.
+  const edge = quota * 1e-6;
   return html`<span class="quota">
-    <meter min="0" max=${Math.max(1, quota)} low=${quota * 0.75} high=${quota * 0.9} optimum="0" value=${used} aria-label=${label}></meter>
+    <meter min="0" max=${Math.max(1, quota)} low=${quota * 0.75 - edge} high=${quota * 0.9 - edge} optimum="0" value=${used} aria-label=${label}></meter>
     <span class=${l === 'ok' ? '' : l === 'warn' ? 'warn' : 'bad'}> ${num(used)} / ${num(quota)} (${pct(used, quota)}%${l === 'ok' ? '' : l === 'warn' ? ', over 75%' : ', over 90%'})</span>
   </span>`;
 }
@@ -55,7 +57,7 @@ const UTC = (ts) => uPlot.tzDate(new Date(ts * 1e3), 'Etc/UTC');
  * A line chart: x in UTC (said on the axis), y with its unit. `summary` is the
  * chart said in words (figcaption), for screen readers and for anyone.
  */
-export function Chart({ title, unit, series, data, summary, height = 170, bars = false }) {
+export function Chart({ title, unit, series, data, summary, height = 170, bars = false, xRange = null, xSpan = null }) {
   const box = useRef(null);
   const plot = useRef(null);
   useEffect(() => {
@@ -66,7 +68,8 @@ export function Chart({ title, unit, series, data, summary, height = 170, bars =
         width: width(),
         height,
         tzDate: UTC,
-        scales: { x: { time: true }, y: { range: (_u, _min, max) => [0, Math.max(1, (max ?? 0) * 1.15)] } },
+        // A fixed x range (the chosen period) keeps a short history from stretching across the chart.
+        scales: { x: xRange ? { time: true, range: () => xRange } : xSpan ? { time: true, range: (_u, _min, max) => [max - xSpan, max] } : { time: true }, y: { range: (_u, _min, max) => [0, Math.max(1, (max ?? 0) * 1.15)] } },
         series: [{ label: 'time (UTC)' }, ...series.map((s) => ({ label: s.label, stroke: s.color, fill: bars ? s.color + '55' : undefined, width: 2, dash: s.dash, points: { show: bars } , paths: bars ? uPlot.paths.bars({ size: [0.6, 40] }) : undefined }))],
         axes: [
           { stroke: '#333', label: 'time (UTC)', labelSize: 18, size: 36 },

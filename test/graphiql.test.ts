@@ -76,7 +76,8 @@ describe('GraphiQL in Chromium', { skip: browserAvailable() ? false : SKIP_MESSA
 
     // A first visit shows the welcome text in the editor, rendered from the process alone.
     const welcome = await b.page();
-    await welcome.goto(`${new URL(t.url).origin}/graphql`);
+    // The page is 9 MB: on a loaded machine its load event can take longer than Playwright's default 30 s.
+    await welcome.goto(`${new URL(t.url).origin}/graphql`, { timeout: 120_000 });
     await welcome.getByText('Sluice: one upstream API account').first().waitFor({ timeout: 30_000 });
     // Example tabs by role, the admin's first (a newcomer holds the admin token before any tenant key).
     const tabs = welcome.locator('.graphiql-tab');
@@ -99,7 +100,7 @@ describe('GraphiQL in Chromium', { skip: browserAvailable() ? false : SKIP_MESSA
     const refused: string[] = [];
     for (const p of [welcome, page]) p.on('console', (m) => void (/Content Security Policy/i.test(m.text()) && refused.push(m.text())));
     const query = `subscription { jobUpdated(id: "${id}") { id api state } }`;
-    await page.goto(`${new URL(t.url).origin}/graphql?query=${encodeURIComponent(query)}`);
+    await page.goto(`${new URL(t.url).origin}/graphql?query=${encodeURIComponent(query)}`, { timeout: 120_000 });
     // The Headers tab, as a person would fill it.
     await page.getByRole('button', { name: /^headers$/i }).click();
     const headers = page.locator('.graphiql-editor-tool .graphiql-editor').last();
