@@ -18,7 +18,7 @@ import { Breakers } from './dispatch/breakers.ts';
 import { createMetrics } from './metrics.ts';
 import { queryLimitsFromEnv } from './http/hardening.ts';
 import { RequestBudget } from './http/budget.ts';
-import { systemStatus } from './visibility/status.ts';
+import { systemStatus, windowCallRates } from './visibility/status.ts';
 import { tokensAt } from './scheduler/pacer.ts';
 import { desiredAlerts } from './alerts/rules.ts';
 import { createNotifier } from './alerts/notifier.ts';
@@ -258,7 +258,10 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     if (ops.metricsOff) log.warn({ host: env.HOST }, 'GET /metrics is refused (403): this process listens on a non-loopback address and METRICS_TOKEN is not set; set METRICS_TOKEN to serve it');
     if (env.SLUICE_ROLE !== 'worker') {
       // The console's chart history: this node's own ring buffer (visibility/history.ts).
-      const history = new WindowHistory(sql);
+      const history = new WindowHistory(async () => {
+        const [windows, rates] = await Promise.all([readWindows(sql), windowCallRates(sql)]);
+        return windows.map((w) => ({ ...w, callsPerSecond: rates.get(w.name) ?? 0 }));
+      });
       history.start((err) => log.debug({ err }, 'chart history sample failed (the next one is in 5 s)'));
       services.history = history;
       cleanups.push(async () => history.stop());

@@ -13,9 +13,8 @@
  * Postgres would survive restarts but costs a write every few seconds per
  * node for a picture; Prometheus (/metrics) is the long-term record.
  */
-import type { Sql } from '../db/client.ts';
-import { readWindows } from '../scheduler/sql/windows.ts';
-import { windowCallRates } from './status.ts';
+/** One read of every window's figures (app.ts passes readWindows and windowCallRates). */
+export type WindowSampleRead = () => Promise<Array<{ name: string; callsPerSecond: number; ratePerMinute: number | null; inFlight: number; poolSize: number }>>;
 
 export interface HistoryPoint {
   /** Unix milliseconds. */
@@ -81,22 +80,21 @@ export class WindowHistory {
   private readonly rings = new Map<string, Ring>();
   private timer: NodeJS.Timeout | null = null;
   private readonly capacity: number;
-  private readonly sql: Sql;
+  private readonly readSample: WindowSampleRead;
   private readonly sampleMs: number;
 
-  constructor(sql: Sql, sampleMs = HISTORY_SAMPLE_MS, keepMs: number = HISTORY_RANGES.HOURS_24) {
-    this.sql = sql;
+  constructor(readSample: WindowSampleRead, sampleMs = HISTORY_SAMPLE_MS, keepMs: number = HISTORY_RANGES.HOURS_24) {
+    this.readSample = readSample;
     this.sampleMs = sampleMs;
     this.capacity = Math.ceil(keepMs / sampleMs);
   }
 
-  /** Adds one sample of each window (read from Postgres). */
+  /** Adds one sample of each window (read from Postgres by `readSample`). */
   async sample(now = Date.now()): Promise<void> {
-    const [windows, rates] = await Promise.all([readWindows(this.sql), windowCallRates(this.sql)]);
-    for (const w of windows) {
+    for (const w of await this.readSample()) {
       let ring = this.rings.get(w.name);
       if (!ring) this.rings.set(w.name, (ring = new Ring(this.capacity)));
-      ring.push({ at: now, callsPerSecond: rates.get(w.name) ?? 0, pacedPerSecond: w.ratePerMinute === null ? null : w.ratePerMinute / 60, busy: w.inFlight, poolSize: w.poolSize });
+      ring.push({ at: now, callsPerSecond: w.callsPerSecond, pacedPerSecond: w.ratePerMinute === null ? null : w.ratePerMinute / 60, busy: w.inFlight, poolSize: w.poolSize });
     }
   }
 
