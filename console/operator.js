@@ -7,7 +7,7 @@ import { html } from 'htm/preact';
 import { gql, subscribe } from './api.js';
 import { errorText, ms, num, reason, RETRYABLE, secs, time } from './format.js';
 import { JobsTable, RETRY } from './jobs.js';
-import { Chart, Confirm, QuotaMeter, stats, useFocusOnOpen } from './ui.js';
+import { Chart, Confirm, QuotaMeter, stats, useFocusOnOpen, usePoll } from './ui.js';
 
 const SYSTEM = `subscription Console { systemStatus {
   account { creditsRemaining maxCredits renewalAt statusAt dispatchStoppedUntil stopReason }
@@ -29,27 +29,19 @@ const HISTORY = `query History($range: HistoryRange) { systemHistory(range: $ran
 /** The windows' chart history, kept by the server (a reload is not empty), read again every 5 s. */
 function useHistory(token, range, onError) {
   const [history, setHistory] = useState(new Map());
-  useEffect(() => {
-    let stale = false;
-    const load = () =>
-      gql(token, HISTORY, { range })
-        .then((d) => {
-          if (stale) return;
-          const m = new Map();
-          for (const w of d.systemHistory) {
-            const p = w.points;
-            m.set(w.window, { t: p.map((x) => Date.parse(x.at) / 1000), calls: p.map((x) => x.callsPerSecond), rate: p.map((x) => x.pacedPerSecond), busy: p.map((x) => x.busy), pool: p.map((x) => x.poolSize) });
-          }
-          setHistory(m);
-        })
-        .catch(onError);
-    load();
-    const timer = setInterval(load, 5000);
-    return () => {
-      stale = true;
-      clearInterval(timer);
-    };
-  }, [token, range]);
+  usePoll(
+    () => gql(token, HISTORY, { range }),
+    (d) => {
+      const m = new Map();
+      for (const w of d.systemHistory) {
+        const p = w.points;
+        m.set(w.window, { t: p.map((x) => Date.parse(x.at) / 1000), calls: p.map((x) => x.callsPerSecond), rate: p.map((x) => x.pacedPerSecond), busy: p.map((x) => x.busy), pool: p.map((x) => x.poolSize) });
+      }
+      setHistory(m);
+    },
+    onError,
+    [token, range],
+  );
   return history;
 }
 
@@ -266,20 +258,13 @@ function Tenants({ token, onError, onOpen, reloadKey }) {
   const [tier, setTier] = useState('PRO');
   const [rotating, setRotating] = useState(null);
 
-  useEffect(() => {
-    let stale = false;
-    const load = () =>
-      gql(token, TENANT_TABLE, { first: PAGE, offset: q.offset, orderBy: q.orderBy, descending: q.descending, nameContains: q.nameContains || null, tier: q.tier || null })
-        .then((d) => !stale && setPage(d.tenantTable))
-        .catch(onError);
-    load();
-    // The counters in the table move with the jobs: refresh every 5 s (well under once a second).
-    const timer = setInterval(load, 5000);
-    return () => {
-      stale = true;
-      clearInterval(timer);
-    };
-  }, [q, reload, reloadKey]);
+  // The counters in the table move with the jobs: re-read every 5 s (well under once a second).
+  usePoll(
+    () => gql(token, TENANT_TABLE, { first: PAGE, offset: q.offset, orderBy: q.orderBy, descending: q.descending, nameContains: q.nameContains || null, tier: q.tier || null }),
+    (d) => setPage(d.tenantTable),
+    onError,
+    [q, reload, reloadKey],
+  );
 
   const sortBy = (col) => setQ({ ...q, orderBy: col, descending: q.orderBy === col ? !q.descending : false, offset: 0 });
   const create = async (ev) => {
@@ -438,19 +423,12 @@ function TenantPage({ token, id, onClose, onChanged }) {
   const ref = useFocusOnOpen();
   const to = new Date(Math.ceil(Date.now() / DAY) * DAY);
   const from = new Date(to.getTime() - 30 * DAY);
-  useEffect(() => {
-    let stale = false;
-    const load = () =>
-      gql(token, TENANT_ROW, { id, from: from.toISOString(), to: to.toISOString() })
-        .then((d) => !stale && (d.tenantRow ? setRow(d.tenantRow) : setError({ code: 'NOT_FOUND', message: 'This tenant no longer exists.' })))
-        .catch((e) => !stale && setError(e));
-    load();
-    const timer = setInterval(load, 5000);
-    return () => {
-      stale = true;
-      clearInterval(timer);
-    };
-  }, [token, id, reload]);
+  usePoll(
+    () => gql(token, TENANT_ROW, { id, from: from.toISOString(), to: to.toISOString() }),
+    (d) => (d.tenantRow ? setRow(d.tenantRow) : setError({ code: 'NOT_FOUND', message: 'This tenant no longer exists.' })),
+    setError,
+    [token, id, reload],
+  );
   const act = async (what) => {
     setError(null);
     try {

@@ -5,6 +5,26 @@ import { html } from 'htm/preact';
 import uPlot from 'uplot';
 import { level, num, pct } from './format.js';
 
+/**
+ * Reads now and every `everyMs` while the component is shown (`deps` as for useEffect); a read
+ * that answers after the component moved on is dropped.
+ */
+export function usePoll(read, apply, onError, deps, everyMs = 5000) {
+  useEffect(() => {
+    let stale = false;
+    const load = () =>
+      read()
+        .then((v) => !stale && apply(v))
+        .catch((e) => !stale && onError(e));
+    load();
+    const timer = setInterval(load, everyMs);
+    return () => {
+      stale = true;
+      clearInterval(timer);
+    };
+  }, deps);
+}
+
 /** Moves keyboard focus to the element when it appears (a panel or dialog opening), so a screen reader reads it. */
 export function useFocusOnOpen() {
   const ref = useRef(null);

@@ -124,9 +124,9 @@ describe('console', { skip: available ? false : SKIP_MESSAGE }, () => {
 
   test('a tenant submits a job from the form and sees it go QUEUED → SUCCEEDED without a reload', async () => {
     const tenant = await t.createTenant('form-co');
-    // Cap 1 and four 0.8 s jobs ahead of it: the form's job waits its turn, visibly QUEUED.
+    // Cap 1 and eight 0.8 s jobs ahead of it: the form's job waits its turn, visibly QUEUED.
     await t.gql('mutation($i: UpdateTenantInput!) { updateTenant(input: $i) { id } }', { i: { id: tenant.id, concurrencyCap: 1 } });
-    const ahead = [1, 2, 3, 4].map((i) => ({ api: 'dnslookup', params: { domain: `ahead${i}.example` } }));
+    const ahead = [1, 2, 3, 4, 5, 6, 7, 8].map((i) => ({ api: 'dnslookup', params: { domain: `ahead${i}.example` } }));
     await t.gql('mutation($i: SubmitJobsInput!) { submitJobs(input: $i) { jobs { id } } }', { i: { jobs: ahead } }, tenant.apiKey);
 
     const page = await b.page();
@@ -156,11 +156,15 @@ describe('console', { skip: available ? false : SKIP_MESSAGE }, () => {
     const note = await page.getByText(/^Job .* is QUEUED\.$/).innerText();
     const id = /^Job (\S+) is/.exec(note)![1]!;
     const first = page.getByTestId('jobs').locator(`tbody tr[data-job="${id}"]`);
-    // The detail, opened while the job waits, follows it live (jobUpdated) and takes focus.
+    // The tenant is suspended while the job waits, so it stays QUEUED (held) however slow this
+    // machine is; the detail, opened then, takes focus and follows the job live (jobUpdated) once
+    // the tenant is resumed.
+    await t.gql('mutation($id: ID!) { suspendTenant(id: $id) { id } }', { id: tenant.id });
     await first.getByRole('button', { name: /Details of job/ }).click();
     const detail = page.getByTestId('job-detail');
     await detail.getByTestId('detail-state').getByText(/QUEUED|RUNNING/).waitFor();
     assert.equal(await detail.evaluate((el) => el === document.activeElement), true, 'focus moves into the job detail');
+    await t.gql('mutation($id: ID!) { resumeTenant(id: $id) { id } }', { id: tenant.id });
     await first.getByText('SUCCEEDED').waitFor({ timeout: 60_000 });
     await detail.getByTestId('detail-state').getByText('SUCCEEDED').waitFor({ timeout: 30_000 });
     // The submit note follows the job too.
