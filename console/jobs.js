@@ -60,11 +60,12 @@ export function JobsTable({ token, client = null, tenantId = null, title, id, fi
     };
   }, [token, tenantId, JSON.stringify(wanted), cursors.join(','), reload, bump]);
 
-  // A job just submitted from this page shows at once, in the state its submission answered.
+  // A job just submitted from this page shows at once, in the state its submission answered (or,
+  // when the first page was still loading, as soon as it has loaded).
   useEffect(() => {
     if (!added) return;
     setPage((p) => (p && plain && !p.rows.some((j) => j.id === added.id) ? { ...p, total: p.total + 1, rows: [added, ...p.rows].slice(0, pageSize) } : p));
-  }, [added?.id]);
+  }, [added?.id, page === null]);
 
   const rows = page?.rows ?? [];
   const update = (job) => setPage((p) => (p ? { ...p, rows: p.rows.map((j) => (j.id === job.id ? { ...j, ...job } : j)) } : p));

@@ -133,6 +133,7 @@ describe('console', { skip: available ? false : SKIP_MESSAGE }, () => {
     await signIn(page, tenant.apiKey);
     await page.getByTestId('usage').waitFor();
     await page.getByText('● live').waitFor();
+    await page.getByText(/^Page 1 · \d+ jobs?$/).waitFor();
     const form = page.getByRole('region', { name: 'Submit a job' });
     await form.getByLabel('API').selectOption('emailvalidator');
     await form.getByLabel('email', { exact: true }).fill('jane@mailinator.com');
