@@ -1,5 +1,5 @@
 /**
- * `npm run bench -- batching` (issue 6): --jobs N (4,000; the issue's figure is
+ * `npm run bench -- batching`: --jobs N (4,000; the issue's figure is
  * 20,000) across 20 tenants, 20 % of them duplicates (same api + params within
  * a tenant), on an unlimited window (APIVERVE_PLAN=MEGA: no per-minute limit,
  * 50 concurrent calls) with 0.6 s simulator latency. Twice, each on a fresh

@@ -9,15 +9,19 @@
  *   caps  every cap at 4: caps bind; every backlogged tenant is kept at its cap
  *         (the spare pace goes to whoever can use it; here nobody can)
  *   fifo  the same arrivals through ONE tenant's queue: B waits behind the backlog
+ *   sfq   8 tenants (weights 1-8), staggered arrivals, an idle start, batching on, 4,000/min
+ *         paced 60/s, 100 ms calls: lag against start-time fair queueing's bound over every
+ *         interval (worst pair, p99), share error, utilization (bench/lib/sfq-scenario.ts)
  */
 import type { FlagReader } from './lib/args.ts';
 import type { BenchPostgres } from './lib/pg.ts';
 import { runScenario, judge, type ScenarioConfig, type TenantPlan } from './lib/scenario.ts';
+import { runSfq } from './lib/sfq-scenario.ts';
 import { progress } from './lib/log.ts';
 import { parseEnvFlag } from './lib/sluice.ts';
 import { check, round, type Check } from './lib/stats.ts';
 
-export const description = 'weighted fair share of a paced plan: utilization, 429s, B vs its ideal, A:C; with caps at 4; and a FIFO baseline';
+export const description = 'weighted fair share of a paced plan: utilization, 429s, B vs its ideal, A:C; with caps at 4; a FIFO baseline; lag against the SFQ bound (8 staggered tenants, batching on)';
 
 /** `4` (every tenant) or `A=4,C=100` (the rest keep `fallback`). */
 export function parseCaps(text: string, fallback: number): Record<string, number> {
@@ -68,8 +72,13 @@ export function scenarioFromFlags(flags: FlagReader, defaults: { latencyMs: numb
 
 export async function run(pg: BenchPostgres, flags: FlagReader) {
   const s = scenarioFromFlags(flags, { latencyMs: 600, durationS: 60, label: 'fair' });
-  const phases = flags.string('phases', 'fair,caps,fifo').split(',').map((p) => p.trim());
-  for (const p of phases) if (!['fair', 'caps', 'fifo'].includes(p)) throw new Error(`unknown phase "${p}" (fair, caps, fifo)`);
+  const phases = flags.string('phases', 'fair,caps,fifo,sfq').split(',').map((p) => p.trim());
+  for (const p of phases) if (!['fair', 'caps', 'fifo', 'sfq'].includes(p)) throw new Error(`unknown phase "${p}" (fair, caps, fifo, sfq)`);
+  const sfqDurationS = flags.number('sfq-duration', 30);
+  const sfqRate = flags.number('sfq-rate', 4000);
+  const sfqLatencyMs = flags.number('sfq-latency', 100);
+  // --sfq-dump FILE: the sfq phase's raw measure (backlogs, every lease's jobs by tenant) as JSON, to study a run.
+  const sfqDump = flags.string('sfq-dump', '');
   const capsSpec = parseCaps(flags.string('caps', '4'), s.cap);
   const capsDurationS = flags.number('caps-duration', 30);
   const fifoDurationS = flags.number('fifo-duration', 30);
@@ -159,9 +168,26 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
     targets['fifo.rateLimited429'] = check(up.rateLimited429, '== 0', up.rateLimited429 === 0);
   });
 
+  if (phases.includes('sfq')) await attempt('sfq', async () => {
+    const r = await runSfq(pg, {
+      durationS: sfqDurationS,
+      ratePerMinute: sfqRate,
+      paceFraction: s.base.paceFraction,
+      latencyMs: sfqLatencyMs,
+      sluiceMode: s.base.sluiceMode,
+      extraEnv: s.base.extraEnv,
+      seed: s.base.seed,
+      gridMs: 100,
+      ...(sfqDump ? { dumpFile: sfqDump } : {}),
+    });
+    runs.sfq = { ...r.result, targets: r.targets };
+    for (const [k, v] of Object.entries(r.targets)) targets[`sfq.${k}`] = v;
+  });
+
   const ok = (r: Record<string, unknown> | undefined) => (r && !('error' in r) ? r : undefined);
   const fair = ok(runs.fair) as undefined | { upstream: { utilization: number | null; utilizationInclStart: number; rateLimited429: number }; late: { completionS: number | null; idealS: number; idealOwnLatencyS: number | null; vsIdealOwnLatency: number | null }; tenants: { ratio: { steadyWindow: number | null; expected: number }; callsInSteadyWindow: Record<string, number> }; window: unknown };
   const caps = ok(runs.caps) as undefined | { upstream: { utilization: number | null }; tenants: { callsInSteadyWindow: Record<string, number>; ratio: { steadyWindow: number | null } }; capsAnalysis: unknown };
+  const sfq = ok(runs.sfq) as undefined | Record<string, unknown>;
   const fifo = ok(runs.fifo) as undefined | { upstream: { utilization: number | null }; late: { completionS: number | null; estimated: boolean; note?: string; completionAtFullPacedRateS?: number } };
   const summary = {
     fair: fair && {
@@ -180,6 +206,13 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
       window: fair.window,
     },
     caps: caps && { utilization: caps.upstream.utilization, aToC: caps.tenants.ratio.steadyWindow, callsByTenant: caps.tenants.callsInSteadyWindow, analysis: caps.capsAnalysis },
+    sfq: sfq && {
+      utilization: sfq.utilization,
+      rateLimited429: sfq.rateLimited429,
+      lagIssueForm: sfq.lagIssueForm,
+      shareErrorOverBacklog: sfq.shareErrorOverBacklog,
+      turns: sfq.turns,
+    },
     fifo: fifo && {
       utilization: fifo.upstream.utilization,
       bCompletionS: fifo.late.completionS,

@@ -1,5 +1,5 @@
 /**
- * `npm run bench -- fanout` (issue 13): graphql-ws subscribers on
+ * `npm run bench -- fanout`: graphql-ws subscribers on
  * `jobsCompleted`, one job per tenant, every event must arrive.
  *
  * Phases (each on a fresh database and a fresh Sluice child, role all):

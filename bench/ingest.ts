@@ -1,5 +1,5 @@
 /**
- * `npm run bench -- ingest` (issue 11): the front door at full speed, each
+ * `npm run bench -- ingest`: the front door at full speed, each
  * shape against a raw pg-boss baseline measured in the same run, on the same
  * database:
  *

@@ -1,5 +1,5 @@
 /**
- * `npm run bench -- overload` (issue 5): 200 concurrent submitters offering
+ * `npm run bench -- overload`: 200 concurrent submitters offering
  * ~5× what the pace drains, for --duration seconds, against small tenant and
  * global queue bounds, so the system fills and refuses with 429 QUEUE_FULL.
  *

@@ -16,6 +16,7 @@ import { machine } from './lib/machine.ts';
 import { benchPostgres, type BenchPostgres } from './lib/pg.ts';
 import type { Check } from './lib/stats.ts';
 import * as fairness from './fairness.ts';
+import * as fairnessKeys from './fairness-keys.ts';
 import * as badDay from './bad-day.ts';
 import * as dispatch from './dispatch.ts';
 import * as overload from './overload.ts';
@@ -27,6 +28,9 @@ import * as consoleReads from './console.ts';
 import * as maintenance from './maintenance.ts';
 import * as chaos from './chaos.ts';
 import * as noisyNeighbor from './noisy-neighbor.ts';
+import * as learnedPace from './learned-pace.ts';
+import * as webhooks from './webhooks.ts';
+import * as reservedShare from './reserved-share.ts';
 
 interface Benchmark {
   description: string;
@@ -35,6 +39,7 @@ interface Benchmark {
 
 const BENCHMARKS: Record<string, Benchmark> = {
   fairness,
+  'fairness-keys': fairnessKeys,
   'bad-day': badDay,
   dispatch,
   overload,
@@ -46,6 +51,9 @@ const BENCHMARKS: Record<string, Benchmark> = {
   maintenance,
   chaos,
   'noisy-neighbor': noisyNeighbor,
+  'learned-pace': learnedPace,
+  webhooks,
+  'reserved-share': reservedShare,
 };
 
 function usage(): string {

@@ -9,7 +9,7 @@ import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { buildCatalog } from './config/apis.ts';
 import { ConfigError, type Env } from './config/env.ts';
-import { connect, connectDedicated, ensureDatabase, poolSizes } from './db/client.ts';
+import { connect, connectDedicated, connectDirect, databaseTargets, ensureDatabase, poolSizes, sessionTimeouts, timeoutStatements } from './db/client.ts';
 import { startEmbeddedPostgres, type EmbeddedDatabase } from './db/embedded.ts';
 import { runMigrations, shippedMigrations } from './db/migrate.ts';
 import { resolveAdminToken } from './db/settings.ts';
@@ -18,7 +18,7 @@ import { Breakers } from './dispatch/breakers.ts';
 import { createMetrics } from './metrics.ts';
 import { queryLimitsFromEnv } from './http/hardening.ts';
 import { RequestBudget } from './http/budget.ts';
-import { systemStatus } from './visibility/status.ts';
+import { systemStatus, windowCallRates } from './visibility/status.ts';
 import { tokensAt } from './scheduler/pacer.ts';
 import { desiredAlerts } from './alerts/rules.ts';
 import { createNotifier } from './alerts/notifier.ts';
@@ -33,10 +33,13 @@ import { createOpsServer, metricsRefused, type OpsOptions } from './http/ops.ts'
 import { applyTimeouts, isLoopbackHost } from './http/front-door.ts';
 import { SubscriptionRegistry } from './events/subscriptions.ts';
 import { Retention } from './retention/retention.ts';
+import type { Worker } from 'node:worker_threads';
+import { WebhookThread } from './webhooks/sender-thread.ts';
 import { GRAPHQL_PATH, createHttpServer } from './server.ts';
 import { startSimulator, type Simulator, type SimulatorOptions } from './simulator/index.ts';
 import { simulatorOptionsFromEnv } from './simulator/env.ts';
 import { TenantStore } from './tenants/store.ts';
+import { KeyUseRecorder } from './tenants/key-use.ts';
 import { KeyCache } from './tenants/key-cache.ts';
 import { publishProviderStatus, readAccount } from './scheduler/sql/account.ts';
 import { publishBreakers, readBreakers } from './scheduler/sql/breakers.ts';
@@ -48,6 +51,7 @@ import { Sweeper } from './scheduler/sweeper.ts';
 import { Reconciler } from './scheduler/reconcile.ts';
 import { parseClassWindows, planWindows } from './scheduler/windows.ts';
 import { parseClassNumbers, parseClassSeconds } from './config/classes.ts';
+import { WindowHistory } from './visibility/history.ts';
 
 export interface SluiceApp {
   /** http://host:port/graphql when this process serves the API. */
@@ -71,6 +75,8 @@ export interface StartOverrides {
   simulator?: Partial<SimulatorOptions>;
   /** Wraps the real provider client (tests: a fault on a chosen request, through the real path). */
   wrapProviderClient?: (client: ProviderClient) => ProviderClient;
+  /** Each webhook sender thread once it runs (tests: that it is not the main thread; terminate it to see it restarted). */
+  webhookThread?: (worker: Worker, threadId: number) => void;
 }
 
 export async function startSluice(env: Env, log: Logger, overrides: StartOverrides = {}): Promise<SluiceApp> {
@@ -100,7 +106,9 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       databaseUrl = embedded.urlFor('sluice');
       log.info({ dataDir: path.resolve(env.SLUICE_DATA_DIR) }, 'embedded Postgres is running (set DATABASE_URL to use your own)');
     }
-    await runMigrations(databaseUrl);
+    // DATABASE_URL may be a transaction-mode pooler; what needs a session goes to DATABASE_DIRECT_URL.
+    const targets = databaseTargets(databaseUrl, env.DATABASE_DIRECT_URL, env.DATABASE_POOLER);
+    await runMigrations(targets.directUrl);
     const poolSettings = {
       timeouts: {
         lockTimeoutMs: env.DB_LOCK_TIMEOUT_MS,
@@ -109,10 +117,26 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       },
       // A connection attempt gives up within 5 s (and within the request deadline): a request never hangs on a Postgres that is away.
       connectTimeoutSeconds: Math.max(1, Math.min(5, Math.ceil(env.REQUEST_TIMEOUT_MS / 1000))),
+      pooler: targets.pooler,
     };
     const connection = connect(databaseUrl, { ...poolSettings, max: env.DB_POOL_MAX, countStatements: env.SLUICE_COUNT_SQL });
     const { sql, db } = connection;
     cleanups.push(() => connection.end());
+    // LISTEN and the session advisory locks. Without a pooler it is the main pool itself, as it
+    // always was (its LISTEN connection is the one more in the connection budget).
+    const direct = targets.directUrl === databaseUrl && !targets.pooler ? sql : connectDirect(targets.directUrl, poolSettings);
+    if (direct !== sql) cleanups.push(() => direct.end({ timeout: 5 }));
+    if (targets.pooler) {
+      // Startup parameters do not pass a pooler: the timeouts are the role's server defaults there.
+      const shown = await sessionTimeouts(sql);
+      const missing = timeoutStatements(shown.role, shown.database, poolSettings.timeouts, shown.timeouts);
+      if (missing.length > 0) {
+        log.warn(
+          { run: missing, current: shown.timeouts },
+          'behind the pooler, the Postgres timeouts (DB_*_TIMEOUT_MS) are not the server defaults of this role: a frozen node could hold rows longer; run these statements once on Postgres (docs/SCALING.md)',
+        );
+      }
+    }
     const boss = await startBoss(databaseUrl, { supervise: false, max: poolSizes(env.DB_POOL_MAX).boss });
     cleanups.push(() => boss.stop({ graceful: false, close: true }));
     // Queues created before the attempt lease keep a pg-boss heartbeat, before retention was set only 14
@@ -120,7 +144,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     const extended = await alignTenantQueues(sql, env.JOB_RETENTION_SECONDS);
     if (extended) log.info({ queues: extended, retentionDays: TENANT_QUEUE_RETENTION_SECONDS / 86_400 }, 'extended the retention of existing tenant queues');
     // pg-boss's maintenance runs on one process at a time, a bounded page of queues per pass.
-    const maintenance = new BossMaintenance(boss, sql, env.BOSS_SUPERVISE_INTERVAL_SECONDS * 1000, (err) => log.warn({ err }, 'pg-boss maintenance failed'), env.BOSS_MAINTENANCE_PAGE);
+    const maintenance = new BossMaintenance(boss, sql, env.BOSS_SUPERVISE_INTERVAL_SECONDS * 1000, (err) => log.warn({ err }, 'pg-boss maintenance failed'), env.BOSS_MAINTENANCE_PAGE, direct);
     maintenance.start();
     cleanups.push(() => maintenance.stop());
 
@@ -169,7 +193,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       })(),
     });
     await ensureClasses(sql);
-    await upsertWindows(sql, windowSpecs);
+    await upsertWindows(sql, windowSpecs, env.PACE_LEARN);
 
     // 3. Shared services.
     const admin = await resolveAdminToken(sql, env.SLUICE_ADMIN_TOKEN);
@@ -178,7 +202,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     // them: every event would otherwise be sent to and parsed by every worker (bench dispatch: the
     // worker processes' CPU per job fell from 0.16-0.27 ms to 0.14-0.24 ms with 1 to 4 workers).
     if (env.SLUICE_ROLE !== 'worker') {
-      await bus.start(sql);
+      await bus.start(direct);
       cleanups.push(() => bus.stop());
     }
     const queuePolicy = {
@@ -191,18 +215,24 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     // the changing process itself invalidate them (tenants/key-cache.ts).
     const tenantStore = new TenantStore(db, { authChanged: (id) => apiKeys.invalidate(id) });
     const apiKeys = new KeyCache({ ttlMs: env.AUTH_CACHE_TTL_MS, negativeTtlMs: env.AUTH_NEGATIVE_CACHE_MS, load: (hash) => tenantStore.byKeyHash(hash), loadMany: (hashes) => tenantStore.byKeyHashes(hashes) });
-    await apiKeys.start(sql);
+    await apiKeys.start(direct);
     cleanups.push(() => apiKeys.stop());
+    const keyUse = new KeyUseRecorder({ write: (uses) => tenantStore.recordKeyUse(uses), onError: (err) => log.warn({ err }, 'writing API keys\' lastUsedAt failed; kept for the next flush') });
+    keyUse.start();
+    cleanups.push(() => keyUse.stop());
     const services: Services = {
       sql,
       tenants: tenantStore,
       apiKeys,
+      keyUse,
+      keyRotationOverlapSeconds: env.KEY_ROTATION_OVERLAP_SECONDS,
       jobs: new JobService({
         sql,
         boss,
         catalog,
         maxJobsPerSubmission: env.MAX_JOBS_PER_SUBMISSION,
         paramLimits: { maxKeys: env.MAX_PARAM_KEYS, maxBytes: env.MAX_PARAMS_BYTES },
+        runAtMaxSeconds: env.JOB_RUN_AT_MAX_SECONDS,
         admission: { globalBound: env.GLOBAL_QUEUE_BOUND, classShare: parseClassNumbers(env.CLASS_SHARES), windows: windowSpecs },
         groupCommit: { windowMs: env.GROUP_COMMIT_MS, maxItems: env.GROUP_COMMIT_MAX },
         bulkReserveMin: env.BULK_RESERVE_MIN,
@@ -217,6 +247,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       lifecycle: { sql, boss, authChanged: (id) => apiKeys.invalidate(id) },
       agePromiseSeconds: parseClassNumbers(env.CLASS_AGE_PROMISE_SECONDS),
       ...(env.REQUEST_BUDGET_ENABLED ? { budget: new RequestBudget(sql, { refusalDelayMs: env.REQUEST_BUDGET_REFUSAL_DELAY_MS }) } : {}),
+      webhooks: { allowPrivate: env.WEBHOOK_ALLOW_PRIVATE, maxEndpoints: env.WEBHOOK_MAX_ENDPOINTS, secretOverlapSeconds: env.WEBHOOK_SECRET_OVERLAP_SECONDS },
       tenantChanged: async (tenant) => {
         await ensureTenantQueues(boss, tenant.id, queuePolicy);
         await syncTenant(sql, tenant);
@@ -234,10 +265,21 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       const tenantRows = metrics.tenantLabels ? await tenantDepths(sql) : [];
       return {
         queues: status.classes.map((c) => ({ class: c.priority, depth: c.depth, oldestAgeSeconds: c.oldestAgeSeconds })),
-        windows: status.windows.map((w) => ({ window: w.name, tokens: w.ratePerMinute === null ? null : tokensAt(w, w.dbNow), poolSize: w.poolSize, busy: w.inFlight })),
+        windows: status.windows.map((w) => ({
+          window: w.name,
+          tokens: w.ratePerMinute === null ? null : tokensAt(w, w.dbNow),
+          poolSize: w.poolSize,
+          busy: w.inFlight,
+          ratePerMinute: w.ratePerMinute,
+          configuredRatePerMinute: w.configuredRatePerMinute,
+        })),
         breakers: status.breakers.map((b) => ({ api: b.api, state: b.state === 'OPEN' ? 'open' : b.state === 'HALF_OPEN' ? 'half-open' : 'closed' })),
         alerts: status.alerts.map((a) => ({ alert: a.key.split(':')[0]!, active: true })),
         ...(metrics.tenantLabels ? { tenantQueues: tenantRows } : {}),
+        fairness: {
+          worst: status.fairness.worst,
+          tenants: status.fairness.tenants.map((t) => ({ tenant: t.tenantId, lag: t.lag, bound: t.bound })),
+        },
       };
     });
 
@@ -256,6 +298,14 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     };
     if (ops.metricsOff) log.warn({ host: env.HOST }, 'GET /metrics is refused (403): this process listens on a non-loopback address and METRICS_TOKEN is not set; set METRICS_TOKEN to serve it');
     if (env.SLUICE_ROLE !== 'worker') {
+      // The console's chart history: this node's own ring buffer (visibility/history.ts).
+      const history = new WindowHistory(async () => {
+        const [windows, rates] = await Promise.all([readWindows(sql), windowCallRates(sql)]);
+        return windows.map((w) => ({ ...w, callsPerSecond: rates.get(w.name) ?? 0 }));
+      });
+      history.start((err) => log.debug({ err }, 'chart history sample failed (the next one is in 5 s)'));
+      services.history = history;
+      cleanups.push(async () => history.stop());
       // In demo mode and development GraphiQL is on unless GRAPHIQL=false; in production only with GRAPHIQL=true.
       const graphiql = env.GRAPHIQL ?? (!env.APIVERVE_API_KEY || env.NODE_ENV === 'development');
       const subscriptions = new SubscriptionRegistry({ perTenant: env.MAX_SUBSCRIPTIONS_PER_TENANT, perProcess: env.MAX_SUBSCRIPTIONS_PER_PROCESS });
@@ -275,7 +325,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         graphiql,
       });
       // Revoked keys lose their open subscriptions on every node (http/ws-auth.ts).
-      await connections.start(sql, (err) => log.warn({ err }, 'could not re-validate graphql-ws connections'));
+      await connections.start(direct, (err) => log.warn({ err }, 'could not re-validate graphql-ws connections'));
       cleanups.push(() => connections.stop());
       await listen(server, env.PORT, env.HOST);
       intake.push(() => {
@@ -302,6 +352,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       const agePromises = parseClassSeconds(env.CLASS_AGE_PROMISE_SECONDS);
       const retention = new Retention({
         sql,
+        lockSql: direct,
         retentionSeconds: env.JOB_RETENTION_SECONDS,
         batchSize: env.RETENTION_BATCH_SIZE,
         maxBatches: 20,
@@ -314,6 +365,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       const dispatcher = new Dispatcher({
         sql,
         leaseSql,
+        listenSql: direct,
         boss,
         client,
         catalog,
@@ -334,6 +386,14 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         timeoutBilling: env.TIMEOUT_BILLING,
         breakers,
         creditsStopSeconds: env.CREDITS_STOP_SECONDS,
+        ...(env.PACE_LEARN
+          ? {
+              pace: {
+                rules: { fraction: env.PACE_FRACTION, step: env.PACE_STEP, stepMs: env.PACE_STEP_MS, decrease: env.PACE_DECREASE, min: env.PACE_MIN },
+                sampleMs: env.PACE_SAMPLE_MS,
+              },
+            }
+          : {}),
         onLeased: (window, jobClass, jobs) => metrics.dispatched(window, jobClass, jobs),
         onSettled: ({ outcome, billed, reserved }) => metrics.attemptSettled(outcome, billed, reserved),
         log,
@@ -382,6 +442,33 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       });
       await sweeper.start();
       cleanups.push(() => sweeper.stop());
+      // Webhook deliveries: on their own thread (its own event loop, so POSTs and signing take no
+      // time from the leases and settlements here) with their own small pool, so a slow receiver
+      // or a burst of events never takes a connection the dispatcher or the settlement waits for.
+      const webhooks = new WebhookThread({
+        data: {
+          databaseUrl,
+          pool: { ...poolSettings, max: 2 },
+          logLevel: log.level,
+          sender: {
+            concurrency: env.WEBHOOK_CONCURRENCY,
+            perEndpoint: env.WEBHOOK_ENDPOINT_CONCURRENCY,
+            timeoutMs: env.WEBHOOK_TIMEOUT_MS,
+            allowPrivate: env.WEBHOOK_ALLOW_PRIVATE,
+            retry: { baseMs: env.WEBHOOK_RETRY_BASE_MS, maxMs: env.WEBHOOK_RETRY_MAX_MS, retryForMs: env.WEBHOOK_RETRY_FOR_SECONDS * 1000 },
+            disableAfterMs: env.WEBHOOK_DISABLE_AFTER_SECONDS * 1000,
+            pollMs: env.WEBHOOK_POLL_MS,
+          },
+        },
+        // Behind a transaction-mode pooler a LISTEN is lost with its server connection: it needs the direct one.
+        // It stays on this thread (one session per node); the notices are forwarded to the sender's thread.
+        listenSql: direct,
+        log,
+        onAttempts: (outcome, count) => metrics.webhookAttempt(outcome, count),
+        ...(overrides.webhookThread ? { onThread: overrides.webhookThread } : {}),
+      });
+      await webhooks.start();
+      cleanups.push(() => webhooks.stop());
       await dispatcher.start();
       dispatcherUp = true;
       // Stops leasing, lets in-flight calls finish and settle within the grace; past it, their

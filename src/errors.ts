@@ -15,10 +15,17 @@ export const ERROR_CODES = [
   'BODY_TOO_LARGE',
   'IDEMPOTENCY_CONFLICT',
   'NOT_CANCELLABLE',
+  'BAD_RUN_AT',
+  'NOT_RETRYABLE',
   'QUOTA_EXCEEDED',
   'QUEUE_FULL',
   'TENANT_SUSPENDED',
   'TENANT_BUSY',
+  // Reserved shares (src/tenants/store.ts): the sum over tenants stays <= RESERVED_MAX (scheduler/lease.ts).
+  'RESERVATION_OVERCOMMITTED',
+  // Webhook endpoints (src/graphql/schema/webhooks.ts):
+  'BAD_WEBHOOK_URL',
+  'TOO_MANY_WEBHOOK_ENDPOINTS',
   // Refused before execution by the front door (src/http/hardening.ts):
   'QUERY_TOO_DEEP',
   'QUERY_TOO_COSTLY',

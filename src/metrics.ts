@@ -28,13 +28,15 @@ export interface GaugeSnapshot {
   /** Per class, all tenants together: jobs waiting, and the age of the oldest (0 or null when none waits). */
   queues?: Array<{ class: string; depth: number; oldestAgeSeconds: number | null }>;
   /** Per window (upstream key): pacer tokens (null = unpaced), pool size, calls in flight. */
-  windows?: Array<{ window: string; tokens: number | null; poolSize: number; busy: number }>;
+  windows?: Array<{ window: string; tokens: number | null; poolSize: number; busy: number; ratePerMinute?: number | null; configuredRatePerMinute?: number | null }>;
   /** Per API circuit breaker. */
   breakers?: Array<{ api: string; state: BreakerState }>;
   /** Every known alert, active or not (so a cleared alert shows 0 rather than vanishing). */
   alerts?: Array<{ alert: string; active: boolean }>;
   /** Per tenant and class; read only when tenant labels are on (the collector may skip the query otherwise). */
   tenantQueues?: Array<{ tenant: string; class: string; depth: number; running: number }>;
+  /** Lag against the SFQ bound over the recent leases: the worst pair, and per tenant (tenant labels only). */
+  fairness?: { worst: { lag: number; bound: number } | null; tenants: Array<{ tenant: string; lag: number; bound: number }> };
 }
 
 export type Collector = () => Promise<GaugeSnapshot>;
@@ -102,11 +104,17 @@ export class Metrics {
   readonly pacerTokens: Gauge<'window'>;
   readonly poolSize: Gauge<'window'>;
   readonly windowBusy: Gauge<'window'>;
+  readonly windowRate: Gauge<'window'>;
+  readonly windowConfiguredRate: Gauge<'window'>;
   readonly breakerState: Gauge<'api'>;
   readonly alertsActive: Gauge<'alert'>;
   readonly tenantQueueDepth: Gauge<'tenant' | 'class'> | null;
   readonly tenantRunning: Gauge<'tenant' | 'class'> | null;
+  readonly fairLag: Gauge;
+  readonly fairLagBound: Gauge;
+  readonly tenantFairLag: Gauge<'tenant' | 'of'> | null;
 
+  readonly webhookAttempts: Counter<'outcome'>;
   readonly graphqlRequests: Counter<'operation' | 'transport'>;
   readonly graphqlErrors: Counter<'operation' | 'code'>;
   readonly graphqlDuration: Histogram<'operation'>;
@@ -124,6 +132,7 @@ export class Metrics {
     this.creditsRefunded = new Counter({ name: 'sluice_credits_refunded_total', help: 'Credits reserved and then refunded at settlement.', registers });
     this.admissionsRefused = new Counter({ name: 'sluice_admissions_refused_total', help: 'Submissions refused at admission, per code and class.', labelNames: ['code', 'class'], registers });
     this.alertsRaised = new Counter({ name: 'sluice_alerts_raised_total', help: 'Alerts raised (each transition to active).', labelNames: ['alert'], registers });
+    this.webhookAttempts = new Counter({ name: 'sluice_webhook_attempts_total', help: 'Webhook delivery attempts by this process: outcome="delivered" (2xx) or "failed".', labelNames: ['outcome'], registers });
     this.collectErrors = new Counter({ name: 'sluice_metrics_collect_errors_total', help: 'Scrapes whose gauge collector failed (those scrapes show no gauges).', registers });
 
     this.queueDepth = new Gauge({ name: 'sluice_queue_depth', help: 'Jobs waiting, per class, all tenants.', labelNames: ['class'], registers });
@@ -131,6 +140,8 @@ export class Metrics {
     this.pacerTokens = new Gauge({ name: 'sluice_pacer_tokens', help: "Tokens in the window's pacer bucket now (unpaced windows have no series).", labelNames: ['window'], registers });
     this.poolSize = new Gauge({ name: 'sluice_pool_size', help: "The window's pool size (Little's law).", labelNames: ['window'], registers });
     this.windowBusy = new Gauge({ name: 'sluice_window_busy', help: 'Calls in flight on the window, across nodes.', labelNames: ['window'], registers });
+    this.windowRate = new Gauge({ name: 'sluice_window_rate_per_minute', help: "The window's paced rate now, as learned from the provider's answers (unpaced windows have no series).", labelNames: ['window'], registers });
+    this.windowConfiguredRate = new Gauge({ name: 'sluice_window_configured_rate_per_minute', help: "The window's paced rate from configuration (limit × PACE_FRACTION): the learned rate's ceiling.", labelNames: ['window'], registers });
     this.breakerState = new Gauge({ name: 'sluice_breaker_state', help: 'Circuit breaker per API: 0 closed, 1 half-open, 2 open.', labelNames: ['api'], registers });
     this.alertsActive = new Gauge({ name: 'sluice_alerts_active', help: 'Alerts now: 1 active, 0 not.', labelNames: ['alert'], registers });
     this.tenantQueueDepth = this.tenantLabels
@@ -138,6 +149,11 @@ export class Metrics {
       : null;
     this.tenantRunning = this.tenantLabels
       ? new Gauge({ name: 'sluice_tenant_running', help: 'Calls in flight, per tenant and class (METRICS_TENANT_LABELS).', labelNames: ['tenant', 'class'], registers })
+      : null;
+    this.fairLag = new Gauge({ name: 'sluice_fair_lag', help: "Recent leases: the worst pair's lag |dW_i/w_i - dW_j/w_j| over any interval (no series with fewer than two tenants backlogged).", registers });
+    this.fairLagBound = new Gauge({ name: 'sluice_fair_lag_bound', help: "That pair's SFQ bound 1/w_i + 1/w_j + P/W.", registers });
+    this.tenantFairLag = this.tenantLabels
+      ? new Gauge({ name: 'sluice_tenant_fair_lag', help: "Per backlogged tenant: its worst lag against another (of=\"lag\") and that pair's bound (of=\"bound\") (METRICS_TENANT_LABELS).", labelNames: ['tenant', 'of'], registers })
       : null;
 
     this.graphqlRequests = new Counter({
@@ -192,6 +208,10 @@ export class Metrics {
     this.admissionsRefused.inc({ code: this.labels.code.value(code), class: this.labels.class.value(cls) }, n);
   }
 
+  webhookAttempt(outcome: 'delivered' | 'failed', count = 1): void {
+    this.webhookAttempts.inc({ outcome }, count);
+  }
+
   alertRaised(name: string): void {
     this.alertsRaised.inc({ alert: this.labels.alert.value(name) });
   }
@@ -218,7 +238,7 @@ export class Metrics {
   }
 
   private resetGauges(): void {
-    for (const g of [this.queueDepth, this.queueOldestAge, this.pacerTokens, this.poolSize, this.windowBusy, this.breakerState, this.alertsActive, this.tenantQueueDepth, this.tenantRunning]) {
+    for (const g of [this.queueDepth, this.queueOldestAge, this.pacerTokens, this.poolSize, this.windowBusy, this.windowRate, this.windowConfiguredRate, this.breakerState, this.alertsActive, this.tenantQueueDepth, this.tenantRunning, this.fairLag, this.fairLagBound, this.tenantFairLag]) {
       g?.reset();
     }
   }
@@ -234,9 +254,19 @@ export class Metrics {
       if (w.tokens !== null) this.pacerTokens.set(labels, w.tokens);
       this.poolSize.set(labels, w.poolSize);
       this.windowBusy.set(labels, w.busy);
+      if (w.ratePerMinute != null) this.windowRate.set(labels, w.ratePerMinute);
+      if (w.configuredRatePerMinute != null) this.windowConfiguredRate.set(labels, w.configuredRatePerMinute);
     }
     for (const b of s.breakers ?? []) this.breakerState.set({ api: this.labels.api.value(b.api) }, BREAKER_VALUE[b.state]);
     for (const a of s.alerts ?? []) this.alertsActive.set({ alert: this.labels.alert.value(a.alert) }, a.active ? 1 : 0);
+    if (s.fairness?.worst) {
+      this.fairLag.set(s.fairness.worst.lag);
+      this.fairLagBound.set(s.fairness.worst.bound);
+    }
+    for (const t of this.tenantFairLag ? (s.fairness?.tenants ?? []) : []) {
+      this.tenantFairLag!.set({ tenant: t.tenant, of: 'lag' }, t.lag);
+      this.tenantFairLag!.set({ tenant: t.tenant, of: 'bound' }, t.bound);
+    }
     if (this.tenantQueueDepth && this.tenantRunning) {
       for (const t of s.tenantQueues ?? []) {
         const labels = { tenant: t.tenant, class: this.labels.class.value(t.class) };

@@ -25,6 +25,7 @@ import { DEFAULT_QUERY_LIMITS, hardeningPlugins, type QueryLimits } from './http
 import type { Metrics } from './metrics.ts';
 import { serveOps, type OpsOptions } from './http/ops.ts';
 import { USAGE_CSV_PATH, serveUsageCsv } from './http/usage-csv.ts';
+import { USAGE_EVENTS_PATH, serveUsageEvents } from './http/usage-events.ts';
 import { useSubscriptionsOverWsOnly, type SubscriptionRegistry } from './events/subscriptions.ts';
 import { renderSluiceGraphiQL, useGraphiQLHeaders } from './http/graphiql.ts';
 import { AuthFailureBudget, CONNECTIONS_CHECK_MS, admit, applyTimeouts, limitSocketPayload, type HttpTimeouts } from './http/front-door.ts';
@@ -168,7 +169,7 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
     try {
       const url = new URL(req.url ?? '/', 'http://localhost');
       if (await serveOps(req, res, opts.ops)) return;
-      const guarded = url.pathname === GRAPHQL_PATH || url.pathname === USAGE_CSV_PATH;
+      const guarded = url.pathname === GRAPHQL_PATH || url.pathname === USAGE_CSV_PATH || url.pathname === USAGE_EVENTS_PATH;
       // The key is checked from the headers, before any body is read (http/front-door.ts).
       // Its lookup counts against the request deadline like any other wait on the database.
       const startedAt = Date.now();
@@ -187,6 +188,7 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
       if (door && !door.admitted) return sendErrors(res, door.status, door.error, { ...door.headers, connection: 'close' });
       const maxBody = door?.admitted ? door.maxBodyBytes : unauthenticatedMax;
       if (url.pathname === USAGE_CSV_PATH && req.method === 'GET') return await serveUsageCsv(req, res, opts.services);
+      if (url.pathname === USAGE_EVENTS_PATH && req.method === 'GET') return await serveUsageEvents(req, res, opts.services);
       if (await serveConsole(req, res, url.pathname)) return;
       if (url.pathname === '/' && req.method === 'GET') {
         res.writeHead(302, { location: GRAPHQL_PATH }).end();

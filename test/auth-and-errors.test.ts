@@ -71,8 +71,16 @@ describe('auth, isolation and errors (API role only: jobs stay queued)', () => {
     const rotated = await t.gql(`mutation($id: ID!) { rotateTenantKey(id: $id) { tenant { id } apiKey } }`, { id: c.id });
     const newKey = rotated.body.data.rotateTenantKey.apiKey;
     assert.notEqual(newKey, c.apiKey);
-    assert.equal((await t.gql(`{ me { tenant { id } } }`, {}, c.apiKey)).status, 401, 'the old key stops working');
+    // The old key keeps working for the overlap (KEY_ROTATION_OVERLAP_SECONDS, 24 h by default), with an expiry to show for it.
+    assert.equal((await t.gql(`{ me { tenant { id } } }`, {}, c.apiKey)).body.data.me.tenant.id, c.id, 'the old key works during the overlap');
     assert.equal((await t.gql(`{ me { tenant { id } } }`, {}, newKey)).body.data.me.tenant.id, c.id);
+    const keys = (await t.gql(`query($id: ID!) { apiKeys(tenantId: $id) { id name expiresAt revokedAt } }`, { id: c.id })).body.data.apiKeys;
+    assert.equal(keys.length, 2);
+    const hoursLeft = (Date.parse(keys[0].expiresAt) - Date.now()) / 3_600_000;
+    assert.ok(hoursLeft > 23 && hoursLeft <= 24, `the old key expires in about 24 h: ${keys[0].expiresAt}`);
+    assert.equal(keys[1].expiresAt, null, 'the new key does not expire');
+    await t.gql(`mutation($id: ID!) { revokeApiKey(id: $id) { revokedAt } }`, { id: keys[0].id });
+    assert.equal((await t.gql(`{ me { tenant { id } } }`, {}, c.apiKey)).status, 401, 'a revoked key stops working at once');
   });
 
   test('A cannot read, list, cancel or subscribe to B\'s jobs', async () => {

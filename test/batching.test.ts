@@ -66,6 +66,9 @@ describe('batches against the simulator', () => {
       PACER_BURST: '100',
       SWEEP_INTERVAL_MS: '200',
       INITIAL_LATENCY_MS: '30',
+      // Batches against an exact window on the configured pace: the window narrowed mid-file would
+      // otherwise leave a learned rate (and its smaller bucket) behind for the tests after it.
+      PACE_LEARN: 'false',
     });
     sql = postgres(t.databaseUrl, { max: 2, onnotice: () => {} });
   });
@@ -108,8 +111,9 @@ describe('batches against the simulator', () => {
     await assertQuiescent(sql);
   });
 
-  test("several tenants' batch turns go out as one call; an input two tenants share is sent and billed once for each", async () => {
-    // Held until all three have submitted, so one lease sees them together.
+  test("several tenants' batch turns go out as one call per round; an input two tenants share is sent and billed once for each", async () => {
+    // Held until all three have submitted, so each lease sees them together. The window is paced:
+    // a call is one round (each tenant's turn once), and the three turns of a round share its call.
     await sql`update windows set paused_until = now() + interval '1 hour' where name = 'primary'`;
     const tenants = [];
     for (const name of ['shared-a', 'shared-b', 'shared-c']) tenants.push(await bigTenant(t, name));
@@ -121,7 +125,10 @@ describe('batches against the simulator', () => {
     for (const tenant of tenants) await eventually(async () => (await states(sql, tenant.id)).SUCCEEDED === 4, 15_000, 50);
     await eventually(async () => (await openReservations(sql)) === 0, 5_000);
     const key = sim.stats().keys[sim.apiKey]!;
-    assert.equal(key.httpRequests, 1, "one HTTP call for the three tenants' turns");
+    // A paced call is one round: the three tied tenants' 1-job turns share its batch call, 4 calls
+    // in all; one more or two when the running-count fold held a queue's row as a call ran (that
+    // queue sits out the call). Never one call per job.
+    assert.ok(key.httpRequests <= 6, `${key.httpRequests} HTTP calls for the three tenants' 12 jobs`);
     assert.equal(key.calls, 12, "each tenant's 4 inputs sent: inputs never fold across tenants");
     assert.equal(key.creditsBilled, 12);
     const ids = tenants.map((x) => x.id);
@@ -129,7 +136,7 @@ describe('batches against the simulator', () => {
     assert.equal(ledgers.length, 3);
     for (const l of ledgers) assert.deepEqual([Number(l.billed), Number(l.refunded)], [4, 0], 'each tenant billed for its own items');
     const [slots] = await sql`select count(*) filter (where window_slot)::int as slots, count(*)::int as n from reservations where tenant_id = any(${ids}::uuid[])`;
-    assert.deepEqual([slots!.slots, slots!.n], [1, 12], 'one pool slot for the call, one reservation per job');
+    assert.deepEqual([slots!.slots, slots!.n], [key.httpRequests, 12], 'one pool slot per call, one reservation per job');
     await assertJobsAccountedFor(sql);
     await assertLedgerBalances(sql);
     await assertQuiescent(sql);
@@ -256,12 +263,13 @@ describe('fair share with one tenant batching', () => {
     ]);
     const started = Date.now();
     await new Promise((r) => setTimeout(r, 6_000));
-    // Cumulative service from the start: each tenant's items dispatched in the first 5 s of the run
-    // (a batch puts its tenant ahead, and the other catches up within the window). Both submissions
-    // are sent together so neither gets a head start of a whole submission's commit time.
+    // Cumulative service while both are backlogged: each tenant's items dispatched in the 5 s from
+    // the first lease that served the second of them. Before that only one was visible, and it was
+    // served alone, with no debt (start-time fair queueing: the other joins level with the clock).
     const rows = await sql`
-      select tenant_id, count(*)::int as n from reservations
-      where created_at < (select min(created_at) from reservations) + interval '5 seconds'
+      with s as (select max(f) as at from (select min(created_at) as f from reservations group by tenant_id) x)
+      select tenant_id, count(*)::int as n from reservations, s
+      where created_at >= s.at - interval '1 millisecond' and created_at < s.at + interval '5 seconds'
       group by tenant_id`;
     const timeline = await sql`
       select tenant_id = ${a.id} as batcher, floor(extract(epoch from created_at - (select min(created_at) from reservations)) * 2)::int as half, count(*)::int as n

@@ -1,5 +1,5 @@
 /**
- * Fan-out of final job states (issue 13): the NOTIFY of a final state carries
+ * Fan-out of final job states: the NOTIFY of a final state carries
  * the committed row, so every process delivers it without a read; a row too
  * big for a NOTIFY payload travels as ids and is read once per process per
  * event. Real Sluice, real Postgres, real graphql-ws clients: the events must

@@ -11,7 +11,10 @@ import { after, before, describe, test } from 'node:test';
 import { createClient } from 'graphql-ws';
 import WebSocket from 'ws';
 import { connectionAuthorization } from '../src/graphql/context.ts';
-import { collect, startTestApp, type TestApp } from './helpers/app.ts';
+import { readFileSync } from 'node:fs';
+import { buildSchema, parse, validate } from 'graphql';
+import { GRAPHIQL_TABS, GRAPHIQL_WELCOME, WELCOME_WIDTH } from '../src/http/graphiql.ts';
+import { collect, eventually, startTestApp, type TestApp } from './helpers/app.ts';
 import { browserAvailable, launch, screenshot, SKIP_MESSAGE, type Browsing } from './helpers/browser.ts';
 
 test('connectionAuthorization: params in any case, GraphiQL headers, then the upgrade header', () => {
@@ -73,8 +76,23 @@ describe('GraphiQL in Chromium', { skip: browserAvailable() ? false : SKIP_MESSA
 
     // A first visit shows the welcome text in the editor, rendered from the process alone.
     const welcome = await b.page();
-    await welcome.goto(`${new URL(t.url).origin}/graphql`);
+    // The page is 9 MB: on a loaded machine its load event can take longer than Playwright's default 30 s.
+    await welcome.goto(`${new URL(t.url).origin}/graphql`, { timeout: 120_000 });
     await welcome.getByText('Sluice: one upstream API account').first().waitFor({ timeout: 30_000 });
+    // Example tabs by role, the admin's first (a newcomer holds the admin token before any tenant key).
+    const tabs = welcome.locator('.graphiql-tab');
+    await eventually(async () => (await tabs.count()) === GRAPHIQL_TABS.length, 20_000);
+    const names = (await tabs.allInnerTexts()).map((x) => x.trim());
+    assert.match(names[0]!, /CreateTenant/);
+    assert.match(names.slice(1).join(' '), /SubmitJob.*Job.*JobUpdated/s);
+    // The welcome's lines fit the editor at 1280 px: none runs past the editor's right edge.
+    const clipped = await welcome.evaluate(() => {
+      const editor = document.querySelector('.graphiql-query-editor');
+      if (!editor) return ['no editor'];
+      const right = editor.getBoundingClientRect().right;
+      return [...editor.querySelectorAll('.view-line')].filter((l) => [...l.querySelectorAll('span span')].some((s) => s.getBoundingClientRect().right > right + 1)).map((l) => l.textContent ?? '');
+    });
+    assert.deepEqual(clipped, [], 'welcome lines cut off at the editor edge');
     await screenshot(welcome, 'graphiql-welcome');
 
     const page = await b.page();
@@ -82,7 +100,7 @@ describe('GraphiQL in Chromium', { skip: browserAvailable() ? false : SKIP_MESSA
     const refused: string[] = [];
     for (const p of [welcome, page]) p.on('console', (m) => void (/Content Security Policy/i.test(m.text()) && refused.push(m.text())));
     const query = `subscription { jobUpdated(id: "${id}") { id api state } }`;
-    await page.goto(`${new URL(t.url).origin}/graphql?query=${encodeURIComponent(query)}`);
+    await page.goto(`${new URL(t.url).origin}/graphql?query=${encodeURIComponent(query)}`, { timeout: 120_000 });
     // The Headers tab, as a person would fill it.
     await page.getByRole('button', { name: /^headers$/i }).click();
     const headers = page.locator('.graphiql-editor-tool .graphiql-editor').last();
@@ -102,7 +120,8 @@ describe('GraphiQL in Chromium', { skip: browserAvailable() ? false : SKIP_MESSA
     const stored = await page.evaluate(() => JSON.stringify({ ...localStorage }));
     assert.match(stored, /graphiql:tabState/);
     assert.ok(!stored.includes(tenant.apiKey), 'no key in localStorage');
-    assert.doesNotMatch(stored, /Bearer/);
+    // (The welcome's own text says "Bearer <token>"; no credential follows the word anywhere.)
+    assert.doesNotMatch(stored, /Bearer slc/);
     assert.deepEqual(refused, [], 'nothing refused by the CSP');
   });
 
@@ -113,5 +132,13 @@ describe('GraphiQL in Chromium', { skip: browserAvailable() ? false : SKIP_MESSA
     assert.match(html, /Sluice: one upstream API account/);
     assert.match(html, /Authorization/);
     assert.match(html, /sluiceConnectionParams/);
+    // The example tabs ride in the page: createTenant for the admin, then a tenant's submitJob, job and jobUpdated.
+    for (const op of ['CreateTenant', 'SubmitJob', 'query Job', 'subscription JobUpdated']) assert.ok(html.includes(op), op);
+  });
+
+  test('the welcome text is wrapped to the editor width, and every example tab parses against the schema', async () => {
+    for (const line of GRAPHIQL_WELCOME.split('\n')) assert.ok(line.length <= WELCOME_WIDTH, `longer than ${WELCOME_WIDTH}: ${line}`);
+    const schema = buildSchema(readFileSync(new URL('../schema/schema.graphql', import.meta.url), 'utf8'));
+    for (const tab of GRAPHIQL_TABS) assert.deepEqual(validate(schema, parse(tab.query)).map((e) => e.message), [], tab.query);
   });
 });

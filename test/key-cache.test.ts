@@ -35,7 +35,8 @@ describe('API-key cache: every process forgets a changed tenant at once (NOTIFY 
   let a: NodeProcess;
   let b: NodeProcess;
   let tenant: { id: string; apiKey: string };
-  const env = () => ({ DATABASE_URL: db.url, AUTH_CACHE_TTL_MS: '600000', AUTH_NEGATIVE_CACHE_MS: '600000', DB_POOL_MAX: '4' });
+  // A rotation with no overlap ends the old key at once: what the rotation test below checks travels to the other process.
+  const env = () => ({ DATABASE_URL: db.url, AUTH_CACHE_TTL_MS: '600000', AUTH_NEGATIVE_CACHE_MS: '600000', DB_POOL_MAX: '4', KEY_ROTATION_OVERLAP_SECONDS: '0' });
 
   before(async () => {
     db = await createTestDatabase();
@@ -96,7 +97,7 @@ describe('API-key cache: every process forgets a changed tenant at once (NOTIFY 
     assert.equal(created.body.data.me.tenant.id, r.body.data.createTenant.tenant.id);
   });
 
-  test('rotateTenantKey on one process: the old key is refused on the other, the new one accepted', async () => {
+  test('rotateTenantKey (no overlap) on one process: the old key is refused on the other, the new one accepted', async () => {
     // Warm B's cache with the key (twice: the second answer is the cached one).
     for (let i = 0; i < 2; i++) assert.equal((await post(b.url!, tenant.apiKey, ME)).status, 200);
     const r = await post(a.url!, ADMIN_TOKEN, 'mutation($id: ID!) { rotateTenantKey(id: $id) { apiKey } }', { id: tenant.id });

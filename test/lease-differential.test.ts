@@ -9,7 +9,10 @@
  * share one), fail and block the same, and take the same slots; and leave the
  * same state behind: credits reserved and in-flight counts per tenant, jobs
  * WAITING_QUOTA, every queue's virtual time and ready mark (the lift of
- * lagging queues included) and the class clocks. Real Postgres, one call per
+ * lagging queues included) and the class clocks. Some tenants hold a reserved
+ * share (multiples of 1/8, so sums are exact in any order; their sum may pass
+ * 0.8, as the scheduler's copies may for a moment): the raised weight in the
+ * virtual clock is the same on both sides. Real Postgres, one call per
  * run.
  */
 import { after, before, test } from 'node:test';
@@ -59,6 +62,7 @@ const tenantArb = fc.record({
   fail: fc.boolean(),
   blocked: fc.integer({ min: 0, max: 19 }).map((n) => n < 3), // ~15%: rarely already blocked
   suspended: fc.constantFrom(false, false, false, false, true),
+  reservedShare: fc.constantFrom(0, 0, 0, 0.125, 0.25, 0.5),
   queues: fc.array(
     fc.record({
       vtime4: fc.integer({ min: 0, max: 12 }),
@@ -149,10 +153,10 @@ async function install(c: Case): Promise<LeaseInput> {
     const inFlight = Math.min(g.cap, Math.floor((g.cap * g.inFlightShare) / 4));
     await sql`
       update sched_tenants set weight = ${g.weight}, cap = ${g.cap}, in_flight = ${inFlight}, quota = ${g.quota},
-        quota_policy = ${g.fail ? 'FAIL' : 'WAIT'}, quota_blocked = ${g.blocked}, suspended = ${g.suspended}, period_anchor = '2026-01-15T00:00:00Z'
+        quota_policy = ${g.fail ? 'FAIL' : 'WAIT'}, quota_blocked = ${g.blocked}, suspended = ${g.suspended}, reserved_share = ${g.reservedShare}, period_anchor = '2026-01-15T00:00:00Z'
       where tenant_id = ${tenantId}`;
     await sql`insert into tenant_ledger (tenant_id, period_start, billed) values (${tenantId}, sluice_quota_period('2026-01-15T00:00:00Z', now()), ${g.used})`;
-    tenants.push({ tenantId, weight: g.weight, cap: g.cap, inFlight, quota: g.quota, used: g.used, quotaPolicy: g.fail ? 'FAIL' : 'WAIT', quotaBlocked: g.blocked, suspended: g.suspended });
+    tenants.push({ tenantId, weight: g.weight, cap: g.cap, inFlight, quota: g.quota, used: g.used, quotaPolicy: g.fail ? 'FAIL' : 'WAIT', quotaBlocked: g.blocked, suspended: g.suspended, reservedShare: g.reservedShare });
     for (let k = 0; k < CLASSES.length; k++) {
       const jobClass = CLASSES[k]!;
       const q = g.queues[k]!;
@@ -186,7 +190,7 @@ async function install(c: Case): Promise<LeaseInput> {
   return input;
 }
 
-type Seen = Record<'leased' | 'multiTenant' | 'batched' | 'sharedCall' | 'failed' | 'blocked' | 'lifted', number>;
+type Seen = Record<'leased' | 'multiTenant' | 'batched' | 'sharedCall' | 'failed' | 'blocked' | 'lifted' | 'reserved', number>;
 
 /** One generated state through both: same turns, calls, failures, blocks, slots, claims. */
 async function sameAsModel(c: Case, seen: Seen): Promise<void> {
@@ -221,6 +225,8 @@ async function sameAsModel(c: Case, seen: Seen): Promise<void> {
       if (actual.some((x) => x.call !== null && actual.some((y) => y !== x && y.call === x.call && y.tenantId !== x.tenantId))) seen.sharedCall++;
       if (expected.failed.length > 0) seen.failed++;
       if (expected.blocked.length > 0) seen.blocked++;
+      // A reserved tenant served beside others: its raised weight decided its take.
+      if (new Set(actual.map((x) => x.tenantId)).size > 1 && actual.some((x) => (input.tenants.find((y) => y.tenantId === x.tenantId)!.reservedShare ?? 0) > 0)) seen.reserved++;
       const failed = (await sql`select id from jobs where state = 'FAILED'`).map((r) => r.id as string).sort();
       assert.deepEqual(failed, [...expected.failed].sort(), 'quota FAIL');
       const blocked = (await sql`select tenant_id from sched_tenants where quota_blocked`).map((r) => r.tenant_id as string).sort();
@@ -251,19 +257,20 @@ async function sameAsModel(c: Case, seen: Seen): Promise<void> {
       for (const k of clocks) assert.ok(Math.abs((k.clock as number) - expected.clocks[k.class as JobClass]!) < 1e-9, `clock of ${k.class}`);
 }
 
-const none = (): Seen => ({ leased: 0, multiTenant: 0, batched: 0, sharedCall: 0, failed: 0, blocked: 0, lifted: 0 });
+const none = (): Seen => ({ leased: 0, multiTenant: 0, batched: 0, sharedCall: 0, failed: 0, blocked: 0, lifted: 0, reserved: 0 });
 // A fixed seed keeps CI deterministic (the coverage checks cannot flake); LEASE_DIFF_SEED=<n> explores other states.
 const seed = Number(process.env.LEASE_DIFF_SEED ?? 20261203);
 
 test('sluice_lease picks what planPicks picks (100 generated states)', async () => {
   const seen = none();
   await fc.assert(fc.asyncProperty(caseArb, (c) => sameAsModel(c, seen)), { numRuns: 100, seed });
-  // The generator reaches the interesting cases, not only empty leases.
-  for (const k of ['leased', 'multiTenant', 'batched', 'failed', 'blocked', 'lifted'] as const) assert.ok(seen[k] >= 3, `${k}: ${seen[k]} of 100 runs`);
+  // The generator reaches the interesting cases, not only empty leases. (Batch turns sharing calls
+  // are the next test's: a paced call is one round, so mixed states rarely batch.)
+  for (const k of ['leased', 'multiTenant', 'failed', 'blocked', 'lifted', 'reserved'] as const) assert.ok(seen[k] >= 3, `${k}: ${seen[k]} of 100 runs`);
 });
 
 test('sluice_lease groups batch turns into calls as planPicks does (40 batch-heavy states)', async () => {
   const seen = none();
   await fc.assert(fc.asyncProperty(batchCaseArb, (c) => sameAsModel(c, seen)), { numRuns: 40, seed });
-  for (const k of ['leased', 'multiTenant', 'batched', 'sharedCall'] as const) assert.ok(seen[k] >= 3, `${k}: ${seen[k]} of 40 runs`);
+  for (const k of ['leased', 'multiTenant', 'batched', 'sharedCall', 'reserved'] as const) assert.ok(seen[k] >= 3, `${k}: ${seen[k]} of 40 runs`);
 });

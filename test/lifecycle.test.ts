@@ -1,5 +1,5 @@
 /**
- * Tenant lifecycle (issue 13): a suspended tenant's submissions are refused
+ * Tenant lifecycle: a suspended tenant's submissions are refused
  * (TENANT_SUSPENDED, 403), its queued jobs wait with reason SUSPENDED and run
  * when it is resumed; deleteTenant revokes its keys, closes its open
  * subscriptions (4401), cancels its waiting jobs without billing them, drops

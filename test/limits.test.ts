@@ -1,5 +1,5 @@
 /**
- * Limits that hold (issue 13): the query cost counts `first`/`last` passed as
+ * Limits that hold: the query cost counts `first`/`last` passed as
  * variables; open subscriptions are capped per tenant and per process; a
  * subscriber that does not keep up is closed (4408) instead of buffering
  * without bound.

@@ -26,16 +26,6 @@ import { eventually } from './helpers/app.ts';
 import { crashTestEnv, gqlAt, startNode, type NodeProcess } from './helpers/processes.ts';
 import { assertJobsAccountedFor, assertLedgerBalances, assertQuiescent } from './helpers/invariants.ts';
 
-/**
- * Settling an attempt whose call finished while Postgres was down needs the
- * settlement to be retried until it lands (issue 9's dispatcher). Until that
- * is merged, those attempts stay reserved and re-run after their pg-boss
- * heartbeat expires, so the two checks below that depend on it are reported
- * as TODO rather than failures. Set to true when issue 9 is merged: then
- * every check must hold.
- */
-const SETTLEMENT_RETRY_MERGED = true;
-const NEEDS_SETTLEMENT_RETRY = new Set(['every accepted job ran exactly once (provider calls == jobs)', 'nothing stays reserved']);
 
 const CREATE = `mutation($i: CreateTenantInput!) { createTenant(input: $i) { tenant { id } apiKey } }`;
 const SUBMIT_MANY = `mutation($i: SubmitJobsInput!) { submitJobs(input: $i) { jobs { id state } } }`;
@@ -206,19 +196,16 @@ describe('Postgres killed and restarted mid-run', () => {
         ['the ledger balances', () => assertLedgerBalances(check)],
       ];
       const failed: string[] = [];
-      const waiting: string[] = [];
       for (const [name, fn] of checks) {
         try {
           await fn();
         } catch (err) {
           const line = `${name}: ${(err as Error).message.split('\n')[0]}`;
-          if (!SETTLEMENT_RETRY_MERGED && NEEDS_SETTLEMENT_RETRY.has(name)) waiting.push(line);
-          else failed.push(line);
+          failed.push(line);
         }
       }
-      console.log(JSON.stringify({ outageChecks: { passed: checks.length - failed.length - waiting.length, failed, waitingForSettlementRetry: waiting } }));
+      console.log(JSON.stringify({ outageChecks: { passed: checks.length - failed.length, failed } }));
       assert.deepEqual(failed, []);
-      if (waiting.length > 0) t.todo(`waiting for issue 9's settlement retry: ${waiting.join('; ')}`);
     } finally {
       await check.end();
     }

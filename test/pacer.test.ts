@@ -25,6 +25,9 @@ describe('a window that hits the provider limit', () => {
       APIVERVE_RATE_PER_MINUTE: '6000',
       LEASE_MAX: '1',
       INITIAL_LATENCY_MS: '20',
+      // The pause itself, on the configured pace: the learned pace would lower the rate to the
+      // stated window before the 429 this test waits for (test/learned-pace.test.ts).
+      PACE_LEARN: 'false',
     });
     sql = postgres(t.databaseUrl, { max: 2, onnotice: () => {} });
   });

@@ -1,5 +1,5 @@
 /**
- * Retention and usage history (issue 13, I10): the summed creditsBilled of
+ * Retention and usage history (I10): the summed creditsBilled of
  * usage history equals me.usage.creditsUsed and the ledger, before and after
  * retention deletes the jobs, their results and settled reservations; cleared
  * alerts are pruned; pg-boss keeps finished jobs as long as we do.

@@ -1,48 +1,14 @@
 /**
- * Revoked keys lose everything: after rotateTenantKey, every graphql-ws
- * connection opened with the old key, on every node, is closed with 4401 and
- * a reason. Refused connections say why: 4401 for a missing or unknown key;
+ * Revoked keys lose everything: after revokeApiKey, every graphql-ws
+ * connection opened with that key, on every node, is closed with 4401 and a
+ * reason (the tenant's other keys keep theirs); after rotateTenantKey, the old
+ * key's connections close when its overlap ends. Refused connections say why: 4401 for a missing or unknown key;
  * a forbidden operation is refused alone (FORBIDDEN), its siblings carry on.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { createClient, type Client } from 'graphql-ws';
-import WebSocket from 'ws';
-import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
-
-interface Watched {
-  client: Client;
-  closed: { code: number; reason: string } | null;
-  acknowledged: boolean;
-  events: unknown[];
-  errors: unknown[];
-}
-
-function watch(url: string, token: string | null, query: string): Watched {
-  const w: Watched = { client: null as unknown as Client, closed: null, acknowledged: false, events: [], errors: [] };
-  w.client = createClient({
-    url: url.replace(/^http/, 'ws'),
-    webSocketImpl: WebSocket,
-    connectionParams: token ? { authorization: `Bearer ${token}` } : {},
-    retryAttempts: 0,
-    lazy: true,
-    on: {
-      connected: () => void (w.acknowledged = true),
-      closed: (e) => {
-        const ev = e as { code: number; reason: string };
-        w.closed ??= { code: ev.code, reason: String(ev.reason) };
-      },
-    },
-  });
-  w.client.subscribe({ query }, { next: (v) => void w.events.push(v), error: (e) => void w.errors.push(e), complete: () => {} });
-  return w;
-}
-
-/** Connected, acknowledged, and its subscription running (a tenantUsage push arrives at once; jobsCompleted waits quietly). */
-async function connected(w: Watched): Promise<void> {
-  await eventually(async () => (w.acknowledged && w.events.length > 0) || w.closed !== null, 20_000, 20);
-  assert.equal(w.closed, null, `connection closed early: ${JSON.stringify(w.closed)} ${JSON.stringify(w.errors)}`);
-}
+import { startTestApp, eventually, type TestApp } from './helpers/app.ts';
+import { connected, watch, type Watched } from './helpers/ws-watch.ts';
 
 describe('revoked keys and refused graphql-ws connections', () => {
   let a: TestApp;
@@ -57,9 +23,10 @@ describe('revoked keys and refused graphql-ws connections', () => {
   };
 
   before(async () => {
-    a = await startTestApp({ SLUICE_ROLE: 'api' });
+    // A short rotation overlap, so the test sees the old key's connections close when it ends.
+    a = await startTestApp({ SLUICE_ROLE: 'api', KEY_ROTATION_OVERLAP_SECONDS: '3' });
     // A second node of the same deployment: revocation must reach its connections too.
-    b = await startTestApp({ SLUICE_ROLE: 'api', DATABASE_URL: a.databaseUrl });
+    b = await startTestApp({ SLUICE_ROLE: 'api', DATABASE_URL: a.databaseUrl, KEY_ROTATION_OVERLAP_SECONDS: '3' });
     tenant = await a.createTenant('revoked', 'PRO');
     other = await a.createTenant('bystander', 'PRO');
   });
@@ -69,30 +36,54 @@ describe('revoked keys and refused graphql-ws connections', () => {
     await a.stop();
   });
 
-  test('rotateTenantKey closes every subscription of the old key on every node with 4401; others stay open', async () => {
-    const usageA = open(a, tenant.apiKey, 'subscription { tenantUsage { usage { quota } } }');
-    const usageB = open(b, tenant.apiKey, 'subscription { tenantUsage { usage { quota } } }');
-    const completedB = open(b, tenant.apiKey, 'subscription { jobsCompleted { id state } }');
+  test('revokeApiKey closes every subscription of that key on every node with 4401; the tenant\'s other key and other tenants stay open', async () => {
+    const created = await a.gql(`mutation($i: CreateApiKeyInput!) { createApiKey(input: $i) { key { id } secret } }`, { i: { tenantId: tenant.id, name: 'dashboard', scopes: ['READ'] } });
+    const dashboard = created.body.data.createApiKey as { key: { id: string }; secret: string };
+    const usageA = open(a, dashboard.secret, 'subscription { tenantUsage { usage { quota } } }');
+    const usageB = open(b, dashboard.secret, 'subscription { tenantUsage { usage { quota } } }');
+    const completedB = open(b, dashboard.secret, 'subscription { jobsCompleted { id state } }');
+    const sibling = open(b, tenant.apiKey, 'subscription { tenantUsage { usage { quota } } }');
     const bystander = open(a, other.apiKey, 'subscription { tenantUsage { usage { quota } } }');
-    await Promise.all([usageA, usageB, bystander].map(connected));
+    await Promise.all([usageA, usageB, sibling, bystander].map(connected));
     await eventually(async () => completedB.acknowledged, 20_000, 20);
 
-    const r = await a.gql(`mutation($id: ID!) { rotateTenantKey(id: $id) { apiKey } }`, { id: tenant.id });
-    const newKey = r.body.data.rotateTenantKey.apiKey as string;
+    // The tenant revokes its own dashboard key, on node A.
+    const revoked = await a.gql(`mutation($id: ID!) { revokeApiKey(id: $id) { id revokedAt } }`, { id: dashboard.key.id }, tenant.apiKey);
+    assert.ok(revoked.body.data?.revokeApiKey.revokedAt, JSON.stringify(revoked.body));
 
     for (const w of [usageA, usageB, completedB]) {
       await eventually(async () => w.closed, 10_000, 20);
       assert.equal(w.closed!.code, 4401, JSON.stringify(w.closed));
       assert.match(w.closed!.reason, /revoked/);
     }
+    assert.equal(sibling.closed, null, "the tenant's other key keeps its connection");
     assert.equal(bystander.closed, null, "another tenant's connection is untouched");
 
-    // The old key cannot reconnect; the new one can.
-    const again = open(a, tenant.apiKey, 'subscription { tenantUsage { usage { quota } } }');
+    // The revoked key cannot reconnect.
+    const again = open(a, dashboard.secret, 'subscription { tenantUsage { usage { quota } } }');
     await eventually(async () => again.closed, 10_000, 20);
     assert.equal(again.closed!.code, 4401);
+  });
+
+  test('rotateTenantKey: the old key\'s subscriptions stay open for the overlap, then close with 4401 on every node; the new key connects', async () => {
+    const oldA = open(a, tenant.apiKey, 'subscription { tenantUsage { usage { quota } } }');
+    const oldB = open(b, tenant.apiKey, 'subscription { tenantUsage { usage { quota } } }');
+    await Promise.all([oldA, oldB].map(connected));
+    const r = await a.gql(`mutation($id: ID!) { rotateTenantKey(id: $id) { apiKey } }`, { id: tenant.id });
+    const newKey = r.body.data.rotateTenantKey.apiKey as string;
     const fresh = open(b, newKey, 'subscription { tenantUsage { usage { quota } } }');
     await connected(fresh);
+    // Within the overlap (3 s here) the old key still authenticates: a request with it is answered.
+    const during = await a.gql('{ me { tenant { id } } }', {}, tenant.apiKey);
+    if (during.status === 200) assert.equal(oldA.closed, null, 'open while the old key still works');
+    for (const w of [oldA, oldB]) {
+      await eventually(async () => w.closed, 20_000, 20);
+      assert.equal(w.closed!.code, 4401, JSON.stringify(w.closed));
+      assert.match(w.closed!.reason, /expired/);
+    }
+    assert.equal((await a.gql('{ me { tenant { id } } }', {}, tenant.apiKey)).status, 401, 'the old key is refused after the overlap');
+    assert.equal(fresh.closed, null, 'the new key keeps its connection');
+    tenant = { ...tenant, apiKey: newKey };
   });
 
   test('a missing or unknown key is refused with 4401 and a reason', async () => {

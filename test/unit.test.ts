@@ -13,7 +13,9 @@ import { TIERS } from '../src/config/tiers.ts';
 import { planSettlement, retryDelaySeconds } from '../src/dispatch/retry.ts';
 import { authorize } from '../src/graphql/auth-plugin.ts';
 import { bearerToken } from '../src/tenants/keys.ts';
+import { checkNewKey, keyLive, lastUseDue, rotationExpiry } from '../src/tenants/api-keys.ts';
 import { closedAncestor } from '../src/db/embedded.ts';
+import { databaseTargets, timeoutStatements } from '../src/db/client.ts';
 import { classifySettleError, pickSettleUnits, planSettleFailure, SETTLE_MAX_FAULTS } from '../src/dispatch/settle-groups.ts';
 import fc from 'fast-check';
 import type { CallOutcome } from '../src/provider/types.ts';
@@ -80,6 +82,33 @@ describe('configuration', () => {
     assert.throws(() => loadEnv({ SLUICE_ROLE: 'boss' }), (err: unknown) => err instanceof ConfigError && /SLUICE_ROLE/.test(err.message));
     assert.throws(() => loadEnv({ APIVERVE_PLAN: 'GOLD' }), (err: unknown) => err instanceof ConfigError && /APIVERVE_PLAN/.test(err.message));
   });
+  test('a pooler without a direct URL, or a direct URL without DATABASE_URL, is refused naming DATABASE_DIRECT_URL', () => {
+    const pooled = 'postgres://u@pgbouncer:6432/sluice';
+    assert.throws(() => loadEnv({ DATABASE_URL: pooled, DATABASE_POOLER: 'pgbouncer' }), (err: unknown) => err instanceof ConfigError && /DATABASE_DIRECT_URL: must point at Postgres itself/.test(err.message));
+    assert.throws(() => loadEnv({ DATABASE_URL: pooled, DATABASE_DIRECT_URL: pooled, DATABASE_POOLER: 'pgbouncer' }), (err: unknown) => err instanceof ConfigError && /DATABASE_DIRECT_URL/.test(err.message));
+    assert.throws(() => loadEnv({ DATABASE_DIRECT_URL: 'postgres://u@db:5432/sluice' }), (err: unknown) => err instanceof ConfigError && /DATABASE_DIRECT_URL: is set without DATABASE_URL/.test(err.message));
+    assert.throws(() => loadEnv({ DATABASE_POOLER: 'odyssey' }), (err: unknown) => err instanceof ConfigError && /DATABASE_POOLER/.test(err.message));
+  });
+});
+
+describe('database targets behind a pooler', () => {
+  const pooled = 'postgres://u@pgbouncer:6432/sluice';
+  const direct = 'postgres://u@db:5432/sluice';
+  test('a separate direct URL means a pooler in front of DATABASE_URL, unless DATABASE_POOLER says otherwise', () => {
+    assert.deepEqual(databaseTargets(direct, undefined, undefined), { url: direct, directUrl: direct, pooler: false });
+    assert.deepEqual(databaseTargets(direct, direct, undefined), { url: direct, directUrl: direct, pooler: false });
+    assert.deepEqual(databaseTargets(pooled, direct, undefined), { url: pooled, directUrl: direct, pooler: true });
+    assert.deepEqual(databaseTargets(pooled, direct, 'none'), { url: pooled, directUrl: direct, pooler: false });
+    assert.deepEqual(databaseTargets(pooled, direct, 'pgbouncer'), { url: pooled, directUrl: direct, pooler: true });
+  });
+  test('the ALTER ROLE statements name only the timeouts that differ, with the role and database quoted', () => {
+    const wanted = { lockTimeoutMs: 30_000, statementTimeoutMs: 120_000, idleInTransactionTimeoutMs: 15_000 };
+    assert.deepEqual(timeoutStatements('sluice', 'db', wanted, wanted), []);
+    assert.deepEqual(timeoutStatements('a"b', 'my db', wanted, { ...wanted, lockTimeoutMs: 0, idleInTransactionTimeoutMs: 5 }), [
+      'ALTER ROLE "a""b" IN DATABASE "my db" SET lock_timeout = 30000',
+      'ALTER ROLE "a""b" IN DATABASE "my db" SET idle_in_transaction_session_timeout = 15000',
+    ]);
+  });
 });
 
 describe('tenant limits and quota periods', () => {
@@ -125,7 +154,8 @@ describe('settling an attempt', () => {
 });
 
 describe('authorization', () => {
-  const tenant = { kind: 'tenant' as const, tenant: {} as never };
+  const tenant = { kind: 'tenant' as const, tenant: {} as never, key: { id: 'k', scopes: ['SUBMIT', 'READ'] as const, expiresAtMs: null } };
+  const readOnly = { ...tenant, key: { ...tenant.key, scopes: ['READ'] as const } };
   test('missing or wrong credentials are 401, the other role is 403', () => {
     assert.equal(authorize({ kind: 'anonymous' }, ['tenant'])?.extensions.code, 'UNAUTHENTICATED');
     assert.equal(authorize({ kind: 'invalid' }, ['public'])?.extensions.code, 'UNAUTHENTICATED');
@@ -133,6 +163,37 @@ describe('authorization', () => {
     assert.equal(authorize({ kind: 'admin' }, ['tenant'])?.extensions.code, 'FORBIDDEN');
     assert.equal(authorize({ kind: 'anonymous' }, ['public']), null);
     assert.equal(authorize(tenant, ['tenant', 'public']), null);
+  });
+  test('a tenant key without a scope the operation needs is 403; tenantOrAdmin fields take either', () => {
+    assert.equal(authorize(readOnly, ['tenant'], ['SUBMIT'])?.extensions.code, 'FORBIDDEN');
+    assert.match(authorize(readOnly, ['tenant'], ['SUBMIT', 'READ'])!.message, /SUBMIT scope/);
+    assert.equal(authorize(readOnly, ['tenant'], ['READ']), null);
+    assert.equal(authorize({ kind: 'admin' }, ['tenantOrAdmin'], ['SUBMIT']), null, 'the admin has no scopes to lack');
+    assert.equal(authorize(tenant, ['tenantOrAdmin'], ['SUBMIT', 'READ']), null);
+    assert.equal(authorize({ kind: 'anonymous' }, ['tenantOrAdmin'])?.extensions.code, 'UNAUTHENTICATED');
+  });
+  test('key rules: expiry, rotation overlap, last use at most once an interval, new key input', () => {
+    assert.equal(keyLive({ id: 'k', scopes: ['READ'], expiresAtMs: 1_000 }, 999), true);
+    assert.equal(keyLive({ id: 'k', scopes: ['READ'], expiresAtMs: 1_000 }, 1_000), false);
+    assert.equal(keyLive({ id: 'k', scopes: ['READ'], expiresAtMs: null }, 1e15), true);
+    const now = new Date('2026-01-01T00:00:00Z');
+    assert.equal(rotationExpiry(null, now, 60).toISOString(), '2026-01-01T00:01:00.000Z');
+    assert.equal(rotationExpiry(new Date('2026-01-01T00:00:10Z'), now, 60).toISOString(), '2026-01-01T00:00:10.000Z', 'a sooner expiry stands');
+    assert.equal(lastUseDue(undefined, 5, 60_000), true);
+    assert.equal(lastUseDue(0, 59_999, 60_000), false);
+    assert.equal(lastUseDue(0, 60_000, 60_000), true);
+    assert.deepEqual(checkNewKey({ name: ' ci ', scopes: ['READ', 'SUBMIT', 'READ'] }, now), { name: 'ci', scopes: ['SUBMIT', 'READ'], expiresAt: null });
+    const code = (f: () => unknown) => {
+      try {
+        f();
+        return null;
+      } catch (err) {
+        return [(err as SluiceError).code, (err as SluiceError).extensions.field];
+      }
+    };
+    assert.deepEqual(code(() => checkNewKey({ name: '', scopes: ['READ'] }, now)), ['BAD_USER_INPUT', 'name']);
+    assert.deepEqual(code(() => checkNewKey({ name: 'x', scopes: [] }, now)), ['BAD_USER_INPUT', 'scopes']);
+    assert.deepEqual(code(() => checkNewKey({ name: 'x', scopes: ['READ'], expiresAt: now }, now)), ['BAD_USER_INPUT', 'expiresAt']);
   });
   test('bearer tokens parse strictly', () => {
     assert.equal(bearerToken('Bearer abc'), 'abc');

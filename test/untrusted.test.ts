@@ -210,7 +210,8 @@ describe('settlement units the database refuses', () => {
     const emails = ['x1', 'poison22', 'x2', 'x3'].map((e) => ({ api: 'emailvalidator', params: { email: `${e}@example.com` } }));
     // The emails alone in their tenant's queue: its head API batches, so they go as one batch call.
     const aIds = [...(await submit(t, a.apiKey, dns)), ...(await submit(t, e.apiKey, emails))];
-    const bIds = await submit(t, b.apiKey, Array.from({ length: 6 }, () => ({ api: 'exchangerate', params: FX })));
+    // Distinct inputs: identical ones may share a batch call and be sent once (folded within the tenant).
+    const bIds = await submit(t, b.apiKey, ['EUR', 'GBP', 'JPY', 'CHF', 'CAD', 'AUD'].map((c) => ({ api: 'exchangerate', params: { currency1: 'USD', currency2: c } })));
     const rows = await finished(sql, [...aIds, ...bIds]);
     const params = await sql`select id, params from jobs where id = any(${aIds}::uuid[])`;
     const poisonIds = new Set(params.filter((p) => JSON.stringify(p.params).includes('poison')).map((p) => p.id as string));

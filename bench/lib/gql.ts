@@ -59,6 +59,7 @@ export interface JobSpec {
   params: Record<string, unknown>;
   priority?: 'INTERACTIVE' | 'STANDARD' | 'BULK';
   idempotencyKey?: string;
+  fairnessKey?: string;
 }
 
 export function submitBody(jobs: readonly JobSpec[]): string {

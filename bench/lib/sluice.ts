@@ -27,6 +27,8 @@ export interface SluiceHandle {
   kill(signal: NodeJS.Signals): Promise<void>;
   /** Whether the child has exited (false in process). */
   exited(): boolean;
+  /** Lines the child logged at error level or above so far (0 in process: its log is the bench's). */
+  errorLines(): number;
 }
 
 export interface MemoryReport {
@@ -79,6 +81,7 @@ export async function startSluiceFor(env: Record<string, string>, mode: 'child' 
         throw new Error('cannot signal a Sluice running in the bench process (--inproc)');
       },
       exited: () => false,
+      errorLines: () => 0,
     };
   }
   const childEnv: Record<string, string> = {};
@@ -89,8 +92,14 @@ export async function startSluiceFor(env: Record<string, string>, mode: 'child' 
     execArgv: [...process.execArgv, '--expose-gc'],
     stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
   });
-  child.stdout!.on('data', (d: Buffer) => process.stderr.write(d));
-  child.stderr!.on('data', (d: Buffer) => process.stderr.write(d));
+  // pino's error (50) and fatal (60) lines, counted for reports that promise none.
+  let errorLines = 0;
+  const relay = (d: Buffer) => {
+    errorLines += d.toString().match(/"level":(50|60)/g)?.length ?? 0;
+    process.stderr.write(d);
+  };
+  child.stdout!.on('data', relay);
+  child.stderr!.on('data', relay);
   const ready = await new Promise<{ url: string | null }>((resolve, reject) => {
     const onExit = (code: number | null) => reject(new Error(`the Sluice child exited with ${code} before it was ready`));
     child.once('exit', onExit);
@@ -130,6 +139,7 @@ export async function startSluiceFor(env: Record<string, string>, mode: 'child' 
       });
     },
     exited: hasExited,
+    errorLines: () => errorLines,
     kill(signal) {
       return new Promise((resolve) => {
         if (hasExited()) return resolve();

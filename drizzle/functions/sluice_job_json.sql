@@ -9,8 +9,8 @@ CREATE OR REPLACE FUNCTION sluice_job_json(p_id uuid)
 AS $function$
   SELECT to_jsonb(x) FROM (
     SELECT j.id, j.tenant_id AS "tenantId", j.api, j.params, j.priority, j.state,
-      j.idempotency_key AS "idempotencyKey", j.attempts, j.created_at AS "createdAt",
-      (extract(epoch FROM j.created_at) * 1000000)::bigint::text AS "createdAtMicros",
+      j.idempotency_key AS "idempotencyKey", j.fairness_key AS "fairnessKey", j.attempts, j.created_at AS "createdAt",
+      (extract(epoch FROM j.created_at) * 1000000)::bigint::text AS "createdAtMicros", j.run_after AS "runAfter",
       j.started_at AS "startedAt", j.finished_at AS "finishedAt",
       r.data AS result, r.error_code AS "errorCode", r.error_message AS "errorMessage",
       r.http_status AS "httpStatus", coalesce(r.credits_billed, 0) AS "creditsBilled"

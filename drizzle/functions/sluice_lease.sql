@@ -9,24 +9,51 @@
 -- LOCKED, and a front tenant held by someone else ends the call rather than be overtaken); a take
 -- bounded by the quantum to the next queue, the tenant's free cap, the window's tokens and room,
 -- p_lease_max (or a batch turn: up to a batch's worth of the head job's API, BATCH_QUANTUM x
--- weight); the jobs fetched from pg-boss exactly as its fetch does (same order, SKIP LOCKED, same
--- activation); the quota prefix that fits (ledger: billed + reserved); claim, reserve, virtual
--- time advanced by the jobs actually taken / weight. A turn writes no row: what the next pick
--- reads is kept in the call's arrays, and the fair walk resumes from a per-class cursor. A class
--- whose walk and merge both come back empty sits out the rest of the call (nothing makes a queue
--- eligible within a call: caps fill, blocks and skips grow).
+-- weight, and the quantum too: a pause's tokens are not the front tenant's); the jobs fetched
+-- from pg-boss exactly as its fetch does (same order, SKIP LOCKED, same activation); the quota
+-- prefix that fits (ledger: billed + reserved); claim, reserve, virtual time advanced by the jobs
+-- actually taken / weight (start + n/w), where a queue's first turn in the call starts at its
+-- virtual time or the class clock at the call's start, whichever is later (SFQ's start tag
+-- max(v, F): a queue marked ready while a concurrent lease moved the clock joined at the old
+-- clock; the next queue counts as at least the clock too). A queue this call served already ends the call, in a paced
+-- window (one round per call) or when it is alone in its class: the next call, at once, shares
+-- what is left of the tokens with the queues that became ready meanwhile. Otherwise the tokens a
+-- pause or idle time saved up (the bucket: 3 s of pace) went in one call to the queues visible
+-- when it started: a call of 120 alternating turns took 120 ms while a tenant that had become
+-- ready waited for the next. An unpaced window has no saved-up tokens, and its calls are as
+-- large as the pool's room. A turn writes no row: what the next pick reads is kept in the call's
+-- arrays, and the fair walk resumes from a per-class cursor. A class whose walk and merge both come
+-- back empty sits out the rest of the call (nothing makes a queue eligible within a call: caps
+-- fill, blocks and skips grow).
 --
 -- Batch turns: a batch turn joins the call's open batch call of its API while the items fit
--- (p_batch_max and the API's maxSize), and opens a new one (one pool slot) otherwise; the output
--- column `call` numbers each batched job's call. The provider counts and bills a batch's items one
--- by one, so nothing ties a call to one tenant; inputs are folded per tenant only (each tenant is
--- billed for its own items).
+-- (p_batch_max and the API's maxSize), and opens a new one (one pool slot) otherwise; a turn with
+-- fewer distinct inputs than the API's minimum goes as single calls when it cannot join. In a
+-- paced window a batch turn is held to the fair limit like any turn, and opens its call below the
+-- minimum when another queue of its class could join it (the next tenants' turns fill the call,
+-- so the limit costs no call; a call no other turn joined, one job, goes single). In an unpaced window (no tokens to share, leases as large as the
+-- pool's room) a batch turn may take the API's minimum batch instead: tied tenants take their 2
+-- jobs in one turn, not two, which halves the lease's statements per job; jobs beyond the quantum
+-- do not move the class clock. The
+-- output column `call` numbers each batched job's call. The provider counts and bills a batch's
+-- items one by one, so nothing ties a call to one tenant; inputs are folded per tenant only (each
+-- tenant is billed for its own items).
 --
 -- After the last turn, one statement each for all turns (cap slots, pg-boss activation, claims,
--- virtual times and idle marks, ledger, reservations), then the class clocks, then the lift of
+-- virtual times and idle marks, ledger, reservations), then the class clocks (the start tag of the
+-- last job served: a queue joining next starts level with it, not a turn behind), then the lift of
 -- ready queues lagging the new clock by more than 8 (a queue passed over while capped, held or
 -- locked, or marked ready at a stale clock, gets no credit for it: otherwise it is served alone
 -- until it catches up), and last the window row, ONCE, with a conditional update.
+--
+-- Reserved shares (tenant's reserved_share r, 0 to 1 of the window's dispatches): while a reserved
+-- tenant is backlogged, its weight in the virtual clock is raised to max(w, r / (1 - R) x W), R the
+-- backlogged reserved shares of its class (at most 0.8: the admin API keeps the sum there, and a
+-- transiently larger sum of scheduler copies is read as 0.8), W the backlogged unreserved weight
+-- there; so its share of the class's dispatches is at least r. Backlogged: a ready queue in the
+-- class, the tenant not suspended, quota-blocked or of weight 0 (caps not counted), read once at
+-- the call's start. Idle, it is not in R: nothing is held back for it. With no reserved tenant
+-- ready, this costs one probe of sched_tenants' reserved index.
 --
 -- Contention is a result, not an error (an ERROR per busy call filled Postgres's log: ~1,600
 -- lines in two minutes with three workers). One lease per window runs at a time (a
@@ -112,10 +139,20 @@ DECLARE
   pending int;
   -- A class's clock after this call: where its lagging queues are lifted to.
   lift_to float8;
+  -- Each class's clock at the call's start (p_classes order): no queue starts a turn behind it.
+  clk0 float8[];
+  -- Reserved shares: each class's backlogged reserved sum (R) and unreserved weight (W), and the
+  -- turn's tenant's weight in the virtual clock (see the header).
+  rs_r float8[];
+  rs_w float8[];
+  r_sum float8;
+  w_sum float8;
+  weff float8;
   -- The call's open batch per API (one at a time): its call number (the turn that opened it) and
   -- its items so far. A batch turn of that API joins it while the items fit.
   ob_api text[] := '{}';
   ob_call int[] := '{}';
+  lone_calls int[];
   ob_items int[] := '{}';
   ob_i int;
   call_no int;
@@ -143,6 +180,9 @@ DECLARE
   tn_add int[] := '{}';
   tn_used bigint[] := '{}';
   tn_i int;
+  -- When each turn was decided (a job's started_at): a queue that became visible while the call
+  -- ran is served after the turns decided before it, and its jobs say so.
+  turn_at timestamptz[] := '{}';
   -- The picks, one element per job.
   pk_turn int[] := '{}';
   pk_o int[] := '{}';
@@ -182,6 +222,23 @@ BEGIN
   cur_t := array_fill('00000000-0000-0000-0000-000000000000'::uuid, ARRAY[cardinality(p_classes)]);
   m_low := array_fill('infinity'::float8, ARRAY[cardinality(p_classes)]);
   dead := array_fill(false, ARRAY[cardinality(p_classes)]);
+  SELECT coalesce(array_agg(coalesce(k.clock, 0) ORDER BY x.o), '{}') INTO clk0
+    FROM unnest(p_classes) WITH ORDINALITY x(c, o) LEFT JOIN sched_classes k ON k.class = x.c;
+  rs_r := array_fill(0::float8, ARRAY[cardinality(p_classes)]);
+  rs_w := array_fill(0::float8, ARRAY[cardinality(p_classes)]);
+  -- Reserved shares: R and W per class, read only while a reserved tenant is backlogged.
+  IF EXISTS (SELECT 1 FROM sched_tenants st WHERE st.reserved_share > 0 AND st.weight > 0 AND NOT st.suspended AND NOT st.quota_blocked
+      AND EXISTS (SELECT 1 FROM sched_queues sq WHERE sq.tenant_id = st.tenant_id AND sq.class = ANY (p_classes) AND sq.ready_at <= now())) THEN
+    FOR ci IN 1 .. cardinality(p_classes) LOOP
+      SELECT coalesce(sum(st.reserved_share) FILTER (WHERE st.reserved_share > 0), 0), coalesce(sum(st.weight) FILTER (WHERE st.reserved_share <= 0), 0)
+        INTO r_sum, w_sum
+        FROM sched_queues sq JOIN sched_tenants st ON st.tenant_id = sq.tenant_id
+        WHERE sq.class = p_classes[ci] AND sq.ready_at IS NOT NULL AND sq.ready_at <= now()
+          AND st.weight > 0 AND NOT st.suspended AND NOT st.quota_blocked;
+      rs_r[ci] := r_sum;
+      rs_w[ci] := w_sum;
+    END LOOP;
+  END IF;
 
   WHILE taken < p_max AND slots < room AND tokens_used < tok LOOP
     found_q := false;
@@ -242,12 +299,22 @@ BEGIN
     EXIT WHEN NOT found_q;
     SELECT q_tenant AS tenant_id, q_vtime AS vtime INTO q;
     qkey := q.tenant_id::text || '/' || c;
+    -- Served already in this call: in a paced window the round is over, and alone in its class in
+    -- any window; the call ends, and the next call (at once) shares what is left of the tokens
+    -- with the queues that became ready meanwhile (see the header).
+    EXIT WHEN (n_vtime IS NULL OR now_tokens IS NOT NULL) AND array_position(sv_key, qkey) IS NOT NULL;
     -- From the walk: whatever this turn does, the queue is passed for the rest of the call (served:
     -- read from the arrays from now on; otherwise skipped or the call ends).
     IF NOT q_mem THEN
       cur_v[q_ci] := q.vtime;
       cur_t[q_ci] := q.tenant_id;
+      -- A queue's turn starts no earlier than the class clock (SFQ's start tag max(v, F)): one
+      -- marked ready at a clock a concurrent lease was moving, or passed over in earlier calls,
+      -- gets no credit for the gap. (A queue served in this call is past the clock already.)
+      q.vtime := greatest(q.vtime, clk0[q_ci]);
     END IF;
+    -- The next queue's turn will start no earlier than the clock either.
+    IF n_vtime IS NOT NULL THEN n_vtime := greatest(n_vtime, clk0[q_ci]); END IF;
     tn_i := array_position(tn_id, q.tenant_id);
     -- The tenant's row, locked and re-checked: waited for only while the call holds no tenant row;
     -- after that SKIP LOCKED, and a front tenant held by someone else ends the call.
@@ -284,8 +351,13 @@ BEGIN
     END IF;
     qn := 't.' || q.tenant_id::text || '.' || lower(c);
     cap_free := t.cap - (t.in_flight + coalesce(tn_add[tn_i], 0));
+    -- The tenant's weight in the virtual clock: raised by its reserved share (see the header).
+    weff := t.weight;
+    IF t.reserved_share > 0 THEN
+      weff := greatest(t.weight::float8, t.reserved_share / (1 - least(rs_r[q_ci], 0.8::float8)) * rs_w[q_ci]);
+    END IF;
     -- Items this queue may take before its virtual time passes the next queue's (at least one).
-    quantum := CASE WHEN n_vtime IS NULL THEN 2147483647 ELSE greatest(1, floor((n_vtime - q.vtime) * t.weight) + 1) END;
+    quantum := CASE WHEN n_vtime IS NULL THEN 2147483647 ELSE greatest(1, floor((n_vtime - q.vtime) * weff) + 1) END;
     take := greatest(1, least(p_lease_max, p_max - taken, room - slots, tok - tokens_used, cap_free, quantum)::int);
     is_batch := false;
     head := NULL;
@@ -298,8 +370,10 @@ BEGIN
       IF spec IS NOT NULL THEN
         -- A batch turn (batching.ts batchTake): see the header.
         is_batch := true;
+        -- Capped at the fair limit too (the quantum): the next queues' turns join the same call.
+        -- An unpaced window's batch turn may take the API's minimum batch (see the header).
         take := greatest(take, least(greatest(take, least(tok - tokens_used, p_batch_max, (spec->>0)::int, cap_free), 1),
-          p_batch_quantum * t.weight), 1);
+          floor(p_batch_quantum * weff), CASE WHEN now_tokens IS NULL THEN greatest(quantum, (spec->>1)::int) ELSE quantum END), 1);
         take := least(take, p_max - taken);
       END IF;
     END IF;
@@ -329,8 +403,12 @@ BEGIN
       CONTINUE;
     END IF;
     IF is_batch THEN
-      IF distinct_n < (spec->>1)::int THEN
-        -- Too few distinct inputs for a batch: single calls, each its own slot and token.
+      ob_i := array_position(ob_api, head);
+      IF distinct_n < (spec->>1)::int AND NOT coalesce(ob_items[ob_i] + distinct_n <= least(p_batch_max, (spec->>0)::int), false)
+          AND (now_tokens IS NULL OR n_vtime IS NULL) THEN
+        -- Too few distinct inputs for a batch call of their own and no room in the call's open
+        -- one: single calls, each its own slot and token. In a paced window with another queue in
+        -- the class to join it, the turn opens the call below the minimum batch instead.
         is_batch := false;
       END IF;
     END IF;
@@ -391,6 +469,7 @@ BEGIN
     -- job) and the tenant's added in_flight go to the arrays the next pick reads; the rows, the
     -- activation, claims, ledger and reservations are written once for all turns, after the loop.
     n_turn := n_turn + 1;
+    turn_at[n_turn] := clock_timestamp();
     claimed := cardinality(ids);
     IF is_batch AND fit < fetched THEN
       -- (Counted above for all the fetched jobs; the quota kept a prefix.)
@@ -403,7 +482,7 @@ BEGIN
       sv_c[sv_i] := c;
       sv_v[sv_i] := q.vtime;
     END IF;
-    sv_v[sv_i] := sv_v[sv_i] + claimed::float8 / t.weight;
+    sv_v[sv_i] := sv_v[sv_i] + claimed::float8 / weff;
     m_low[q_ci] := least(m_low[q_ci], sv_v[sv_i]);
     IF tn_i IS NULL THEN
       tn_i := cardinality(tn_id) + 1;
@@ -412,8 +491,11 @@ BEGIN
     END IF;
     tn_add[tn_i] := tn_add[tn_i] + claimed;
     tn_used[tn_i] := used;
-    IF NOT served ? c OR (served->>c)::float8 < q.vtime THEN
-      served := jsonb_set(served, ARRAY[c], to_jsonb(q.vtime));
+    -- The class clock: the start tag of the last job served in fair order (the turn's last job,
+    -- not its first; jobs beyond the quantum, an unpaced window's minimum batch, are served
+    -- ahead of their turn and do not move it).
+    IF NOT served ? c OR (served->>c)::float8 < q.vtime + (least(claimed, quantum) - 1)::float8 / weff THEN
+      served := jsonb_set(served, ARRAY[c], to_jsonb(q.vtime + (least(claimed, quantum) - 1)::float8 / weff));
     END IF;
     -- The pool: a batch turn joins the call's open batch of its API while the items fit (one
     -- call, one slot, whatever tenants' items it carries), else opens one (a slot); singles take
@@ -466,6 +548,20 @@ BEGIN
       WHERE st.tenant_id = x.t AND st.tenant_id = ANY (tn_id);
   END IF;
   IF taken = 0 THEN RETURN; END IF;
+  -- A paced window's batch call that got one job only (a turn below the API's minimum that no
+  -- other turn joined) goes as a single call: the same slot and token, no batch for one item.
+  IF now_tokens IS NOT NULL THEN
+    SELECT coalesce(array_agg(x.call), '{}') INTO lone_calls
+      FROM (SELECT u.call FROM unnest(pk_call) u(call) WHERE u.call IS NOT NULL GROUP BY u.call HAVING count(*) = 1) x;
+    IF cardinality(lone_calls) > 0 THEN
+      FOR i IN 1 .. n_pk LOOP
+        IF pk_call[i] = ANY (lone_calls) AND coalesce((p_batch -> (pk_data[i]->>'api') ->> 1)::int, 1) > 1 THEN
+          pk_batched[i] := false;
+          pk_call[i] := NULL;
+        END IF;
+      END LOOP;
+    END IF;
+  END IF;
   SELECT jsonb_agg(jsonb_build_object('turn', u.turn, 'o', u.o, 'id', u.id, 'data', u.d, 'tenant', u.tenant, 'class', u.cls,
       'queue', u.queue, 'period', u.period, 'cost', u.cost, 'batched', u.batched, 'call', u.call) ORDER BY u.n)
     INTO picked
@@ -478,8 +574,9 @@ BEGIN
     WHERE j.name = p.name AND j.id = p.id;
   -- Claim (the attempt number fences the attempt); a job cancelled meanwhile is acknowledged, not called.
   WITH cl AS (
-    UPDATE jobs jb SET state = 'RUNNING', attempts = jb.attempts + 1, started_at = coalesce(jb.started_at, now()), updated_at = now()
-    WHERE jb.id = ANY (picked_ids) AND jb.state IN ('QUEUED', 'WAITING_QUOTA')
+    UPDATE jobs jb SET state = 'RUNNING', attempts = jb.attempts + 1, started_at = coalesce(jb.started_at, turn_at[p.turn]), updated_at = now()
+    FROM unnest(picked_ids, pk_turn) p(id, turn)
+    WHERE jb.id = p.id AND jb.id = ANY (picked_ids) AND jb.state IN ('QUEUED', 'WAITING_QUOTA')
     RETURNING jb.id, jb.attempts),
   m AS (
     SELECT e, cl.attempts,
@@ -518,7 +615,7 @@ BEGIN
     SELECT (o->>'rid')::uuid, (o->>'id')::uuid, (o->>'attempt')::int, (o->>'tenant')::uuid, (o->>'period')::timestamptz, p_window, p_node,
       (o->>'cost')::int, (o->>'slot')::boolean, clock_timestamp(), clock_timestamp() + make_interval(secs => p_lease_seconds)
     FROM jsonb_array_elements(out_rows) o;
-  -- Each class's clock: the largest virtual time served (no credit for idle time).
+  -- Each class's clock: the largest start tag served in fair order (no credit for idle time).
   UPDATE sched_classes k SET clock = greatest(k.clock, (served->>k.class)::float8), served_at = now() WHERE served ? k.class;
   -- Ready queues lagging the clock by more than LAG_SLACK (8: a few turns' worth) are lifted to it:
   -- passed over while their tenant was capped, an API held or the row locked, or marked ready at a

@@ -44,6 +44,17 @@ export const envSchema = z.object({
   SLUICE_ROLE: z.enum(['all', 'api', 'worker']).default('all'),
   /** Any Postgres 13+. Unset: an embedded Postgres under SLUICE_DATA_DIR. */
   DATABASE_URL: optionalString,
+  /**
+   * Postgres itself, for what needs a session (LISTEN, migrations, session advisory locks) when
+   * DATABASE_URL points at a pooler in transaction mode (PgBouncer). Unset: DATABASE_URL.
+   */
+  DATABASE_DIRECT_URL: optionalString,
+  /**
+   * What sits in front of Postgres at DATABASE_URL: `pgbouncer` (any transaction-mode pooler: no
+   * startup parameters, no prepared statements) or `none`. Unset: `pgbouncer` when
+   * DATABASE_DIRECT_URL is set and differs from DATABASE_URL, else `none`.
+   */
+  DATABASE_POOLER: z.enum(['none', 'pgbouncer']).optional(),
   SLUICE_DATA_DIR: z.string().default('.data'),
   /** Admin bearer token, at least 32 characters (a guessable one is refused at start). Unset: one is generated on first start and stored. */
   SLUICE_ADMIN_TOKEN: optionalString.refine((v) => v === undefined || v.length >= 32, {
@@ -95,6 +106,18 @@ export const envSchema = z.object({
   /** Pacer: the share of each window's limit Sluice uses, and the bucket size (default max(1, limit × PACE_FRACTION / 20): three seconds at the paced rate). */
   PACE_FRACTION: z.coerce.number().gt(0).max(1).default(0.9),
   PACER_BURST: z.coerce.number().int().min(1).optional(),
+  /**
+   * The learned pace (scheduler/learned-pace.ts): the shared rate follows the provider's answers,
+   * lowered to the stated window × PACE_FRACTION (or what others on the key leave), × PACE_DECREASE
+   * on a rate-limit 429, never below PACE_MIN of the configured rate, and climbing back by
+   * PACE_STEP of it every PACE_STEP_MS, never above it. Each node folds its answers every PACE_SAMPLE_MS.
+   */
+  PACE_LEARN: bool(true),
+  PACE_SAMPLE_MS: int(1_000, 50),
+  PACE_STEP: z.coerce.number().gt(0).max(1).default(0.05),
+  PACE_STEP_MS: int(2_000, 0),
+  PACE_DECREASE: z.coerce.number().gt(0).max(1).default(0.5),
+  PACE_MIN: z.coerce.number().gt(0).max(1).default(0.05),
   /** Class-to-window map, e.g. `INTERACTIVE=sub1,BULK=sub2`; default: INTERACTIVE on sub1 when a sub-key exists. */
   CLASS_WINDOWS: z.string().default(''),
   /** Starvation guard: a lower class waiting longer than this is served anyway (`STANDARD=30,BULK=120`). */
@@ -151,6 +174,10 @@ export const envSchema = z.object({
    * the TTL only bounds what a lost notice could leave behind. Unknown keys: AUTH_NEGATIVE_CACHE_MS.
    */
   AUTH_CACHE_TTL_MS: int(5_000, 0),
+  /** How far ahead a job's runAt may be (JobInput.runAt); further is refused with BAD_RUN_AT. */
+  JOB_RUN_AT_MAX_SECONDS: int(30 * 24 * 3600, 1),
+  /** rotateTenantKey leaves the tenant's old keys working this long (0: they stop at once). */
+  KEY_ROTATION_OVERLAP_SECONDS: int(86_400, 0),
   /** Admission: the bound on waiting jobs across all tenants, and the share of it each class may fill. */
   GLOBAL_QUEUE_BOUND: int(1_000_000, 1),
   CLASS_SHARES: classNumbers('BULK=0.7,STANDARD=0.9,INTERACTIVE=1'),
@@ -206,6 +233,28 @@ export const envSchema = z.object({
   /** Events one subscriber may have waiting; a subscriber that falls further behind is closed (4408). */
   SUBSCRIPTION_BUFFER_MAX: int(1_000, 1),
 
+  // Completion webhooks (src/webhooks/)
+  /** Allow plain http, loopback, private and link-local webhook addresses (development and tests only: off stops server-side request forgery). */
+  WEBHOOK_ALLOW_PRIVATE: bool(false),
+  /** One delivery attempt (connect, send, the answer's headers) within this. */
+  WEBHOOK_TIMEOUT_MS: int(10_000, 100),
+  /** Deliveries one process sends at once, and one endpoint receives at once across every node. */
+  WEBHOOK_CONCURRENCY: int(64, 1),
+  WEBHOOK_ENDPOINT_CONCURRENCY: int(16, 1),
+  /** A failed attempt is retried after this, doubling each time up to WEBHOOK_RETRY_MAX_MS... */
+  WEBHOOK_RETRY_BASE_MS: int(5_000, 10),
+  WEBHOOK_RETRY_MAX_MS: int(3_600_000, 10),
+  /** ...for this long after the event; then the delivery is FAILED. */
+  WEBHOOK_RETRY_FOR_SECONDS: int(86_400, 1),
+  /** An endpoint answering nothing but failures for this long is disabled (re-enabled with updateWebhookEndpoint). */
+  WEBHOOK_DISABLE_AFTER_SECONDS: int(86_400, 1),
+  /** After rotateWebhookSecret, deliveries are signed with the old secret too for this long. */
+  WEBHOOK_SECRET_OVERLAP_SECONDS: int(86_400, 0),
+  /** The senders look for due deliveries at least this often (a NOTIFY wakes them at once for new ones). */
+  WEBHOOK_POLL_MS: int(1_000, 10),
+  /** Endpoints one tenant may have. */
+  WEBHOOK_MAX_ENDPOINTS: int(10, 1),
+
   // Limits before authentication (src/http/front-door.ts)
   /** Most bytes of a request body (or a graphql-ws message before connection_init is accepted) without a valid credential. */
   UNAUTHENTICATED_MAX_BODY_BYTES: int(64 * 1024, 1024),
@@ -220,6 +269,14 @@ export const envSchema = z.object({
   /** GraphiQL at GET /graphql. Default: on in demo mode (no APIVERVE_API_KEY) and NODE_ENV=development, off otherwise. */
   GRAPHIQL: z.enum(['true', 'false', '1', '0', 'yes', 'no']).optional().transform((v) => (v === undefined ? undefined : v === 'true' || v === '1' || v === 'yes')),
 }).superRefine((env, ctx) => {
+  // The embedded Postgres has no pooler in front: a direct URL beside it would be another server.
+  if (env.DATABASE_DIRECT_URL && !env.DATABASE_URL) {
+    ctx.addIssue({ code: 'custom', path: ['DATABASE_DIRECT_URL'], message: 'is set without DATABASE_URL: set DATABASE_URL (the pooler) too, or unset both for the embedded Postgres' });
+  }
+  // LISTEN through a transaction-mode pooler is lost when its server connection goes to another client.
+  if (env.DATABASE_POOLER === 'pgbouncer' && (!env.DATABASE_DIRECT_URL || env.DATABASE_DIRECT_URL === env.DATABASE_URL)) {
+    ctx.addIssue({ code: 'custom', path: ['DATABASE_DIRECT_URL'], message: 'must point at Postgres itself (not the pooler) when DATABASE_POOLER=pgbouncer: LISTEN, migrations and session locks need a session' });
+  }
   // Node requires it, and a request cannot finish before its headers have.
   if (env.HTTP_HEADERS_TIMEOUT_MS > env.HTTP_REQUEST_TIMEOUT_MS) {
     ctx.addIssue({ code: 'custom', path: ['HTTP_HEADERS_TIMEOUT_MS'], message: `must not exceed HTTP_REQUEST_TIMEOUT_MS (${env.HTTP_REQUEST_TIMEOUT_MS})` });

@@ -15,7 +15,9 @@ import { createRequire } from 'node:module';
 import type { Logger } from '../log.ts';
 import { isDatabaseUnavailable } from './availability.ts';
 
-const PATCH_MARKER = 'sluice: guard porsager/postgres#1208';
+// The markers scripts/patch-postgres.mjs writes: the nextWrite guard, and `begin` reserving its
+// connection with pipelining off (which a pooler needs: src/db/client.ts).
+const PATCH_MARKERS = ['sluice: guard porsager/postgres#1208', 'sluice: reserve without pipelining porsager/postgres#1210'];
 
 /** True for postgres.js's write-after-close throw, and nothing else. Pure. */
 export function isPostgresWriteAfterClose(err: unknown): boolean {
@@ -24,11 +26,12 @@ export function isPostgresWriteAfterClose(err: unknown): boolean {
   return /reading 'write'|evaluating 'socket\.write'/.test(err.message) && /postgres[\\/](cjs[\\/])?src[\\/]connection\.js/.test(stack) && /nextWrite/.test(stack);
 }
 
-/** Whether the installed postgres.js carries the nextWrite guard. */
+/** Whether the installed postgres.js carries both of scripts/patch-postgres.mjs's fixes. */
 export function postgresPatched(): boolean {
   try {
     const file = createRequire(import.meta.url).resolve('postgres').replace(/cjs[\\/]src[\\/]index\.js$|src[\\/]index\.js$/, 'src/connection.js');
-    return readFileSync(file, 'utf8').includes(PATCH_MARKER);
+    const text = readFileSync(file, 'utf8');
+    return PATCH_MARKERS.every((m) => text.includes(m));
   } catch {
     return false;
   }
@@ -39,7 +42,7 @@ let installed = false;
 export function installConnectionCrashGuard(log: Logger): void {
   if (installed) return;
   installed = true;
-  if (!postgresPatched()) log.warn('postgres.js is not patched against write-after-close (run `npm ci` to apply scripts/patch-postgres.mjs); the crash guard still catches it');
+  if (!postgresPatched()) log.warn('postgres.js is not patched (run `npm ci` to apply scripts/patch-postgres.mjs): the crash guard still catches a write after close, but behind a pooler every transaction would be refused');
   process.on('uncaughtException', (err, origin) => {
     if (isPostgresWriteAfterClose(err)) {
       log.warn({ err: { message: err.message } }, 'postgres.js wrote to a closed connection (porsager/postgres#1208): ignored, the connection is replaced');

@@ -38,10 +38,16 @@ export const tenants = pgTable(
     periodAnchor: timestamp('period_anchor', { withTimezone: true }).notNull().defaultNow(),
     /** Set while the tenant is suspended: submissions refused, dispatch skips it (migration 0009). */
     suspendedAt: timestamp('suspended_at', { withTimezone: true }),
+    /**
+     * The fraction (0 to 1) of a window's dispatches guaranteed while the tenant is backlogged, lent
+     * to others while it is idle; null: none. The sum over tenants stays <= 0.8 (tenants/store.ts).
+     */
+    reservedShare: doublePrecision('reserved_share'),
     ...timestamps,
   },
   (t) => [
     uniqueIndex('tenants_name_key').on(t.name),
+    check('tenants_reserved_share_check', sql`${t.reservedShare} is null or (${t.reservedShare} >= 0 and ${t.reservedShare} <= 1)`),
     check('tenants_tier_check', sql`${t.tier} in ('FREE', 'PRO', 'ENTERPRISE')`),
     check('tenants_quota_policy_check', sql`${t.quotaPolicy} in ('WAIT', 'FAIL')`),
   ],
@@ -72,10 +78,22 @@ export const tenantApiKeys = pgTable(
     keyHash: text('key_hash').notNull(),
     /** The first characters of the key, to tell keys apart in listings. */
     keyPrefix: text('key_prefix').notNull(),
+    /** What the tenant calls it ("ci", "dashboard"); keys from before named keys are "default". */
+    name: text('name').notNull().default('default'),
+    /** What the key may do: SUBMIT (submit and cancel), READ (queries and subscriptions). */
+    scopes: text('scopes').array().notNull().default(sql`'{SUBMIT,READ}'::text[]`),
     createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+    /** The key stops authenticating at this instant (set by the tenant, or by a rotation's overlap). */
+    expiresAt: timestamp('expires_at', { withTimezone: true }),
+    /** When the key last authenticated, to within a minute: each process writes it at most once a minute per key. */
+    lastUsedAt: timestamp('last_used_at', { withTimezone: true }),
     revokedAt: timestamp('revoked_at', { withTimezone: true }),
   },
-  (t) => [uniqueIndex('tenant_api_keys_hash_key').on(t.keyHash), index('tenant_api_keys_tenant_idx').on(t.tenantId)],
+  (t) => [
+    uniqueIndex('tenant_api_keys_hash_key').on(t.keyHash),
+    index('tenant_api_keys_tenant_idx').on(t.tenantId),
+    check('tenant_api_keys_scopes_check', sql`cardinality(${t.scopes}) > 0 and ${t.scopes} <@ '{SUBMIT,READ}'::text[]`),
+  ],
 );
 
 export const jobs = pgTable(
@@ -94,6 +112,13 @@ export const jobs = pgTable(
     priority: text('priority').notNull(),
     state: text('state').notNull(),
     idempotencyKey: text('idempotency_key'),
+    /**
+     * The FAILED or CANCELLED job this one was submitted again from (`retryJob`). No foreign key:
+     * the original may be deleted by retention first, and the link is only shown, never followed.
+     */
+    retryOf: uuid('retry_of'),
+    /** Who inside the tenant the job is for (JobInput.fairnessKey); null: the tenant's default key. */
+    fairnessKey: text('fairness_key'),
     /** Upstream attempts made so far; also the fencing token of the current attempt. */
     attempts: integer('attempts').notNull().default(0),
     /** A queued job is ready from this instant (retries and put-backs wait). */
@@ -157,10 +182,17 @@ export const schedTenants = pgTable(
     quotaBlockedCost: integer('quota_blocked_cost').notNull().default(0),
     /** The tenant is suspended: dispatch skips it, its queued jobs wait (reason SUSPENDED). */
     suspended: boolean('suspended').notNull().default(false),
+    /** The tenant's reserved share (0: none); the lease raises its weight by it while it is backlogged. */
+    reservedShare: doublePrecision('reserved_share').notNull().default(0),
   },
   // The sweeper's round reads only the blocked tenants (migration 0021).
   // Counters are never clamped: releasing a slot not taken raises here instead of hiding (0027).
-  (t) => [index('sched_tenants_quota_blocked_idx').on(t.tenantId).where(sql`${t.quotaBlocked}`), check('sched_tenants_in_flight_check', sql`${t.inFlight} >= 0`)],
+  // The lease looks for reserved tenants through their own index: with none, it costs one probe.
+  (t) => [
+    index('sched_tenants_quota_blocked_idx').on(t.tenantId).where(sql`${t.quotaBlocked}`),
+    index('sched_tenants_reserved_idx').on(t.tenantId).where(sql`${t.reservedShare} > 0`),
+    check('sched_tenants_in_flight_check', sql`${t.inFlight} >= 0`),
+  ],
 );
 
 /** One row per (tenant, class) queue: its virtual time and when it next has ready work. */
@@ -188,6 +220,29 @@ export const schedQueues = pgTable(
     check('sched_queues_depth_check', sql`${t.depth} >= 0`),
     check('sched_queues_running_check', sql`${t.running} >= 0`),
   ],
+);
+
+/**
+ * Fairness keys inside a queue: each (tenant, class, key)'s last rank, so the next job of the key
+ * is ranked after it (start-time fair queueing among a queue's keys, src/scheduler/fair-keys.ts;
+ * the rank is the job's pg-boss priority, negated). The default key (jobs without one) is ''.
+ * A row counts only while its last job has not started (a key whose jobs were all served starts
+ * level with the queue's head); retention deletes the rows whose last job is gone or started, so
+ * the rows are bounded by the keys with jobs waiting, per tenant.
+ */
+export const schedFairKeys = pgTable(
+  'sched_fair_keys',
+  {
+    tenantId: uuid('tenant_id')
+      .notNull()
+      .references(() => tenants.id, { onDelete: 'cascade' }),
+    jobClass: text('class').notNull(),
+    fairnessKey: text('fairness_key').notNull(),
+    lastRank: integer('last_rank').notNull(),
+    /** The key's newest job (no foreign key: retention deletes jobs first, then prunes the row). */
+    lastJob: uuid('last_job').notNull(),
+  },
+  (t) => [primaryKey({ columns: [t.tenantId, t.jobClass, t.fairnessKey] })],
 );
 
 /** Each class's virtual clock: the virtual time of the last queue served. */
@@ -231,9 +286,22 @@ export const windows = pgTable(
   'windows',
   {
   name: text('name').primaryKey(),
-  /** Paced calls per minute; null = unlimited (no pacer). */
+  /**
+   * Paced calls per minute now, the rate leases refill by; null = unlimited (no pacer). With a
+   * learned pace (scheduler/learned-pace.ts) it is lowered below the configured rate when the
+   * provider's answers show a smaller window, and climbs back towards it.
+   */
   ratePerMinute: doublePrecision('rate_per_minute'),
+  /** Bucket size now: the configured burst scaled with the learned rate (the same seconds' worth). */
   burst: doublePrecision('burst').notNull(),
+  /** What configuration says: limit × PACE_FRACTION, and its burst; the learned rate never goes above it. */
+  configuredRatePerMinute: doublePrecision('configured_rate_per_minute'),
+  configuredBurst: doublePrecision('configured_burst'),
+  /** The provider's x-rate-limit-limit as last written by a node that learned from it. */
+  observedLimitPerMinute: doublePrecision('observed_limit_per_minute'),
+  /** Why the rate last changed (LIMIT, DRAIN, RATE_LIMITED, CLIMB), and when. */
+  paceReason: text('pace_reason'),
+  pacedAt: timestamp('paced_at', { withTimezone: true }),
   tokens: doublePrecision('tokens').notNull(),
   refilledAt: timestamp('refilled_at', { withTimezone: true }).notNull().defaultNow(),
   pausedUntil: timestamp('paused_until', { withTimezone: true }),
@@ -291,6 +359,8 @@ export const reservations = pgTable(
     sentAt: timestamp('sent_at', { withTimezone: true }),
     /** A late settlement corrected the expiry's settlement (0028): at most once. */
     reconciledAt: timestamp('reconciled_at', { withTimezone: true }),
+    /** The expiry's bill a late settlement replaced (usage events: the charge as first served, then the correction). */
+    expiryBilled: integer('expiry_billed'),
   },
   (t) => [
     index('reservations_open_idx').on(t.nodeId).where(sql`${t.settledAt} is null`),
@@ -298,6 +368,8 @@ export const reservations = pgTable(
     index('reservations_job_idx').on(t.jobId),
     // The console's calls/s per window reads the last seconds of reservations (migration 0010).
     index('reservations_created_idx').on(t.createdAt),
+    // Usage events' corrections, in reconciliation order (rare rows: an update that does not reconcile adds nothing to it).
+    index('reservations_reconciled_idx').on(t.reconciledAt, t.id).where(sql`${t.reconciledAt} is not null`),
   ],
 );
 
@@ -392,4 +464,73 @@ export const windowSlotDeltas = pgTable(
   'window_slot_deltas',
   { window: text('window').notNull(), n: integer('n').notNull() },
   (t) => [index('window_slot_deltas_idx').on(t.window)],
+);
+
+/* ---- Completion webhooks (owned by src/webhooks/store.ts; deliveries created by a trigger on jobs, migration 0038) ---- */
+
+/** A tenant's webhook endpoints: where its jobs' final states are POSTed (Standard Webhooks). */
+export const webhookEndpoints = pgTable(
+  'webhook_endpoints',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    tenantId: uuid('tenant_id')
+      .notNull()
+      .references(() => tenants.id, { onDelete: 'cascade' }),
+    url: text('url').notNull(),
+    /** JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELLED: the trigger compares 'JOB_' || jobs.state. */
+    events: text('events').array().notNull(),
+    /** `whsec_` + base64 of the signing key. Stored as is: every delivery must be signed with it. */
+    secret: text('secret').notNull(),
+    /** The key before the last rotation, still signed with (a second signature) until previous_secret_until. */
+    previousSecret: text('previous_secret'),
+    previousSecretUntil: timestamp('previous_secret_until', { withTimezone: true }),
+    enabled: boolean('enabled').notNull().default(true),
+    /** Why and when it was disabled (null while enabled): failing for WEBHOOK_DISABLE_AFTER_SECONDS, or by the tenant. */
+    disabledReason: text('disabled_reason'),
+    disabledAt: timestamp('disabled_at', { withTimezone: true }),
+    /** Start of the current run of failed attempts; cleared by any 2xx. */
+    failingSince: timestamp('failing_since', { withTimezone: true }),
+    ...timestamps,
+  },
+  (t) => [index('webhook_endpoints_tenant_idx').on(t.tenantId)],
+);
+
+/**
+ * One row per (endpoint, job event): the durable outbox the sender drains, and the record a tenant
+ * reads (webhookDeliveries). Written in the transaction that makes the job final (the trigger), so
+ * no event of an endpoint's tenant is lost; its id is the `webhook-id` of every attempt.
+ * No foreign key to jobs: a delivery outlives its job's retention.
+ */
+export const webhookDeliveries = pgTable(
+  'webhook_deliveries',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    tenantId: uuid('tenant_id').notNull(),
+    endpointId: uuid('endpoint_id')
+      .notNull()
+      .references(() => webhookEndpoints.id, { onDelete: 'cascade' }),
+    jobId: uuid('job_id').notNull(),
+    event: text('event').notNull(),
+    /** PENDING (waiting for its next attempt), SENDING (claimed until locked_until), SUCCEEDED, FAILED. */
+    status: text('status').notNull().default('PENDING'),
+    attempts: integer('attempts').notNull().default(0),
+    nextAttemptAt: timestamp('next_attempt_at', { withTimezone: true }).notNull().defaultNow(),
+    /** A SENDING row whose claim passed this instant (its node died) is due again. */
+    lockedUntil: timestamp('locked_until', { withTimezone: true }),
+    lastAttemptAt: timestamp('last_attempt_at', { withTimezone: true }),
+    responseStatus: integer('response_status'),
+    lastError: text('last_error'),
+    /** The job's row (sluice_job_json) as first sent: every retry sends the same body. */
+    payload: jsonb('payload'),
+    ...timestamps,
+  },
+  (t) => [
+    uniqueIndex('webhook_deliveries_event_key').on(t.endpointId, t.jobId, t.event),
+    index('webhook_deliveries_tenant_idx').on(t.tenantId, t.createdAt.desc(), t.id.desc()),
+    index('webhook_deliveries_due_idx').on(t.endpointId, t.nextAttemptAt).where(sql`${t.status} in ('PENDING', 'SENDING')`),
+    index('webhook_deliveries_sending_idx').on(t.endpointId).where(sql`${t.status} = 'SENDING'`),
+    // Retention deletes the ended ones oldest first.
+    index('webhook_deliveries_ended_idx').on(t.updatedAt).where(sql`${t.status} in ('SUCCEEDED', 'FAILED')`),
+    check('webhook_deliveries_status_check', sql`${t.status} in ('PENDING', 'SENDING', 'SUCCEEDED', 'FAILED')`),
+  ],
 );

@@ -27,7 +27,10 @@ import { WORK_CHANNEL } from '../jobs/service.ts';
 import { type JobClass } from '../config/classes.ts';
 import type { LatencyTracker } from '../scheduler/pool.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
+import type { CallOutcome } from '../provider/types.ts';
+import type { PaceRules } from '../scheduler/learned-pace.ts';
 import { AttemptLeases } from './attempt-leases.ts';
+import { PaceLearner } from './pace-learner.ts';
 import { Settler, type SettlerOptions } from './settler.ts';
 import { WindowLoops, type WindowLoopsOptions } from './window-loop.ts';
 
@@ -40,6 +43,10 @@ export type DispatcherOptions = Omit<WindowLoopsOptions, 'leases' | 'settler' | 
      * Default `sql`.
      */
     leaseSql?: Sql;
+    /** The learned pace (scheduler/learned-pace.ts): its rules and PACE_SAMPLE_MS; absent = paced from configuration only. */
+    pace?: { rules: PaceRules; sampleMs: number } | undefined;
+    /** The LISTEN for work wake-ups runs here: a session to Postgres itself (DATABASE_DIRECT_URL). Default `sql`. */
+    listenSql?: Sql;
   };
 
 export class Dispatcher {
@@ -49,13 +56,27 @@ export class Dispatcher {
   private readonly leases: AttemptLeases;
   private readonly settler: Settler;
   private readonly loops: WindowLoops;
+  private readonly pace: PaceLearner | null;
 
   constructor(options: DispatcherOptions) {
     this.options = options;
     const { sql, leaseSql, leaseSeconds, log } = options;
     this.leases = new AttemptLeases({ sql, leaseSql, leaseSeconds, log });
-    this.settler = new Settler({ ...options, leases: this.leases, stopping: () => !this.running });
-    this.loops = new WindowLoops({ ...options, leases: this.leases, settler: this.settler, running: () => this.running });
+    const pace = options.pace;
+    this.pace = pace ? new PaceLearner({ sql, windows: options.windows, rules: pace.rules, sampleMs: pace.sampleMs, log }) : null;
+    this.settler = new Settler({
+      ...options,
+      leases: this.leases,
+      stopping: () => !this.running,
+      ...(pace ? { rateLimitPace: { decrease: pace.rules.decrease, floor: pace.rules.min } } : {}),
+    });
+    this.loops = new WindowLoops({
+      ...options,
+      leases: this.leases,
+      settler: this.settler,
+      running: () => this.running,
+      ...(this.pace ? { onAnswer: (w: WindowSpec, o: CallOutcome) => this.pace!.observe(w, o) } : {}),
+    });
   }
 
   /** Each window's call latencies (p50/p95 feed its pool size; the sweeper publishes them). */
@@ -79,9 +100,10 @@ export class Dispatcher {
   async start(): Promise<void> {
     if (this.running) return;
     this.running = true;
-    const { unlisten } = await this.options.sql.listen(WORK_CHANNEL, () => this.poke());
+    const { unlisten } = await (this.options.listenSql ?? this.options.sql).listen(WORK_CHANNEL, () => this.poke());
     this.unlisten = unlisten;
     this.leases.start();
+    this.pace?.start();
     this.loops.start();
   }
 
@@ -112,6 +134,7 @@ export class Dispatcher {
       this.settler.dropQueued();
     }
     this.leases.stopTimer();
+    await this.pace?.stop();
     await this.unlisten?.().catch(() => {});
     return { unsettled };
   }

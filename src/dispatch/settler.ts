@@ -29,7 +29,7 @@ import { stopAccount } from '../scheduler/sql/account.ts';
 import { markQueuesReady } from '../scheduler/sql/queues.ts';
 import { lockOpenReservations, settleGroup, type SettleGroupItem } from '../scheduler/sql/reservations.ts';
 import { lockTenants } from '../scheduler/sql/tenants.ts';
-import { pauseWindow, stopWindow } from '../scheduler/sql/windows.ts';
+import { pauseWindow, stopWindow, type RateLimitPace } from '../scheduler/sql/windows.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
 import type { Attempt, AttemptLeases, BatchAttempt } from './attempt-leases.ts';
 import { planSettlement, resultOf, type SettlePlan } from './retry.ts';
@@ -104,6 +104,8 @@ export interface SettlerOptions {
   retryDelaySeconds: number;
   /** Settlements are grouped: one transaction per this interval (0 = as soon as one is ready). Default 2. */
   settleIntervalMs?: number | undefined;
+  /** What a rate-limit 429 does to the learned pace (PACE_DECREASE, PACE_MIN); absent = the rate is left as it is. */
+  rateLimitPace?: RateLimitPace | undefined;
   /** How long a credits-exhausted account stops when the provider gave no renewal time. */
   creditsStopSeconds: number;
   /** The dispatcher is stopping: a failed settlement is retried sooner. */
@@ -410,14 +412,14 @@ export class Settler {
   /**
    * The account-level reactions to a provider signal, committed with the
    * settlement so every node sees them before this attempt is acknowledged:
-   * a rate-limit 429 pauses the window (I2); credits exhausted stops all
+   * a rate-limit 429 pauses the window (I2) and lowers its learned rate; credits exhausted stops all
    * dispatch until the renewal; an unusable key stops its window only.
    */
   private async react(tx: postgres.TransactionSql, window: WindowSpec, outcome: CallOutcome): Promise<void> {
     const { log } = this.options;
     switch (outcome.kind) {
       case 'rate_limited':
-        await pauseWindow(tx, window.name, Math.max(1, outcome.retryAfterSeconds ?? 1), 'RATE_LIMITED');
+        await pauseWindow(tx, window.name, Math.max(1, outcome.retryAfterSeconds ?? 1), 'RATE_LIMITED', this.options.rateLimitPace);
         return;
       case 'credits_exhausted': {
         const renewal = outcome.status?.renewalAt?.getTime();

@@ -58,6 +58,8 @@ export interface WindowLoopsOptions {
   settler: Settler;
   /** The dispatcher runs: the loops lease while it does. */
   running: () => boolean;
+  /** Called with every answer the provider gave on the window (a batch call once): the learned pace's samples. */
+  onAnswer?: ((window: WindowSpec, outcome: CallOutcome) => void) | undefined;
   /** Called once per lease with how many jobs of each class it dispatched on the window. */
   onLeased?: ((window: string, jobClass: JobClass, jobs: number) => void) | undefined;
   log: Logger;
@@ -382,7 +384,10 @@ export class WindowLoops {
       await settler.settle(w, a, breakerOpenOutcome(breakers, err), { putBack: true });
       return;
     }
-    if (outcome.httpStatus !== null) this.latency.get(w.name)!.record(outcome.latencyMs);
+    if (outcome.httpStatus !== null) {
+      this.latency.get(w.name)!.record(outcome.latencyMs);
+      this.options.onAnswer?.(w, outcome);
+    }
     await settler.settle(w, a, outcome);
   }
 
@@ -422,7 +427,10 @@ export class WindowLoops {
     const result = batch as BatchOutcome | null;
     if (!result) throw new Error('batch call returned nothing');
     const call = result.call;
-    if (call.httpStatus !== null) this.latency.get(w.name)!.record(call.latencyMs);
+    if (call.httpStatus !== null) {
+      this.latency.get(w.name)!.record(call.latencyMs);
+      this.options.onAnswer?.(w, call);
+    }
     const outcomes: CallOutcome[] = b.items.map((it, i) => {
       const item = result.items[i];
       // Refused as a whole (or no usable answer): every item shares the call's outcome; a worst-case bill is per item.

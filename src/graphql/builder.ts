@@ -5,6 +5,7 @@
 import SchemaBuilder from '@pothos/core';
 import RelayPlugin from '@pothos/plugin-relay';
 import type { Context, Role } from './context.ts';
+import type { Scope } from '../tenants/api-keys.ts';
 
 export interface SchemaTypes {
   Context: Context;
@@ -28,7 +29,9 @@ export const builder = new SchemaBuilder<SchemaTypes>({
 });
 
 /**
- * Root fields declare who may call them. The auth plugin reads this before
- * execution and refuses the whole operation, so a caller never gets partial data.
+ * Root fields declare who may call them, and which scopes a tenant key needs
+ * for them (default: SUBMIT for a mutation, READ for a query or subscription).
+ * The auth plugin reads this before execution and refuses the whole
+ * operation, so a caller never gets partial data.
  */
-export const role = (r: Role) => ({ extensions: { role: r } });
+export const role = (r: Role, scopes?: readonly Scope[]) => ({ extensions: scopes ? { role: r, scopes } : { role: r } });

@@ -11,26 +11,37 @@ import { bearerToken, hashSecret, sameHash } from '../tenants/keys.ts';
 import type { TenantRecord } from '../tenants/policy.ts';
 import type { TenantStore } from '../tenants/store.ts';
 import type { KeyCache } from '../tenants/key-cache.ts';
+import { keyLive, type KeyGrant } from '../tenants/api-keys.ts';
+import type { KeyUseRecorder } from '../tenants/key-use.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
 import type { CommitGate } from '../http/deadline.ts';
 import type { LifecycleDeps } from '../tenants/lifecycle.ts';
 import type { JobClass } from '../config/classes.ts';
 import type { BudgetState, RequestBudget } from '../http/budget.ts';
+import type { WindowHistory } from '../visibility/history.ts';
+import { SluiceError } from '../errors.ts';
+import { asId } from './ids.ts';
 
 export type Auth =
   | { kind: 'anonymous' }
   /** A credential was presented and matched nothing. */
   | { kind: 'invalid' }
   | { kind: 'admin' }
-  | { kind: 'tenant'; tenant: TenantRecord };
+  /** A tenant's API key: its tenant, and what the key may do (its scopes). */
+  | { kind: 'tenant'; tenant: TenantRecord; key: KeyGrant };
 
-export type Role = 'public' | 'tenant' | 'admin';
+/** Who may call a root field; `tenantOrAdmin`: a tenant for itself, or the admin naming the tenant. */
+export type Role = 'public' | 'tenant' | 'admin' | 'tenantOrAdmin';
 
 export interface Services {
   sql: Sql;
   tenants: TenantStore;
   /** Tenant API keys → tenants, cached per process (AUTH_CACHE_TTL_MS), invalidated by the sluice_auth notice. */
   apiKeys: KeyCache;
+  /** Notes each key's use, written at most once a minute per key (absent: lastUsedAt is not kept). */
+  keyUse?: KeyUseRecorder;
+  /** KEY_ROTATION_OVERLAP_SECONDS: how long rotateTenantKey leaves the old keys working. */
+  keyRotationOverlapSeconds: number;
   jobs: JobService;
   bus: EventBus;
   catalog: ApiCatalog;
@@ -44,6 +55,10 @@ export interface Services {
   agePromiseSeconds?: Partial<Record<JobClass, number>>;
   /** Tenants' request budgets (src/http/budget.ts); absent: requests are not charged (REQUEST_BUDGET_ENABLED=false). */
   budget?: RequestBudget;
+  /** Webhook endpoints' rules (WEBHOOK_ALLOW_PRIVATE, WEBHOOK_MAX_ENDPOINTS, WEBHOOK_SECRET_OVERLAP_SECONDS). */
+  webhooks: { allowPrivate: boolean; maxEndpoints: number; secretOverlapSeconds: number };
+  /** This node's chart history of the windows (API processes; visibility/history.ts). */
+  history?: WindowHistory;
   /** After a tenant is created or changed: its pg-boss queues exist and the scheduler has its limits. */
   tenantChanged(tenant: TenantRecord): Promise<void>;
 }
@@ -85,12 +100,32 @@ export async function authenticate(services: Services, authorization: string | n
   if (!token) return { kind: 'invalid' };
   const hash = hashSecret(token); // once per request: the admin check and the key lookup share it
   if (sameHash(hash, services.adminTokenHash)) return { kind: 'admin' };
-  const tenant = await services.apiKeys.lookup(hash, opts);
-  return tenant ? { kind: 'tenant', tenant } : { kind: 'invalid' };
+  const holder = await services.apiKeys.lookup(hash, opts);
+  // The cache keeps a key until its entry expires; the key's own expiry is checked on every use.
+  if (!holder || !keyLive(holder.key, Date.now())) return { kind: 'invalid' };
+  services.keyUse?.seen(holder.key.id);
+  return { kind: 'tenant', tenant: holder.tenant, key: holder.key };
 }
 
 /** The calling tenant; resolvers of tenant fields run only after the operation-level check, so this holds. */
 export function tenantOf(ctx: Context): TenantRecord {
   if (ctx.auth.kind !== 'tenant') throw new Error('tenant field resolved without a tenant (auth plugin bypassed)');
   return ctx.auth.tenant;
+}
+
+/**
+ * The tenant a tenantOrAdmin field acts for: a tenant key's own (naming another is FORBIDDEN, so a
+ * key learns nothing about other tenants' ids), or the one the admin names (required). `what` says
+ * what is managed, for the messages ("keys", "webhook endpoints").
+ */
+export function tenantInScope(ctx: Context, tenantId: string | number | null | undefined, what: string): string {
+  if (ctx.auth.kind === 'tenant') {
+    const own = ctx.auth.tenant.id;
+    if (tenantId !== null && tenantId !== undefined && String(tenantId).toLowerCase() !== own) {
+      throw new SluiceError('FORBIDDEN', `a tenant key reaches only its own ${what}: leave tenantId out`, { field: 'tenantId' });
+    }
+    return own;
+  }
+  if (tenantId === null || tenantId === undefined) throw new SluiceError('BAD_USER_INPUT', 'the admin token names the tenant: tenantId', { field: 'tenantId' });
+  return asId(tenantId, 'tenant');
 }

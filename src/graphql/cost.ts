@@ -56,6 +56,11 @@ export const READ_STATEMENTS = {
   /** A submission: admission, insert, counters, commit (group commit shares more). */
   submit: 4,
   cancel: 4,
+  /** webhookEndpoints, or one page of webhookDeliveries. */
+  webhookEndpoints: 1,
+  webhookDeliveryPage: 1,
+  /** A webhook endpoint change: a count or lookup and the write. */
+  webhookChange: 2,
 } as const;
 export type ReadName = keyof typeof READ_STATEMENTS;
 
@@ -89,6 +94,13 @@ export const FIELD_PRICES: Readonly<Record<string, FieldPrice>> = {
   'Subscription.tenantUsage': { reads: ['usage', 'queueStatus'] },
   'Subscription.jobUpdated': { reads: ['job'] },
   'TenantUsage.queues': { listSize: 3 },
+  'Query.webhookEndpoints': { reads: ['webhookEndpoints'] },
+  'Query.webhookDeliveries': { reads: ['webhookDeliveryPage'], defaultPage: 50 },
+  'WebhookDeliveryConnection.edges': { listSize: 1 },
+  'Mutation.createWebhookEndpoint': { reads: ['webhookChange'] },
+  'Mutation.updateWebhookEndpoint': { reads: ['webhookChange'] },
+  'Mutation.deleteWebhookEndpoint': { reads: ['webhookChange'] },
+  'Mutation.rotateWebhookSecret': { reads: ['webhookChange'] },
 };
 
 export const DEFAULT_LIST_SIZE = 10;

@@ -4,6 +4,7 @@
 import { builder } from './builder.ts';
 import './schema/scalars.ts';
 import './schema/tenants.ts';
+import './schema/keys.ts';
 import './schema/jobs.ts';
 import './schema/me.ts';
 import './schema/apis.ts';
@@ -11,6 +12,7 @@ import './schema/system.ts';
 import './schema/usage.ts';
 import './schema/console.ts';
 import './schema/budget.ts';
+import './schema/webhooks.ts';
 
 builder.queryType({});
 builder.mutationType({});

@@ -21,13 +21,15 @@ export interface AuditLine {
 
 /** The tenant a mutation concerned: its `id` argument, its input's `id`, else the id in its result. Pure. */
 export function auditedTenantId(args: Record<string, unknown>, result: unknown): string | null {
-  const input = args.input as { id?: unknown } | undefined;
-  const fromArgs = args.id ?? input?.id;
+  const input = args.input as { id?: unknown; tenantId?: unknown } | undefined;
+  const fromArgs = args.id ?? input?.id ?? input?.tenantId;
   if (typeof fromArgs === 'string') return fromArgs;
   const r = result as { tenant?: { id?: unknown }; id?: unknown } | null | undefined;
   const fromResult = r?.tenant?.id ?? r?.id;
   return typeof fromResult === 'string' ? fromResult : null;
 }
+
+const NOT_A_TENANT_ID = new Set(['revokeApiKey', 'updateWebhookEndpoint']);
 
 /** One line per root field of an admin mutation. */
 export function auditLines(schema: GraphQLSchema, args: { document: Parameters<typeof getOperationAST>[0]; operationName?: string | null | undefined; variableValues?: Record<string, unknown> | null | undefined }, data: Record<string, unknown> | null | undefined, errors: readonly { path?: readonly (string | number)[] | undefined }[] | undefined, address: string | null): AuditLine[] {
@@ -47,7 +49,9 @@ export function auditLines(schema: GraphQLSchema, args: { document: Parameters<t
       // Invalid arguments were refused before execution; nothing to read.
     }
     const failed = (errors ?? []).some((e) => e.path?.[0] === key);
-    lines.push({ audit: true, action: sel.name.value, tenantId: auditedTenantId(values, data?.[key]), ok: !failed && data?.[key] != null, who: { role: 'admin', address } });
+    // These ids name a key or a webhook endpoint, not a tenant.
+    const tenantId = NOT_A_TENANT_ID.has(sel.name.value) ? null : auditedTenantId(values, data?.[key]);
+    lines.push({ audit: true, action: sel.name.value, tenantId, ok: !failed && data?.[key] != null, who: { role: 'admin', address } });
   }
   return lines;
 }

@@ -22,21 +22,87 @@ import { createHash } from 'node:crypto';
 import { renderGraphiQL } from '@graphql-yoga/render-graphiql';
 import type { GraphiQLOptions, Plugin } from 'graphql-yoga';
 
-export const GRAPHIQL_WELCOME = `# Sluice: one upstream API account (APIVerve), shared fairly among many tenants.
+/**
+ * The first tab's text. Lines stay under WELCOME_WIDTH characters: the editor
+ * shows about that many beside the results pane at 1280 px, and a comment
+ * cut off at the pane's edge hides what it says.
+ */
+export const WELCOME_WIDTH = 60;
+export const GRAPHIQL_WELCOME = `# Sluice: one upstream API account (APIVerve),
+# shared fairly among many tenants.
 #
-# Authenticate in the Headers tab below, for queries and subscriptions alike:
-#   { "Authorization": "Bearer <admin token or tenant key>" }
-# The admin token (slcadm_…) is printed at the first start (or set SLUICE_ADMIN_TOKEN);
-# a tenant key (slc_…) comes from createTenant or rotateTenantKey, shown once.
+# Authenticate in the Headers tab below, for queries
+# and subscriptions alike:
+#   { "Authorization": "Bearer <token>" }
+# - the admin token (slcadm_...) is printed at the first
+#   start, or set SLUICE_ADMIN_TOKEN;
+# - a tenant key (slc_...) comes from createTenant or
+#   rotateTenantKey, and is shown once.
 #
-# As a tenant: submitJob, jobs, me { usage queues }, subscription { jobUpdated(id) jobsCompleted tenantUsage }.
-# As the admin: tenants, tenantTable, createTenant, updateTenant, system, subscription { systemStatus }.
-# The live console is at /console.
+# The tabs above hold examples, in the order you need
+# them: as the admin, create a tenant (this tab); then,
+# with its key, submitJob, job, and the jobUpdated
+# subscription. The live console is at /console.
 
-query Catalog {
-  apis { name creditCost requiredParams }
+mutation CreateTenant($input: CreateTenantInput!) {
+  createTenant(input: $input) {
+    tenant { id name tier }
+    apiKey
+  }
 }
 `;
+
+const json = (v: unknown) => JSON.stringify(v, null, 2);
+
+/**
+ * Example tabs by role, first visit only (GraphiQL keeps the tabs a person
+ * has afterwards). The admin's comes first: a newcomer holds the admin token
+ * before any tenant key. Headers are placeholders; the real token is typed in
+ * and stays in the page's memory (see the storage below).
+ */
+export const GRAPHIQL_TABS: Array<{ query: string; variables?: string; headers?: string }> = [
+  { query: GRAPHIQL_WELCOME, variables: json({ input: { name: 'acme', tier: 'PRO' } }), headers: json({ Authorization: 'Bearer <admin token>' }) },
+  {
+    query: `# As a tenant (its key from createTenant): queue a job.
+# It answers at once with state QUEUED; copy the id
+# into the next two tabs.
+mutation SubmitJob($input: JobInput!) {
+  submitJob(input: $input) {
+    job { id state }
+  }
+}
+`,
+    variables: json({ input: { api: 'dnslookup', params: { domain: 'example.com' }, priority: 'INTERACTIVE', idempotencyKey: 'my-first-job' } }),
+    headers: json({ Authorization: 'Bearer <tenant key>' }),
+  },
+  {
+    query: `# As a tenant: read a job back, with its result.
+query Job($id: ID!) {
+  job(id: $id) {
+    id api state attempts creditsBilled
+    result
+    error { code message }
+  }
+}
+`,
+    variables: json({ id: '<job id from submitJob>' }),
+    headers: json({ Authorization: 'Bearer <tenant key>' }),
+  },
+  {
+    query: `# As a tenant: follow a job live over WebSocket.
+# Sends the state now, then every change, and
+# completes after SUCCEEDED, FAILED or CANCELLED.
+subscription JobUpdated($id: ID!) {
+  jobUpdated(id: $id) {
+    id state attempts result
+    error { code message }
+  }
+}
+`,
+    variables: json({ id: '<job id from submitJob>' }),
+    headers: json({ Authorization: 'Bearer <tenant key>' }),
+  },
+];
 
 /**
  * GraphiQL's storage: values under `headers` (the Headers tab, in tabs and in the
@@ -99,7 +165,7 @@ export function graphiqlCsp(inlineScripts: readonly string[]): string {
 function build(opts: GraphiQLOptions): { key: string; html: string; csp: string } {
   const key = JSON.stringify(opts);
   if (cached?.key === key) return cached;
-  const html = renderGraphiQL({ ...opts, defaultQuery: opts.defaultQuery ?? GRAPHIQL_WELCOME });
+  const html = renderGraphiQL({ ...opts, defaultQuery: opts.defaultQuery ?? GRAPHIQL_WELCOME, defaultTabs: opts.defaultTabs ?? GRAPHIQL_TABS });
   const at = html.lastIndexOf('YogaGraphiQL.renderYogaGraphiQL(');
   if (at < 0) throw new Error('@graphql-yoga/render-graphiql changed its page: the connectionParams hook has nowhere to go');
   const page = html.slice(0, at) + CONNECTION_PARAMS_SCRIPT + html.slice(at);

@@ -21,7 +21,9 @@
  * the open connections of that tenant against the database and closes the
  * ones whose key no longer authenticates as that tenant. After the LISTEN
  * connection comes back (a Postgres outage), every connection is re-validated,
- * since a notification may have been missed meanwhile.
+ * since a notification may have been missed meanwhile. A key with an expiry
+ * (createApiKey's expiresAt, a rotation's overlap) is re-validated when it
+ * expires, so its connections close then (4401) without a notice.
  */
 import type { Sql } from '../db/client.ts';
 import { isTransientOutage } from '../db/availability.ts';
@@ -42,7 +44,12 @@ interface Closable {
 interface Open {
   tenantId: string | null; // null: the admin token (not revocable by a tenant notice)
   authorization: string;
+  /** Re-validates at the key's expiry (absent: the key does not expire). */
+  expiry?: NodeJS.Timeout;
 }
+
+/** setTimeout's longest delay (~24.8 days); a later expiry is re-armed from there. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
 
 export class WsConnections {
   private readonly open = new Map<Closable, Open>();
@@ -59,8 +66,25 @@ export class WsConnections {
 
   /** Tracks an accepted connection until its socket closes. */
   add(socket: Closable, auth: Auth, authorization: string): void {
-    this.open.set(socket, { tenantId: auth.kind === 'tenant' ? auth.tenant.id : null, authorization });
-    socket.once('close', () => this.open.delete(socket));
+    const conn: Open = { tenantId: auth.kind === 'tenant' ? auth.tenant.id : null, authorization };
+    this.open.set(socket, conn);
+    this.armExpiry(socket, conn, auth);
+    socket.once('close', () => {
+      clearTimeout(conn.expiry);
+      this.open.delete(socket);
+    });
+  }
+
+  /** (Re)arms the connection's check at its key's expiry, as the key says now. */
+  private armExpiry(socket: Closable, conn: Open, auth: Auth): void {
+    clearTimeout(conn.expiry);
+    delete conn.expiry;
+    const at = auth.kind === 'tenant' ? auth.key.expiresAtMs : null;
+    if (at === null) return;
+    // A little past the instant: the key is then expired for the database and the cache alike.
+    conn.expiry = setTimeout(() => {
+      if (this.open.get(socket) === conn) this.revalidateOne(socket, conn).catch(() => {});
+    }, Math.min(MAX_TIMER_MS, Math.max(0, at - Date.now()) + 50)).unref();
   }
 
   /**
@@ -72,21 +96,30 @@ export class WsConnections {
     let closed = 0;
     for (const [socket, conn] of [...this.open]) {
       if (tenantId !== null && conn.tenantId !== tenantId) continue;
-      let auth: Auth;
-      try {
-        auth = await this.authenticate(conn.authorization);
-      } catch (err) {
-        if (isTransientOutage(err)) return closed; // the next notice, or the re-LISTEN after recovery, tries again
-        throw err;
-      }
-      const still = conn.tenantId === null ? auth.kind === 'admin' : auth.kind === 'tenant' && auth.tenant.id === conn.tenantId;
-      if (!still) {
-        this.open.delete(socket);
-        socket.close(WS_CLOSE.unauthorized, 'API key revoked: reconnect with a valid key');
-        closed++;
-      }
+      const result = await this.revalidateOne(socket, conn);
+      if (result === 'outage') return closed; // the next notice, or the re-LISTEN after recovery, tries again
+      if (result === 'closed') closed++;
     }
     return closed;
+  }
+
+  private async revalidateOne(socket: Closable, conn: Open): Promise<'kept' | 'closed' | 'outage'> {
+    let auth: Auth;
+    try {
+      auth = await this.authenticate(conn.authorization);
+    } catch (err) {
+      if (isTransientOutage(err)) return 'outage';
+      throw err;
+    }
+    const still = conn.tenantId === null ? auth.kind === 'admin' : auth.kind === 'tenant' && auth.tenant.id === conn.tenantId;
+    if (still) {
+      this.armExpiry(socket, conn, auth); // a rotation may have given the key an expiry since
+      return 'kept';
+    }
+    clearTimeout(conn.expiry);
+    this.open.delete(socket);
+    socket.close(WS_CLOSE.unauthorized, 'API key revoked or expired: reconnect with a valid key');
+    return 'closed';
   }
 
   /** LISTENs for revocation notices; re-validates everything after each re-LISTEN (a notice may have been missed). */

@@ -17,11 +17,11 @@ import type { ApiCatalog } from '../config/apis.ts';
 import type { Sql } from '../db/client.ts';
 import { SluiceError } from '../errors.ts';
 import { publishJobEvents } from '../events/bus.ts';
-import { inTransaction, lockBossJob, queueName } from '../queue/boss.ts';
+import { inTransaction, lockBossJob, lockBossJobs, queueName } from '../queue/boss.ts';
 import { type JobClass } from '../config/classes.ts';
-import { cancelQueuedJob, getJob, insertJobsQueued, jobClassOf, originalsByIdempotencyKey, type JobState, type NewJob, type NewJobRow } from './store.ts';
+import { cancelQueuedJob, cancelQueuedJobs, getJob, insertJobsQueued, jobClassOf, originalsByIdempotencyKey, waitingJobsMatching, type JobFilter, type JobRow, type JobState, type NewJob, type NewJobRow } from './store.ts';
 import { newJobIds } from './ids.ts';
-import { validateSubmission, type JobInput, type ParamLimits } from './validate.ts';
+import { DEFAULT_SCHEDULE_MAX_AHEAD_SECONDS, validateSubmission, type JobInput, type ParamLimits } from './validate.ts';
 import type { CommitGate } from '../http/deadline.ts';
 import { databaseUnavailable } from '../db/availability.ts';
 import postgres from 'postgres';
@@ -34,6 +34,15 @@ import { busyWeights, lockTenants, tenantSchedState } from '../scheduler/sql/ten
 import { readWindows } from '../scheduler/sql/windows.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../tenants/policy.ts';
 import { GroupCommit, type ItemResult } from './group-commit.ts';
+
+/** States a job can be submitted again from (retryJob). */
+export const RETRYABLE_STATES: readonly JobState[] = ['FAILED', 'CANCELLED'];
+
+/** Why this job cannot be retried, or null when it can; pure. */
+export function retryRefusal(job: Pick<JobRow, 'id' | 'state'>): SluiceError | null {
+  if (RETRYABLE_STATES.includes(job.state)) return null;
+  return new SluiceError('NOT_RETRYABLE', `job ${job.id} is ${job.state}; only FAILED or CANCELLED jobs can be retried`, { state: job.state });
+}
 
 /** Channel the dispatcher listens on to wake up when new work arrives. */
 export const WORK_CHANNEL = 'sluice_work';
@@ -104,6 +113,8 @@ export interface JobServiceDeps {
   maxJobsPerSubmission: number;
   /** MAX_PARAM_KEYS / MAX_PARAMS_BYTES; defaults in validate.ts. */
   paramLimits?: ParamLimits;
+  /** JOB_RUN_AT_MAX_SECONDS: how far ahead a job's runAt may be (default 30 days). */
+  runAtMaxSeconds?: number;
   admission: AdmissionConfig;
   /** Submissions of at least this many jobs reserve room under the gate and write outside it (default 500). */
   bulkReserveMin?: number;
@@ -162,7 +173,10 @@ export class JobService {
   }
 
   async submit(tenant: TenantRecord, inputs: readonly JobInput[], opts: { bulk?: boolean; gate?: CommitGate } = {}): Promise<SubmittedJob[]> {
-    const valid = validateSubmission(inputs, this.deps.catalog, this.deps.maxJobsPerSubmission, this.deps.paramLimits);
+    const valid = validateSubmission(inputs, this.deps.catalog, this.deps.maxJobsPerSubmission, this.deps.paramLimits, {
+      now: new Date(),
+      maxAheadSeconds: this.deps.runAtMaxSeconds ?? DEFAULT_SCHEDULE_MAX_AHEAD_SECONDS,
+    });
     const ids = newJobIds(valid.length);
     const sub: Submission = { tenant, jobs: valid.map((j, i) => ({ ...j, id: ids[i]! })), bulk: opts.bulk ?? inputs.length > 1, gate: opts.gate };
     let outcome: Outcome;
@@ -449,6 +463,19 @@ export class JobService {
     };
   }
 
+  /**
+   * Submits a FAILED or CANCELLED job again as a new job of its tenant, with
+   * its api, params, class and fairness key (no idempotency key: the original keeps its
+   * own), linked back through `retry_of`. The new job goes through admission
+   * like any submission (bounds, quota, suspension).
+   */
+  async retry(tenant: TenantRecord, original: JobRow, opts: { gate?: CommitGate } = {}): Promise<SubmittedJob> {
+    const refusal = retryRefusal(original);
+    if (refusal) throw refusal;
+    const [job] = await this.submit(tenant, [{ api: original.api, params: original.params, priority: original.priority, fairnessKey: original.fairnessKey ?? null, retryOf: original.id }], { bulk: false, gate: opts.gate });
+    return job!;
+  }
+
   /** Cancels a queued job of the calling tenant. */
   async cancel(tenantId: string, jobId: string) {
     const { sql, boss } = this.deps;
@@ -469,5 +496,28 @@ export class JobService {
     if (!job) throw new SluiceError('NOT_FOUND', `no job with id ${jobId}`);
     if (!cancelled) throw new SluiceError('NOT_CANCELLABLE', `job ${jobId} is ${job.state}; only QUEUED or WAITING_QUOTA jobs can be cancelled`, { state: job.state });
     return job;
+  }
+
+  /**
+   * Cancels the tenant's waiting jobs matching `filter`, the oldest `limit` of them, in one
+   * transaction (cancel's lock order: the tenant's row, the pg-boss jobs, our rows). Returns how
+   * many were cancelled and whether matching waiting jobs remain (call again for the rest).
+   */
+  async cancelMany(tenantId: string, filter: JobFilter, limit: number): Promise<{ cancelled: number; more: boolean }> {
+    const { sql, boss } = this.deps;
+    const cancelled = await sql.begin(async (tx) => {
+      await lockTenants(tx, [tenantId]);
+      const picked = await waitingJobsMatching(tx, tenantId, filter, limit);
+      if (picked.length === 0) return 0;
+      await lockBossJobs(tx, [...new Set(picked.map((j) => queueName(tenantId, j.priority)))], picked.map((j) => j.id));
+      const done = await cancelQueuedJobs(tx, tenantId, picked.map((j) => j.id));
+      const byClass = new Map<JobClass, string[]>();
+      for (const j of done) byClass.set(j.priority, [...(byClass.get(j.priority) ?? []), j.id]);
+      for (const [jobClass, ids] of byClass) await boss.cancel(queueName(tenantId, jobClass), ids, { db: inTransaction(tx) });
+      await publishJobEvents(tx, done.map((j) => ({ jobId: j.id, tenantId, state: 'CANCELLED' })));
+      return done.length;
+    });
+    const more = (await waitingJobsMatching(sql, tenantId, filter, 1)).length > 0;
+    return { cancelled, more };
   }
 }

@@ -9,10 +9,11 @@
 import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
 import { queueName } from '../queue/boss.ts';
-import { type JobClass } from '../config/classes.ts';
+import { CLASSES, type JobClass } from '../config/classes.ts';
 import type { ValidJob } from './validate.ts';
 import type { ResultRecord } from '../dispatch/retry.ts';
 import { BOSS_QUEUE_DEFAULTS } from '../queue/insert.ts';
+import { FAIR_RANK_MAX } from '../scheduler/fair-keys.ts';
 
 export const JOB_STATES = ['QUEUED', 'WAITING_QUOTA', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'] as const;
 export type JobState = (typeof JOB_STATES)[number];
@@ -28,10 +29,14 @@ export interface JobRow {
   priority: JobClass;
   state: JobState;
   idempotencyKey: string | null;
+  /** null: the tenant's default key. */
+  fairnessKey: string | null;
   attempts: number;
   createdAt: Date;
   /** created_at in epoch microseconds: a Date keeps only milliseconds, too coarse for a keyset cursor. */
   createdAtMicros: string;
+  /** A waiting job is not handed out before this (runAt, a retry's delay). */
+  runAfter?: Date;
   startedAt: Date | null;
   finishedAt: Date | null;
   result: unknown;
@@ -44,8 +49,8 @@ export interface JobRow {
 /** A job row as reads return it; sluice_job_json (drizzle/functions/sluice_job_json.sql) gives the same shape for events. */
 const JOB_COLUMNS = `
   j.id, j.tenant_id as "tenantId", j.api, j.params, j.priority, j.state,
-  j.idempotency_key as "idempotencyKey", j.attempts, j.created_at as "createdAt",
-  (extract(epoch from j.created_at) * 1000000)::bigint::text as "createdAtMicros",
+  j.idempotency_key as "idempotencyKey", j.fairness_key as "fairnessKey", j.attempts, j.created_at as "createdAt",
+  (extract(epoch from j.created_at) * 1000000)::bigint::text as "createdAtMicros", j.run_after as "runAfter",
   j.started_at as "startedAt", j.finished_at as "finishedAt",
   r.data as result, r.error_code as "errorCode", r.error_message as "errorMessage",
   r.http_status as "httpStatus", coalesce(r.credits_billed, 0) as "creditsBilled"`;
@@ -75,33 +80,91 @@ export interface NewJobRow extends NewJob {
  */
 export async function insertJobsQueued(tx: Tx, jobs: readonly NewJobRow[]): Promise<{ jobs: number; queued: number }> {
   if (jobs.length === 0) return { jobs: 0, queued: 0 };
-  const payload = jobs.map((j) => ({ id: j.id, tenant_id: j.tenantId, api: j.api, params: j.params, priority: j.priority, state: j.state, idempotency_key: j.idempotencyKey }));
+  const payload = jobs.map((j) => ({ id: j.id, tenant_id: j.tenantId, api: j.api, params: j.params, priority: j.priority, state: j.state, idempotency_key: j.idempotencyKey, fairness_key: j.fairnessKey ?? null, run_at: j.runAt?.toISOString() ?? null, retry_of: j.retryOf ?? null }));
   const d = BOSS_QUEUE_DEFAULTS;
   const names = [...new Set(jobs.map((j) => queueName(j.tenantId, j.priority)))];
+  // Ranks (scheduler/fair-keys.ts, the same rule): per (tenant, class, fairness key), the key's
+  // jobs follow its last waiting job's rank, never before the queue's head. The pg-boss
+  // priority is the rank negated, so the lease's own order (priority desc, created_on) serves the
+  // keys round robin. Jobs without a key share the default key '' (FIFO, as before).
   const [row] = await tx`
-    with j as (
-      insert into jobs (id, tenant_id, api, params, priority, state, idempotency_key)
-      select x.id, x.tenant_id, x.api, x.params, x.priority, x.state, x.idempotency_key
-      from jsonb_to_recordset(${tx.json(payload as never)}::jsonb)
-        as x(id uuid, tenant_id uuid, api text, params jsonb, priority text, state text, idempotency_key text)
+    with x as (
+      select x.* from jsonb_to_recordset(${tx.json(payload as never)}::jsonb)
+        as x(id uuid, tenant_id uuid, api text, params jsonb, priority text, state text, idempotency_key text, fairness_key text, run_at timestamptz, retry_of uuid)
+    ), j as (
+      insert into jobs (id, tenant_id, api, params, priority, state, idempotency_key, fairness_key, run_after, retry_of)
+      select x.id, x.tenant_id, x.api, x.params, x.priority, x.state, x.idempotency_key, x.fairness_key, greatest(now(), coalesce(x.run_at, now())), x.retry_of
+      from x
       on conflict (tenant_id, idempotency_key) where idempotency_key is not null do nothing
-      returning id, tenant_id, api, params, priority
+      returning id, tenant_id, api, params, priority, run_after, fairness_key
+    ), kb as (
+      -- Each key of this insert once, with its base rank: the head (the lowest rank still waiting
+      -- and ready: pg-boss's fetch index, job_i11, answers it with one probe) or after the key's
+      -- last waiting job, whichever is later (the statement's snapshot: blind to its own rows).
+      -- Per key, not per job: a 10,000-job submission of one key makes two probes, not 20,000.
+      select d.tenant_id, d.priority, d.fk, greatest(
+          coalesce(-(select p.priority from pgboss.job p
+            where p.name = 't.' || d.tenant_id || '.' || lower(d.priority) and p.state < 'active' and not p.blocked and p.start_after <= now()
+            order by p.priority desc, p.created_on limit 1), 0),
+          (select f.last_rank::bigint + 1 from sched_fair_keys f
+            where f.tenant_id = d.tenant_id and f.class = d.priority and f.fairness_key = d.fk
+              and (select lj.started_at is null from jobs lj where lj.id = f.last_job))) as base
+      from (select distinct j.tenant_id, j.priority, coalesce(j.fairness_key, '') as fk from j) d
+    ), r as (
+      -- Each job with its rank: its key's base plus its place among its key's jobs here, in id
+      -- order (ids are time-ordered: submission order). The bases ride in the same stream as the
+      -- jobs, first in each key's partition, so a window hands them on without a join (joining
+      -- the insert's rows to anything left the planner guessing one row and probing once per job).
+      select ranked.id, ranked.tenant_id, ranked.api, ranked.params, ranked.priority, ranked.run_after, ranked.fk, ranked.rank from (
+        select u.*, least(max(u.base) over w + row_number() over w - 2, ${FAIR_RANK_MAX})::int as rank
+        from (
+          select j.id, j.tenant_id, j.api, j.params, j.priority, j.run_after, coalesce(j.fairness_key, '') as fk, null::bigint as base from j
+          union all
+          select null::uuid, kb.tenant_id, null::text, null::jsonb, kb.priority, null::timestamptz, kb.fk, kb.base from kb) u
+        window w as (partition by u.tenant_id, u.priority, u.fk order by u.id nulls first)) ranked
+      where ranked.id is not null
     ), b as (
       insert into pgboss.job (id, name, data, priority, start_after, created_on, expire_seconds, deletion_seconds, keep_until,
         retry_limit, retry_delay, retry_backoff, retry_delay_max, policy, dead_letter, heartbeat_seconds)
-      select j.id, q.name, jsonb_build_object('tenantId', j.tenant_id, 'api', j.api, 'params', j.params), 0, pgboss.job_now(), pgboss.job_now(),
+      select r.id, q.name, jsonb_build_object('tenantId', r.tenant_id, 'api', r.api, 'params', r.params), -r.rank,
+        greatest(pgboss.job_now(), r.run_after), pgboss.job_now(),
         coalesce(q.expire_seconds, ${d.expireSeconds}), coalesce(q.deletion_seconds, ${d.deletionSeconds}),
-        pgboss.job_now() + coalesce(q.retention_seconds, ${d.retentionSeconds}) * interval '1s',
+        greatest(pgboss.job_now(), r.run_after) + coalesce(q.retention_seconds, ${d.retentionSeconds}) * interval '1s',
         coalesce(q.retry_limit, ${d.retryLimit}), coalesce(q.retry_delay, ${d.retryDelay}), coalesce(q.retry_backoff, false),
         q.retry_delay_max, q.policy, q.dead_letter, q.heartbeat_seconds
-      from j join pgboss.queue q on q.name = 't.' || j.tenant_id || '.' || lower(j.priority)
+      from r join pgboss.queue q on q.name = 't.' || r.tenant_id || '.' || lower(r.priority)
       -- The group's queues by name (an index lookup each): without it the join reads every queue.
       where q.name = any(${names}::text[])
       on conflict do nothing
       returning 1
+    ), k as (
+      -- Each key's newest job and rank, in key order (concurrent submissions lock the rows in one order).
+      insert into sched_fair_keys (tenant_id, class, fairness_key, last_rank, last_job)
+      select distinct on (r.tenant_id, r.priority, r.fk) r.tenant_id, r.priority, r.fk, r.rank, r.id
+      from r
+      order by r.tenant_id, r.priority, r.fk, r.rank desc, r.id desc
+      on conflict (tenant_id, class, fairness_key) do update set last_rank = excluded.last_rank, last_job = excluded.last_job
+      returning 1
     )
-    select (select count(*) from j)::int as jobs, (select count(*) from b)::int as queued`;
+    select (select count(*) from j)::int as jobs, (select count(*) from b)::int as queued, (select count(*) from k)::int as keys`;
   return { jobs: row!.jobs as number, queued: row!.queued as number };
+}
+
+/**
+ * One batch of sched_fair_keys rows that no longer count (their key's newest job started, or
+ * retention deleted it: nothing of the key waits behind that rank), so a tenant's rows stay
+ * bounded by its keys with jobs waiting. Retention's pass (the signature of its other deletes; no
+ * age applies). This module owns the table: its rows are written by insertJobsQueued's statement.
+ */
+export async function deleteStaleFairKeys(sql: Tx, _seconds: number, n: number): Promise<number> {
+  const deleted = await sql`
+    with doomed as (
+      select f.tenant_id, f.class, f.fairness_key from sched_fair_keys f
+      where not exists (select 1 from jobs j where j.id = f.last_job and j.started_at is null)
+      limit ${n} for update of f skip locked)
+    delete from sched_fair_keys f using doomed d
+    where f.tenant_id = d.tenant_id and f.class = d.class and f.fairness_key = d.fairness_key`;
+  return deleted.count;
 }
 
 export interface OriginalJob {
@@ -136,6 +199,7 @@ export interface JobFilter {
   state?: JobState | null | undefined;
   api?: string | null | undefined;
   priority?: JobClass | null | undefined;
+  idempotencyKey?: string | null | undefined;
 }
 
 /** Keyset page of a tenant's jobs, newest first. `after` is the (createdAtMicros, id) of the last row seen. */
@@ -150,10 +214,11 @@ export async function listJobs(
     `select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id
      where j.tenant_id = $1
        and ($2::text is null or j.state = $2) and ($3::text is null or j.api = $3) and ($4::text is null or j.priority = $4)
+       and ($8::text is null or j.idempotency_key = $8)
        and ($5::bigint is null or (j.created_at, j.id) < (to_timestamp($5::bigint / 1000000.0), $6::uuid))
      order by j.created_at desc, j.id desc
      limit $7`,
-    [tenantId, filter.state ?? null, filter.api ?? null, filter.priority ?? null, after?.createdAtMicros ?? null, after?.id ?? null, limit],
+    [tenantId, filter.state ?? null, filter.api ?? null, filter.priority ?? null, after?.createdAtMicros ?? null, after?.id ?? null, limit, filter.idempotencyKey ?? null],
   );
   return rows as unknown as JobRow[];
 }
@@ -164,8 +229,65 @@ export async function countJobs(sql: Tx, tenantId: string, filter: JobFilter): P
     where tenant_id = ${tenantId}
       and (${filter.state ?? null}::text is null or state = ${filter.state ?? null})
       and (${filter.api ?? null}::text is null or api = ${filter.api ?? null})
-      and (${filter.priority ?? null}::text is null or priority = ${filter.priority ?? null})`;
+      and (${filter.priority ?? null}::text is null or priority = ${filter.priority ?? null})
+      and (${filter.idempotencyKey ?? null}::text is null or idempotency_key = ${filter.idempotencyKey ?? null})`;
   return row!.n as number;
+}
+
+/** Per class, when the tenant's earliest QUEUED job is due (runAt, a retry's delay): one index probe per class. */
+export async function earliestRunAfter(sql: Tx, tenantId: string): Promise<Map<JobClass, Date>> {
+  const rows = await sql`
+    select c.class, (select run_after from jobs where tenant_id = ${tenantId} and priority = c.class and state = 'QUEUED' order by run_after limit 1) as at
+    from unnest(${CLASSES as unknown as string[]}::text[]) as c(class)`;
+  return new Map(rows.filter((r) => r.at !== null).map((r) => [r.class as JobClass, r.at as Date]));
+}
+
+/** The tenant's waiting jobs (QUEUED, WAITING_QUOTA) matching the filter, oldest first, at most `limit` (cancelJobs' pick). */
+export async function waitingJobsMatching(tx: Tx, tenantId: string, filter: JobFilter, limit: number): Promise<Array<{ id: string; priority: JobClass }>> {
+  const rows = await tx`
+    select id, priority from jobs
+    where tenant_id = ${tenantId} and state in ('QUEUED', 'WAITING_QUOTA')
+      and (${filter.state ?? null}::text is null or state = ${filter.state ?? null})
+      and (${filter.api ?? null}::text is null or api = ${filter.api ?? null})
+      and (${filter.priority ?? null}::text is null or priority = ${filter.priority ?? null})
+      and (${filter.idempotencyKey ?? null}::text is null or idempotency_key = ${filter.idempotencyKey ?? null})
+    order by created_at, id limit ${limit}`;
+  return rows.map((r) => ({ id: r.id as string, priority: r.priority as JobClass }));
+}
+
+/** QUEUED or WAITING_QUOTA → CANCELLED for these jobs of the tenant (those still waiting); returns them with their class. */
+export async function cancelQueuedJobs(tx: Tx, tenantId: string, ids: readonly string[]): Promise<Array<{ id: string; priority: JobClass }>> {
+  if (ids.length === 0) return [];
+  const rows = await tx`
+    update jobs set state = 'CANCELLED', finished_at = now(), updated_at = now()
+    where id = any(${ids as string[]}::uuid[]) and tenant_id = ${tenantId} and state in ('QUEUED', 'WAITING_QUOTA')
+    returning id, priority`;
+  return rows.map((r) => ({ id: r.id as string, priority: r.priority as JobClass }));
+}
+
+/**
+ * Jobs of any tenant (the operator's job search): the job with this id, and
+ * the jobs submitted under this idempotency key, newest first. The key is
+ * looked up without its tenant through the (tenant_id, idempotency_key)
+ * index, which Postgres 18 skip-scans.
+ */
+export async function findJobs(sql: Tx, text: string, limit: number): Promise<JobRow[]> {
+  const id = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(text) ? text : null;
+  const rows = await sql.unsafe(
+    `select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id
+     where ($1::uuid is not null and j.id = $1::uuid) or j.idempotency_key = $2
+     order by j.created_at desc, j.id desc
+     limit $3`,
+    [id, text, limit],
+  );
+  return rows as unknown as JobRow[];
+}
+
+/** Each of these jobs' `retry_of` (the job it was submitted again from), where set. */
+export async function retriedFrom(sql: Tx, ids: readonly string[]): Promise<Map<string, string>> {
+  if (ids.length === 0) return new Map();
+  const rows = await sql`select id, retry_of from jobs where id = any(${ids as string[]}::uuid[]) and retry_of is not null`;
+  return new Map(rows.map((r) => [r.id as string, r.retry_of as string]));
 }
 
 /** The class of a tenant's job (it never changes), or null when there is no such job. */

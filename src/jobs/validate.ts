@@ -13,6 +13,12 @@ export interface JobInput {
   params?: Record<string, unknown> | null | undefined;
   priority?: string | null | undefined;
   idempotencyKey?: string | null | undefined;
+  /** Who inside the tenant the job is for: keys share the tenant's turn round robin; absent = the default key. */
+  fairnessKey?: string | null | undefined;
+  /** Not before this instant (pg-boss startAfter). */
+  runAt?: Date | null | undefined;
+  /** Set by retryJob only (not part of the GraphQL input): the job this one is submitted again from. */
+  retryOf?: string | null | undefined;
 }
 
 export interface ValidJob {
@@ -20,9 +26,40 @@ export interface ValidJob {
   params: Record<string, string | number | boolean>;
   priority: JobClass;
   idempotencyKey: string | null;
+  /** null: the tenant's default key (every job without one shares it). */
+  fairnessKey?: string | null;
+  /** null or absent: as soon as its turn comes. */
+  runAt?: Date | null;
+  /** The job this one is submitted again from (retryJob); absent for a new submission. */
+  retryOf?: string | null;
+}
+
+/** When a submission is checked, and how far ahead runAt may be (JOB_RUN_AT_MAX_SECONDS). */
+export interface Schedule {
+  now: Date;
+  maxAheadSeconds: number;
+}
+
+/** A runAt this far in the past is a mistake (a wrong clock or time zone), not "now": refused. */
+export const RUN_AT_PAST_TOLERANCE_SECONDS = 300;
+export const DEFAULT_SCHEDULE_MAX_AHEAD_SECONDS = 30 * 24 * 3600;
+
+/** A job's runAt, checked: null when absent or already due; BAD_RUN_AT when far past or too far ahead. Pure. */
+export function checkRunAt(runAt: Date | null | undefined, schedule: Schedule, index: number | null = null): Date | null {
+  if (runAt === null || runAt === undefined) return null;
+  const ahead = (runAt.getTime() - schedule.now.getTime()) / 1000;
+  if (!Number.isFinite(ahead)) refuse('BAD_RUN_AT', index, 'runAt must be a valid timestamp', { field: 'runAt' });
+  if (ahead < -RUN_AT_PAST_TOLERANCE_SECONDS) {
+    refuse('BAD_RUN_AT', index, `runAt is more than ${RUN_AT_PAST_TOLERANCE_SECONDS} s in the past`, { field: 'runAt', earliest: new Date(schedule.now.getTime() - RUN_AT_PAST_TOLERANCE_SECONDS * 1000).toISOString() });
+  }
+  if (ahead > schedule.maxAheadSeconds) {
+    refuse('BAD_RUN_AT', index, `runAt is more than ${schedule.maxAheadSeconds} s ahead (JOB_RUN_AT_MAX_SECONDS)`, { field: 'runAt', latest: new Date(schedule.now.getTime() + schedule.maxAheadSeconds * 1000).toISOString() });
+  }
+  return ahead > 0 ? runAt : null;
 }
 
 export const MAX_IDEMPOTENCY_KEY_LENGTH = 200;
+export const MAX_FAIRNESS_KEY_LENGTH = 64;
 const MAX_PARAM_LENGTH = 2_048;
 
 /** One job's params: key count and total JSON size (MAX_PARAM_KEYS, MAX_PARAMS_BYTES). */
@@ -43,7 +80,21 @@ function storable(value: string, field: string, index: number | null): void {
   if (reason) refuse('BAD_USER_INPUT', index, `${field} ${reason}`, { field });
 }
 
-export function validateJob(input: JobInput, catalog: ApiCatalog, index: number | null = null, limits: ParamLimits = DEFAULT_PARAM_LIMITS): ValidJob {
+/** An optional key the client chooses (idempotencyKey, fairnessKey): null when absent, else storable and 1 to `max` characters. */
+function optionalKey(value: string | null | undefined, field: string, max: number, index: number | null): string | null {
+  if (value === null || value === undefined) return null;
+  storable(value, field, index);
+  if (value.length === 0 || value.length > max) refuse('BAD_USER_INPUT', index, `${field} must be 1 to ${max} characters`, { field });
+  return value;
+}
+
+export function validateJob(
+  input: JobInput,
+  catalog: ApiCatalog,
+  index: number | null = null,
+  limits: ParamLimits = DEFAULT_PARAM_LIMITS,
+  schedule: Schedule = { now: new Date(), maxAheadSeconds: DEFAULT_SCHEDULE_MAX_AHEAD_SECONDS },
+): ValidJob {
   storable(input.api, 'api', index);
   const spec = catalog.get(input.api);
   if (!spec) {
@@ -82,15 +133,19 @@ export function validateJob(input: JobInput, catalog: ApiCatalog, index: number 
   if (missing.length > 0) {
     refuse('MISSING_PARAMS', index, `${spec.name} needs ${missing.join(', ')}`, { api: spec.name, missing });
   }
-  const key = input.idempotencyKey ?? null;
-  if (key !== null) storable(key, 'idempotencyKey', index);
-  if (key !== null && (key.length === 0 || key.length > MAX_IDEMPOTENCY_KEY_LENGTH)) {
-    refuse('BAD_USER_INPUT', index, `idempotencyKey must be 1 to ${MAX_IDEMPOTENCY_KEY_LENGTH} characters`, { field: 'idempotencyKey' });
-  }
-  return { api: spec.name, params, priority: priority as JobClass, idempotencyKey: key };
+  const key = optionalKey(input.idempotencyKey, 'idempotencyKey', MAX_IDEMPOTENCY_KEY_LENGTH, index);
+  const fairnessKey = optionalKey(input.fairnessKey, 'fairnessKey', MAX_FAIRNESS_KEY_LENGTH, index);
+  const runAt = checkRunAt(input.runAt, schedule, index);
+  return { api: spec.name, params, priority: priority as JobClass, idempotencyKey: key, ...(fairnessKey !== null ? { fairnessKey } : {}), ...(runAt ? { runAt } : {}), ...(input.retryOf ? { retryOf: input.retryOf } : {}) };
 }
 
-export function validateSubmission(inputs: readonly JobInput[], catalog: ApiCatalog, maxItems: number, limits: ParamLimits = DEFAULT_PARAM_LIMITS): ValidJob[] {
+export function validateSubmission(
+  inputs: readonly JobInput[],
+  catalog: ApiCatalog,
+  maxItems: number,
+  limits: ParamLimits = DEFAULT_PARAM_LIMITS,
+  schedule: Schedule = { now: new Date(), maxAheadSeconds: DEFAULT_SCHEDULE_MAX_AHEAD_SECONDS },
+): ValidJob[] {
   if (inputs.length === 0) throw new SluiceError('BAD_USER_INPUT', 'jobs must not be empty');
   if (inputs.length > maxItems) {
     throw new SluiceError('TOO_MANY_ITEMS', `at most ${maxItems} jobs per submission, got ${inputs.length}`, {
@@ -98,7 +153,7 @@ export function validateSubmission(inputs: readonly JobInput[], catalog: ApiCata
       got: inputs.length,
     });
   }
-  const valid = inputs.map((input, i) => validateJob(input, catalog, i, limits));
+  const valid = inputs.map((input, i) => validateJob(input, catalog, i, limits, schedule));
   // The same key twice in one submission is ambiguous (which one is "the" job?): refuse it, naming both.
   const firstIndex = new Map<string, number>();
   valid.forEach((job, i) => {

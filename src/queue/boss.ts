@@ -175,8 +175,8 @@ export async function disableBossHeartbeats(sql: Sql): Promise<void> {
 
 /**
  * Puts jobs back in their pg-boss queue under the same ids (delete, then
- * insert): they wait out `startAfter` without spending pg-boss's retry
- * budget. pg-boss is the queue of record; our jobs row says the job waits.
+ * insert), with the same priority: they wait out `startAfter` without
+ * spending pg-boss's retry budget. pg-boss is the queue of record; our jobs row says the job waits.
  */
 export async function reinsertJobs(
   boss: PgBoss,
@@ -186,8 +186,12 @@ export async function reinsertJobs(
 ): Promise<void> {
   if (jobs.length === 0) return;
   const db = inTransaction(tx);
+  // The job keeps its priority: its rank among its tenant's fairness keys (scheduler/fair-keys.ts),
+  // so a retry is served at its rank when due, as pg-boss's own retry is, not behind every key.
+  const rows = await tx`select id, priority from pgboss.job where name = ${queue} and id = any(${jobs.map((j) => j.id)}::uuid[])`;
+  const priority = new Map(rows.map((r) => [r.id as string, r.priority as number]));
   await boss.deleteJob(queue, jobs.map((j) => j.id), { db });
-  await boss.insert(queue, jobs.map((j) => ({ id: j.id, data: j.data, ...(j.startAfter ? { startAfter: j.startAfter } : {}) })), { db });
+  await boss.insert(queue, jobs.map((j) => ({ id: j.id, data: j.data, priority: priority.get(j.id) ?? 0, ...(j.startAfter ? { startAfter: j.startAfter } : {}) })), { db });
 }
 
 /**
@@ -200,6 +204,12 @@ export async function reinsertJobs(
  */
 export async function lockBossJob(tx: postgres.TransactionSql, queue: string, id: string): Promise<void> {
   await tx`select 1 from pgboss.job where name = ${queue} and id = ${id} and state < 'active' for update`;
+}
+
+/** lockBossJob for many jobs in one statement (cancelJobs), in id order like every other path that locks several. */
+export async function lockBossJobs(tx: postgres.TransactionSql, queues: readonly string[], ids: readonly string[]): Promise<void> {
+  if (ids.length === 0) return;
+  await tx`select 1 from pgboss.job where name = any(${queues as string[]}::text[]) and id = any(${ids as string[]}::uuid[]) and state < 'active' order by id for update`;
 }
 
 /**
@@ -242,7 +252,10 @@ const MAINTENANCE_LOCK = 0x736c6d74;
  *
  * The process whose reserved connection holds a session advisory lock runs
  * it every `intervalMs`; when that process dies its session ends, the lock is
- * free, and another takes over within an interval.
+ * free, and another takes over within an interval. The lock is taken on
+ * `lockSql`, a session to Postgres itself (DATABASE_DIRECT_URL): through a
+ * transaction-mode pooler the next statement of a "session" may land on
+ * another server connection, so the lock could neither be checked nor released.
  */
 export class BossMaintenance {
   private timer: NodeJS.Timeout | null = null;
@@ -254,12 +267,14 @@ export class BossMaintenance {
   private readonly intervalMs: number;
   private readonly onError: (err: unknown) => void;
   private readonly pageSize: number;
+  private readonly lockSql: Sql;
   /** The last queue name of the previous page; undefined: start from the first queue. */
   private cursor: string | undefined;
 
-  constructor(boss: PgBoss, sql: Sql, intervalMs: number, onError: (err: unknown) => void, pageSize = 1000) {
+  constructor(boss: PgBoss, sql: Sql, intervalMs: number, onError: (err: unknown) => void, pageSize = 1000, lockSql: Sql = sql) {
     this.boss = boss;
     this.sql = sql;
+    this.lockSql = lockSql;
     this.intervalMs = intervalMs;
     this.onError = onError;
     this.pageSize = pageSize;
@@ -284,7 +299,10 @@ export class BossMaintenance {
   /** One turn: become the maintenance process if no one is, and if this is it, supervise once. */
   async pass(): Promise<void> {
     if (!this.leader) {
-      const conn = await this.sql.reserve();
+      // On a separate session pool, look first (one pooled statement): while another process holds
+      // the lock, this one opens no session connection every interval just to be refused.
+      if (this.lockSql !== this.sql && (await this.lockHeldElsewhere())) return;
+      const conn = await this.lockSql.reserve();
       try {
         const [row] = await conn`select pg_try_advisory_lock(${MAINTENANCE_LOCK}) as ok`;
         if (row!.ok) this.leader = conn;
@@ -304,6 +322,18 @@ export class BossMaintenance {
       }
     }
     if (this.leader && !this.stopped) await this.superviseNextPage();
+  }
+
+  /** Whether some session holds the maintenance lock in this database (pg_locks: a bigint key is classid, objid, objsubid 1). */
+  private async lockHeldElsewhere(): Promise<boolean> {
+    const [row] = await this.sql`
+      select exists (
+        select 1 from pg_locks
+        where locktype = 'advisory' and granted and objsubid = 1
+          and classid = ${Math.floor(MAINTENANCE_LOCK / 2 ** 32)}::bigint::oid and objid = ${MAINTENANCE_LOCK % 2 ** 32}::bigint::oid
+          and database = (select oid from pg_database where datname = current_database())
+      ) as held`;
+    return row!.held as boolean;
   }
 
   /**

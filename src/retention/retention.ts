@@ -5,7 +5,9 @@
  *  - finished jobs (SUCCEEDED, FAILED, CANCELLED) whose finished_at is older
  *    than JOB_RETENTION_SECONDS, and their results (cascade);
  *  - settled reservations older than that (usage history already holds them);
- *  - alerts cleared longer ago than that.
+ *  - alerts cleared longer ago than that;
+ *  - webhook deliveries that ended (SUCCEEDED, FAILED) longer ago than that;
+ *  - fairness keys' last ranks that no longer count (their newest job started or is gone).
  * It also folds usage deltas into hourly history. pg-boss deletes its own
  * finished jobs after the same retention (the queues' deleteAfterSeconds,
  * src/queue/boss.ts). Usage history is never deleted here: it is what
@@ -17,15 +19,18 @@
 import type { Logger } from 'pino';
 import type { Sql } from '../db/client.ts';
 import { deleteClearedAlerts } from '../alerts/store.ts';
-import { deleteFinishedJobs } from '../jobs/store.ts';
+import { deleteFinishedJobs, deleteStaleFairKeys } from '../jobs/store.ts';
 import { deleteSettledReservations } from '../scheduler/sql/reservations.ts';
 import { foldDeltas } from '../usage/store.ts';
+import { deleteEndedDeliveries } from '../webhooks/store.ts';
 
 /** Arbitrary, fixed: only one process runs retention at a time. */
 const RETENTION_LOCK = 0x736c7265;
 
 export interface RetentionOptions {
   sql: Sql;
+  /** Where the pass's session lock is taken: Postgres itself (DATABASE_DIRECT_URL). Unset: `sql`. */
+  lockSql?: Sql;
   /** Finished jobs, settled reservations and cleared alerts older than this are deleted. */
   retentionSeconds: number;
   /** Rows per delete statement: small, so locks are short. */
@@ -41,6 +46,8 @@ export interface RetentionPass {
   jobs: number;
   reservations: number;
   alerts: number;
+  webhookDeliveries: number;
+  fairKeys: number;
   foldedDeltas: number;
 }
 
@@ -49,6 +56,8 @@ const DELETE_BATCH = {
   jobs: deleteFinishedJobs,
   reservations: deleteSettledReservations,
   alerts: deleteClearedAlerts,
+  webhookDeliveries: deleteEndedDeliveries,
+  fairKeys: deleteStaleFairKeys,
 } as const;
 
 export class Retention {
@@ -69,14 +78,16 @@ export class Retention {
   /** One pass, whatever the interval; null when another process holds the lock. */
   async runOnce(): Promise<RetentionPass | null> {
     const { sql } = this.o;
-    // A session-level lock on one reserved connection, so the batches can be separate short transactions.
-    const reserved = await sql.reserve();
+    // A session-level lock on one reserved connection, so the batches can be separate short
+    // transactions; the session is Postgres's own (lockSql), never a pooler's borrowed one.
+    const reserved = await (this.o.lockSql ?? sql).reserve();
     try {
       const [lock] = await reserved`select pg_try_advisory_lock(${RETENTION_LOCK}) as ok`;
       if (!lock!.ok) return null;
       try {
-        const pass: RetentionPass = { jobs: 0, reservations: 0, alerts: 0, foldedDeltas: 0 };
-        for (const kind of ['jobs', 'reservations', 'alerts'] as const) {
+        const pass: RetentionPass = { jobs: 0, reservations: 0, alerts: 0, webhookDeliveries: 0, fairKeys: 0, foldedDeltas: 0 };
+        // fairKeys after jobs: a key whose newest job was just deleted goes in the same pass.
+        for (const kind of ['jobs', 'reservations', 'alerts', 'webhookDeliveries', 'fairKeys'] as const) {
           for (let i = 0; i < this.o.maxBatches; i++) {
             const deleted = await DELETE_BATCH[kind](sql, this.o.retentionSeconds, this.o.batchSize);
             pass[kind] += deleted;
@@ -88,7 +99,7 @@ export class Retention {
           pass.foldedDeltas += folded;
           if (folded < this.o.batchSize) break;
         }
-        if (pass.jobs + pass.reservations + pass.alerts > 0) this.o.log?.info(pass, 'retention deleted old rows');
+        if (pass.jobs + pass.reservations + pass.alerts + pass.webhookDeliveries + pass.fairKeys > 0) this.o.log?.info(pass, 'retention deleted old rows');
         return pass;
       } finally {
         await reserved`select pg_advisory_unlock(${RETENTION_LOCK})`;

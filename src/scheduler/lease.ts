@@ -21,10 +21,12 @@
  *   tokens, and the quantum to the next queue (items before its virtual time
  *   passes the next queue's, at least one). When the queue's head job's API
  *   batches, a batch turn instead: up to a batch's worth of that API's jobs
- *   (batching.ts batchTake, at most BATCH_QUANTUM x weight), one token per
+ *   (batching.ts batchTake, at most BATCH_QUANTUM x weight and the quantum:
+ *   the fair limit holds for batches too, except that a batch turn may take
+ *   the API's minimum batch: the extra jobs do not move the clock), one token per
  *   distinct input (per tenant: inputs are never folded across tenants); with
- *   fewer distinct inputs than the API's minimum batch they go as single
- *   calls. A batch turn joins the call's open batch of its API while its
+ *   fewer distinct inputs than the API's minimum batch, and no room for them
+ *   in the call's open batch of the API, they go as single calls. A batch turn joins the call's open batch of its API while its
  *   items fit (BATCH_MAX and the API's maxSize), so one batch call (one pool
  *   slot) carries many tenants' turns; otherwise it opens the API's next
  *   batch call (a slot);
@@ -34,9 +36,26 @@
  *   this call;
  * - a queue that had fewer ready jobs than its take (of any API) has nothing
  *   more for this call;
+ * - a queue the call served already ends the call in a paced window (one
+ *   round per call), and in any window when it is alone in its class (no next
+ *   queue): the dispatcher leases again at once, and the queues that became
+ *   ready meanwhile share the rest of the tokens (a burst after idle is not
+ *   spent by the tenants visible when it started);
  * - fair share counts jobs: the queue's virtual time advances by the jobs it
- *   took / weight (a batch of 50 costs 50 items), and the class clock becomes
- *   the largest virtual time served (a queue's time when it was picked).
+ *   took / weight (start + n/w; a batch of 50 costs 50 items), and the class
+ *   clock becomes the largest start tag served (the start of a turn's last
+ *   job, vtime + (n-1)/w): a queue joining next starts level with it, as
+ *   start-time fair queueing's system virtual time. A queue's first turn in a
+ *   call starts at its virtual time or the class clock at the call's start,
+ *   whichever is later (SFQ's start tag max(v, F)): a queue marked ready while
+ *   a concurrent lease was moving the clock read the clock before the move,
+ *   and would otherwise be served alone for the gap (seen after idle: a
+ *   tenant joining 20 normalised jobs behind took 42 extra jobs in one lease);
+ *   the next queue's virtual time counts as at least the clock too.
+ *
+ * - reserved shares: a tenant with a reserved share r, backlogged, takes part
+ *   in the virtual clock with its weight raised to reservedWeight (below): its
+ *   share of the class's dispatches is at least r; idle, it counts nowhere.
  *
  * And what the call leaves behind (the differential test compares it too):
  * the credits reserved and the cap slots taken per tenant; the jobs of a
@@ -89,6 +108,8 @@ export interface LeaseTenant {
   quotaPolicy: 'WAIT' | 'FAIL';
   quotaBlocked: boolean;
   suspended: boolean;
+  /** Reserved share, 0 to 1 of the window's dispatches (0 or absent: none). */
+  reservedShare?: number;
 }
 
 export interface LeaseJob {
@@ -155,6 +176,20 @@ export interface LeasePicks {
   clocks: Partial<Record<JobClass, number>>;
 }
 
+/** The most every tenant's reserved shares may add up to (tenants/store.ts refuses more: the rest of the pace is always shared by weight); backlogged shares read beyond it count as this. */
+export const RESERVED_MAX = 0.8;
+
+/**
+ * A reserved tenant's weight in the virtual clock while it is backlogged: max(w, r / (1 - R) x W),
+ * R the backlogged reserved shares of its class (at most RESERVED_MAX), W the backlogged
+ * unreserved weight there. With every reserved tenant at that weight the backlogged weight is
+ * W / (1 - R), so each gets r_i of the class's dispatches (more when its own weight gives more).
+ */
+export function reservedWeight(weight: number, share: number, reservedSum: number, unreservedWeight: number): number {
+  if (!(share > 0)) return weight;
+  return Math.max(weight, (share / (1 - Math.min(reservedSum, RESERVED_MAX))) * unreservedWeight);
+}
+
 /** A ready queue lagging its class clock by more than this is lifted to the clock after the call. */
 export const LAG_SLACK = 8;
 
@@ -173,11 +208,24 @@ export function planPicks(input: LeaseInput): LeasePicks {
   const depth = new Map(queues.map((q) => [keyOf(q), (input.jobs[keyOf(q)] ?? []).length]));
   const claimed = new Map<string, number>();
   const served = new Map<JobClass, number>();
-  const tok = input.tokens === Number.POSITIVE_INFINITY ? INT_MAX : Math.floor(input.tokens + 1e-9);
+  const paced = input.tokens !== Number.POSITIVE_INFINITY;
+  const tok = paced ? Math.floor(input.tokens + 1e-9) : INT_MAX;
   const skip = new Set<string>();
   // The call's open batch per API: the call (its first turn's number) and its items so far.
   const open = new Map<string, { call: number; items: number }>();
+  const callApi = new Map<number, string>();
   let taken = 0;
+  // Reserved shares: each class's backlogged reserved sum and unreserved weight, at the call's start
+  // (backlogged: a ready queue, the tenant not suspended, quota-blocked or of weight 0; caps aside).
+  const reservedSum = new Map<JobClass, number>();
+  const unreservedWeight = new Map<JobClass, number>();
+  for (const q of queues) {
+    const t = tenants.get(q.tenantId);
+    if (!t || !q.ready || t.suspended || t.quotaBlocked || !(t.weight > 0)) continue;
+    const r = t.reservedShare ?? 0;
+    if (r > 0) reservedSum.set(q.jobClass, (reservedSum.get(q.jobClass) ?? 0) + r);
+    else unreservedWeight.set(q.jobClass, (unreservedWeight.get(q.jobClass) ?? 0) + t.weight);
+  }
   const eligible = (q: (typeof queues)[number]) => {
     const t = tenants.get(q.tenantId);
     return !!t && q.ready && t.inFlight < t.cap && !t.quotaBlocked && !t.suspended && t.weight > 0 && !skip.has(`${q.tenantId}/${q.jobClass}`);
@@ -197,8 +245,18 @@ export function planPicks(input: LeaseInput): LeasePicks {
     if (!q) break;
     const t = tenants.get(q.tenantId)!;
     const key = `${q.tenantId}/${q.jobClass}`;
+    // Served already in this call: in a paced window the round is over, and alone in its class in
+    // any window; the call ends, and the next call (at once) shares what is left of the tokens
+    // with the queues that became ready meanwhile (the burst after idle).
+    if ((!next || paced) && claimed.has(key)) break;
+    // A queue's turn starts no earlier than the class clock at the call's start (SFQ's start tag
+    // max(v, F)): one marked ready at a clock a concurrent lease was moving, or passed over in
+    // earlier calls, gets no credit for the gap. A queue served in this call is past it already.
+    const clock0 = input.clocks?.[q.jobClass] ?? 0;
+    const start = claimed.has(key) ? q.vtime : Math.max(q.vtime, clock0);
     const capFree = t.cap - t.inFlight;
-    const quantum = next ? Math.max(1, Math.floor((next.vtime - q.vtime) * t.weight) + 1) : INT_MAX;
+    const weight = reservedWeight(t.weight, t.reservedShare ?? 0, reservedSum.get(q.jobClass) ?? 0, unreservedWeight.get(q.jobClass) ?? 0);
+    const quantum = next ? Math.max(1, Math.floor((Math.max(next.vtime, clock0) - start) * weight) + 1) : INT_MAX;
     let take = Math.max(1, Math.min(input.leaseMax, input.max - taken, input.room - out.slots, tok - out.tokens, capFree, quantum));
     const ready = (left.get(key) ?? []).filter((j) => !input.hold.includes(j.api));
     let batched = false;
@@ -209,7 +267,15 @@ export function planPicks(input: LeaseInput): LeasePicks {
       if (spec) {
         batched = true;
         const batchMost = batchTake({ tokens: tok - out.tokens, batchMax: input.batchMax, apiMaxSize: spec[0], capFree, singleTake: take });
-        take = Math.max(take, Math.min(batchMost, input.batchQuantum * t.weight), 1);
+        // Capped at the fair limit too (the quantum to the next queue), so a pause's accumulated
+        // tokens are not one tenant's and no tenant runs ahead of its turn: the next tenants' turns
+        // join the same batch call, so the cap costs no call. An unpaced window has no tokens to
+        // share and leases as much as its pool has room for: there a batch turn may take the
+        // API's minimum batch (tenants tied in virtual time take their 2 jobs in one turn, not
+        // two, which halves the lease's statements per job); those extra jobs do not move the
+        // class clock (below).
+        const fairLimit = paced ? quantum : Math.max(quantum, spec[1]);
+        take = Math.max(take, Math.min(batchMost, Math.floor(input.batchQuantum * weight), fairLimit), 1);
         take = Math.min(take, input.max - taken);
       }
     }
@@ -222,7 +288,16 @@ export function planPicks(input: LeaseInput): LeasePicks {
       skip.add(key);
       continue;
     }
-    if (batched && new Set(jobs.map((j) => stableStringify(j.params))).size < input.batch[head!]![1]) batched = false;
+    if (batched) {
+      // Too few distinct inputs for a batch call of their own and no room in the call's open one:
+      // single calls. But in a paced window, with another queue in the class whose turns could
+      // join it, the turn opens the call even below the API's minimum batch (the fair limit keeps
+      // turns small there; the next turns fill the call).
+      const distinct = new Set(jobs.map((j) => stableStringify(j.params))).size;
+      const b = open.get(head!);
+      const fits = !!b && b.items + distinct <= Math.min(input.batchMax, input.batch[head!]![0]);
+      if (distinct < input.batch[head!]![1] && !fits && (!paced || !next)) batched = false;
+    }
     if (!batched) jobs = jobs.slice(0, Math.min(input.room - out.slots, tok - out.tokens));
     const costs = jobs.map((j) => input.costs[j.api] ?? 1);
     // t.used is billed + reserved: the quota's prefix rule (ledger.ts), as the SQL applies it.
@@ -259,6 +334,7 @@ export function planPicks(input: LeaseInput): LeasePicks {
       if (b && b.items + items <= Math.min(input.batchMax, input.batch[head!]![0])) b.items += items;
       else {
         open.set(head!, { call: turnNo, items });
+        callApi.set(turnNo, head!);
         out.slots += 1;
       }
       call = open.get(head!)!.call;
@@ -268,14 +344,30 @@ export function planPicks(input: LeaseInput): LeasePicks {
       out.tokens += jobs.length;
     }
     out.turns.push({ tenantId: t.tenantId, jobClass: q.jobClass, jobIds: jobs.map((j) => j.id), batched, call });
-    served.set(q.jobClass, Math.max(served.get(q.jobClass) ?? Number.NEGATIVE_INFINITY, q.vtime));
+    // The clock is the start tag of the last job served in fair order (the turn's last, not its
+    // first; a batch turn of an unpaced window may take more than its fair limit, and those jobs
+    // are served ahead of their turn: they do not move the clock).
+    const inOrder = Math.min(jobs.length, quantum);
+    served.set(q.jobClass, Math.max(served.get(q.jobClass) ?? Number.NEGATIVE_INFINITY, start + (inOrder - 1) / weight));
     claimed.set(key, (claimed.get(key) ?? 0) + jobs.length);
     out.reserved[t.tenantId] = (out.reserved[t.tenantId] ?? 0) + costs.slice(0, jobs.length).reduce((a, b) => a + b, 0);
-    q.vtime = q.vtime + jobs.length / t.weight;
+    q.vtime = start + jobs.length / weight;
     t.used = used;
     t.inFlight += jobs.length;
     taken += jobs.length;
     if (exhausted) skip.add(key);
+  }
+  // A paced window's batch call that got one job only (a turn below the API's minimum that no
+  // other turn joined) goes as a single call: the same slot and token, no batch for one item.
+  if (paced) {
+    const jobsOfCall = new Map<number, number>();
+    for (const x of out.turns) if (x.call !== null) jobsOfCall.set(x.call, (jobsOfCall.get(x.call) ?? 0) + x.jobIds.length);
+    for (const x of out.turns) {
+      if (x.call !== null && jobsOfCall.get(x.call) === 1 && input.batch[callApi.get(x.call)!]![1] > 1) {
+        x.batched = false;
+        x.call = null;
+      }
+    }
   }
   // After the last turn: the claims (a queue that claimed its last waiting job goes idle), the
   // class clocks, and the lift of lagging marked queues in the classes served.

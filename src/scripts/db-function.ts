@@ -2,7 +2,8 @@
  * `npm run db:function -- <migration-name> <function> [<function>...]` (or `--changed` instead of
  * names): writes the migration that installs the named functions' current source files
  * (drizzle/functions/<name>.sql). drizzle-kit makes the migration (`generate --custom`, so its
- * journal and snapshots stay its own), numbered after the newest migration; this script fills it.
+ * journal and snapshots stay its own), numbered after the newest migration
+ * (scripts/numbered-migration.ts); this script fills it.
  *
  * `--changed` picks every function whose file differs from what the newest migration defining it
  * says (the same comparison test/sql-functions.test.ts makes).
@@ -10,10 +11,10 @@
  * A change of a function's arguments or return type cannot be made by CREATE OR REPLACE: add
  * `DROP FUNCTION <name>(<old argument types>);` and a breakpoint at the top of the generated file.
  */
-import { execFileSync } from 'node:child_process';
-import { existsSync, readdirSync, renameSync, writeFileSync } from 'node:fs';
+import { writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { MIGRATIONS_DIR, newestMigrationDefinitions, readFunctionSources, readJournal } from '../db/functions.ts';
+import { MIGRATIONS_DIR, newestMigrationDefinitions, readFunctionSources } from '../db/functions.ts';
+import { generateNumbered } from './numbered-migration.ts';
 
 const args = process.argv.slice(2);
 const [migrationName, ...rest] = args;
@@ -39,27 +40,8 @@ if (rest.includes('--changed')) {
   }
 }
 
-const before = readJournal().entries;
-const highest = Math.max(...readdirSync(MIGRATIONS_DIR).map((f) => Number(/^(\d{4})_.*\.sql$/.exec(f)?.[1] ?? -1)));
-execFileSync(path.join(MIGRATIONS_DIR, '..', 'node_modules', '.bin', 'drizzle-kit'), ['generate', '--custom', '--name', migrationName], {
-  cwd: path.join(MIGRATIONS_DIR, '..'),
-  stdio: ['ignore', 'ignore', 'inherit'],
-});
-
-// drizzle-kit numbers by journal position; the files here skip numbers, so renumber after the
-// newest file and keep `when` increasing (drizzle applies only migrations newer than the last one).
-const journal = readJournal();
-const entry = journal.entries.at(-1)!;
-if (journal.entries.length !== before.length + 1) throw new Error('drizzle-kit did not add a journal entry');
-const made = entry.tag;
-const number = String(highest + 1).padStart(4, '0');
-const tag = `${number}_${migrationName}`;
-renameSync(path.join(MIGRATIONS_DIR, `${made}.sql`), path.join(MIGRATIONS_DIR, `${tag}.sql`));
-const snapshot = path.join(MIGRATIONS_DIR, 'meta', `${made.slice(0, 4)}_snapshot.json`);
-if (existsSync(snapshot)) renameSync(snapshot, path.join(MIGRATIONS_DIR, 'meta', `${number}_snapshot.json`));
-entry.tag = tag;
-entry.when = Math.max(entry.when, (before.at(-1)?.when ?? 0) + 1000);
-writeFileSync(path.join(MIGRATIONS_DIR, 'meta', '_journal.json'), JSON.stringify(journal, null, 2) + '\n');
+const tag = generateNumbered(migrationName, ['--custom']);
+if (tag === null) throw new Error('drizzle-kit did not add a journal entry');
 
 const header = [
   '-- Installs the current source of these functions:',

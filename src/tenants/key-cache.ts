@@ -36,23 +36,31 @@
  */
 import type { Sql } from '../db/client.ts';
 import { AUTH_CHANNEL, parseAuthNotice } from './auth-notice.ts';
-import type { TenantRecord } from './policy.ts';
+import type { KeyHolder } from './api-keys.ts';
 
-interface Entry {
-  tenant: TenantRecord;
+/** What the cache keeps per key: the key's grant and its tenant (tenants/api-keys.ts), or anything naming a tenant. */
+type Cached = KeyHolder | { id: string };
+
+interface Entry<T> {
+  tenant: T;
   expiresAt: number;
 }
 
-export interface KeyCacheOptions {
+/** The tenant a cached value belongs to (notices name tenants). */
+function tenantIdOf(v: Cached): string {
+  return 'tenant' in v ? v.tenant.id : v.id;
+}
+
+export interface KeyCacheOptions<T extends Cached = KeyHolder> {
   /** AUTH_CACHE_TTL_MS; 0 disables caching (every lookup reads the database). */
   ttlMs: number;
-  /** The tenant whose live key has this hash, or null: the database read. */
-  load: (keyHash: string) => Promise<TenantRecord | null>;
+  /** The live key with this hash (and its tenant), or null: the database read. */
+  load: (keyHash: string) => Promise<T | null>;
   /**
    * The live keys among many hashes, in one read: background refreshes due
    * within REFRESH_GATHER_MS share it. Without it each refresh reads alone.
    */
-  loadMany?: (keyHashes: readonly string[]) => Promise<ReadonlyMap<string, TenantRecord>>;
+  loadMany?: (keyHashes: readonly string[]) => Promise<ReadonlyMap<string, T>>;
   /** At most this many keys are kept (oldest dropped first). */
   maxEntries?: number;
   /** AUTH_NEGATIVE_CACHE_MS: how long an unknown key is answered "unknown" without a read (0 = never). */
@@ -75,23 +83,23 @@ export function needsRefresh(entry: { expiresAt: number }, now: number, ttlMs: n
   return entry.expiresAt - now < ttlMs / 2;
 }
 
-export class KeyCache {
-  private readonly entries = new Map<string, Entry>();
+export class KeyCache<T extends Cached = KeyHolder> {
+  private readonly entries = new Map<string, Entry<T>>();
   /** Unknown keys → until when they are answered unknown without a read. */
   private readonly unknown = new Map<string, number>();
   /** One database read per key at a time: a cold start under 64 clients reads each key once. */
-  private readonly pending = new Map<string, { epoch: number; promise: Promise<TenantRecord | null> }>();
+  private readonly pending = new Map<string, { epoch: number; promise: Promise<T | null> }>();
   private epoch = 0;
   private unlisten: (() => Promise<void>) | null = null;
-  private readonly opts: Required<Omit<KeyCacheOptions, 'loadMany'>> & Pick<KeyCacheOptions, 'loadMany'>;
+  private readonly opts: Required<Omit<KeyCacheOptions<T>, 'loadMany'>> & Pick<KeyCacheOptions<T>, 'loadMany'>;
   /** Misses read together on the next turn (loadMany). */
-  private missDue = new Map<string, { promise: Promise<TenantRecord | null>; resolve: (t: TenantRecord | null) => void; reject: (err: unknown) => void }>();
+  private missDue = new Map<string, { promise: Promise<T | null>; resolve: (t: T | null) => void; reject: (err: unknown) => void }>();
   /** Keys due for a background refresh, read together within REFRESH_GATHER_MS (loadMany). */
   private refreshDue = new Set<string>();
   /** Database reads made (hits are lookups minus this); for tests and metrics. */
   loads = 0;
 
-  constructor(opts: KeyCacheOptions) {
+  constructor(opts: KeyCacheOptions<T>) {
     this.opts = { maxEntries: 100_000, negativeTtlMs: 0, maxNegative: 10_000, now: Date.now, ...opts };
   }
 
@@ -105,7 +113,7 @@ export class KeyCache {
    * whatever the cache holds (ws-auth's re-validation after a notice is
    * authoritative) and refreshes the entry.
    */
-  async lookup(hash: string, opts: { fresh?: boolean } = {}): Promise<TenantRecord | null> {
+  async lookup(hash: string, opts: { fresh?: boolean } = {}): Promise<T | null> {
     if (this.opts.ttlMs <= 0) return this.read(hash);
     if (!opts.fresh) {
       const hit = this.entries.get(hash);
@@ -156,12 +164,12 @@ export class KeyCache {
    * one statement (a cold start under 64 clients over 1,000 tenants' keys was
    * 1,000 single reads queued on the pool in the first second).
    */
-  private readSoon(hash: string): Promise<TenantRecord | null> {
+  private readSoon(hash: string): Promise<T | null> {
     let due = this.missDue.get(hash);
     if (!due) {
-      let resolve!: (t: TenantRecord | null) => void;
+      let resolve!: (t: T | null) => void;
       let reject!: (err: unknown) => void;
-      const promise = new Promise<TenantRecord | null>((res, rej) => ((resolve = res), (reject = rej)));
+      const promise = new Promise<T | null>((res, rej) => ((resolve = res), (reject = rej)));
       due = { promise, resolve, reject };
       this.missDue.set(hash, due);
       if (this.missDue.size === 1) setImmediate(() => this.flushMisses());
@@ -184,7 +192,7 @@ export class KeyCache {
   }
 
   /** One database read of a key (shared by concurrent lookups of the same epoch); stores its answer unless a notice came meanwhile. */
-  private async reload(hash: string, opts: { alone?: boolean } = {}): Promise<TenantRecord | null> {
+  private async reload(hash: string, opts: { alone?: boolean } = {}): Promise<T | null> {
     const epoch = this.epoch;
     const read = this.opts.loadMany && !opts.alone ? this.readSoon(hash) : this.read(hash);
     const promise = read.then((tenant) => {
@@ -210,7 +218,7 @@ export class KeyCache {
       this.entries.clear();
       return;
     }
-    for (const [hash, e] of this.entries) if (e.tenant.id === tenantId) this.entries.delete(hash);
+    for (const [hash, e] of this.entries) if (tenantIdOf(e.tenant) === tenantId) this.entries.delete(hash);
   }
 
   /** LISTENs on `sluice_auth` (the pool's shared LISTEN connection). */
@@ -237,12 +245,12 @@ export class KeyCache {
     this.unlisten = null;
   }
 
-  private async read(hash: string): Promise<TenantRecord | null> {
+  private async read(hash: string): Promise<T | null> {
     this.loads++;
     return this.opts.load(hash);
   }
 
-  private store(hash: string, tenant: TenantRecord | null): void {
+  private store(hash: string, tenant: T | null): void {
     if (!tenant) {
       this.entries.delete(hash); // unknown or revoked: at most briefly remembered as unknown
       if (this.opts.negativeTtlMs > 0) {

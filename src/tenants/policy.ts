@@ -21,6 +21,8 @@ export interface TenantRecord {
   createdAt: Date;
   /** Set while suspended (submissions refused, dispatch skips it); absent or null: active. */
   suspendedAt?: Date | null;
+  /** Fraction (0 to 1) of a window's dispatches guaranteed while backlogged; null or absent: none. */
+  reservedShare?: number | null;
 }
 
 export interface EffectiveLimits {

@@ -2,7 +2,7 @@
  * Owns the tenants and tenant_api_keys tables.
  */
 import { randomUUID } from 'node:crypto';
-import { and, asc, eq, inArray, isNull, sql } from 'drizzle-orm';
+import { and, asc, eq, gt, inArray, isNull, or, sql } from 'drizzle-orm';
 import type { Db, Tx } from '../db/client.ts';
 import { tenantApiKeys, tenants } from '../db/schema.ts';
 import type { TierName } from '../config/tiers.ts';
@@ -10,8 +10,33 @@ import { SluiceError } from '../errors.ts';
 import { generateSecret, hashSecret, TENANT_KEY_PREFIX } from './keys.ts';
 import type { TenantRecord } from './policy.ts';
 import { AUTH_CHANNEL, authNoticePayload } from './auth-notice.ts';
+import { MAX_LIVE_KEYS, rotationExpiry, type ApiKeyRecord, type KeyHolder, type Scope } from './api-keys.ts';
+// The bound the scheduler reads the backlogged shares at: the admin API keeps every tenant's sum there.
+import { RESERVED_MAX } from '../scheduler/lease.ts';
 
 type Row = typeof tenants.$inferSelect;
+type KeyRow = typeof tenantApiKeys.$inferSelect;
+
+function toKeyRecord(row: KeyRow): ApiKeyRecord {
+  return {
+    id: row.id,
+    tenantId: row.tenantId,
+    name: row.name,
+    prefix: row.keyPrefix,
+    scopes: row.scopes as Scope[],
+    createdAt: row.createdAt,
+    expiresAt: row.expiresAt,
+    lastUsedAt: row.lastUsedAt,
+    revokedAt: row.revokedAt,
+  };
+}
+
+function toHolder(tenant: Row, key: Pick<KeyRow, 'id' | 'scopes' | 'expiresAt'>): KeyHolder {
+  return { tenant: toRecord(tenant), key: { id: key.id, scopes: key.scopes as Scope[], expiresAtMs: key.expiresAt?.getTime() ?? null } };
+}
+
+/** A key authenticates until revoked or past its expiry (the key cache checks the expiry again per request). */
+const keyIsLive = () => and(isNull(tenantApiKeys.revokedAt), or(isNull(tenantApiKeys.expiresAt), gt(tenantApiKeys.expiresAt, sql`now()`)));
 
 /* The lifecycle's statements (tenants/lifecycle.ts), on postgres.js transactions. */
 
@@ -54,8 +79,37 @@ function toRecord(row: Row): TenantRecord {
     periodAnchor: row.periodAnchor,
     createdAt: row.createdAt,
     suspendedAt: row.suspendedAt,
+    reservedShare: row.reservedShare,
   };
 }
+
+/**
+ * In the transaction that writes a tenant's reserved share, after the write: the sum over every
+ * tenant stays <= RESERVED_MAX, else RESERVATION_OVERCOMMITTED (the transaction rolls back).
+ * A transaction-scoped advisory lock, taken before the write, orders the writers of reserved
+ * shares, so two concurrent writes cannot both pass on a sum that counts neither.
+ */
+async function lockReservedShares(tx: { execute(q: ReturnType<typeof sql>): Promise<unknown> }): Promise<void> {
+  await tx.execute(sql`select pg_advisory_xact_lock(hashtext('sluice_reserved_share'))`);
+}
+
+async function checkReservedShares(tx: { execute(q: ReturnType<typeof sql>): Promise<unknown> }, tenantId: string): Promise<void> {
+  const rows = (await tx.execute(sql`
+    select coalesce(sum(reserved_share) filter (where id <> ${tenantId}), 0)::float8 as elsewhere,
+      coalesce(sum(reserved_share), 0)::float8 as total
+    from tenants where reserved_share > 0`)) as unknown as Array<{ elsewhere: number; total: number }>;
+  const { elsewhere, total } = rows[0]!;
+  // A float sum: 0.1 + 0.7 may land a hair past 0.8.
+  if (total > RESERVED_MAX + 1e-9) {
+    throw new SluiceError('RESERVATION_OVERCOMMITTED', `reserved shares would add up to ${round(total)}, past ${RESERVED_MAX}: other tenants reserve ${round(elsewhere)}`, {
+      field: 'reservedShare',
+      reservedElsewhere: round(elsewhere),
+      max: RESERVED_MAX,
+    });
+  }
+}
+
+const round = (x: number) => Math.round(x * 1e6) / 1e6;
 
 export interface TenantPatch {
   name?: string | undefined;
@@ -68,6 +122,8 @@ export interface TenantPatch {
   requestBurst?: number | null | undefined;
   requestRate?: number | null | undefined;
   quotaPolicy?: 'WAIT' | 'FAIL' | undefined;
+  /** 0 to 1; null or 0 clears it (no reservation); undefined leaves it as is. */
+  reservedShare?: number | null | undefined;
 }
 
 function isUniqueViolation(err: unknown): boolean {
@@ -85,13 +141,16 @@ export class TenantStore {
   }
 
   /** Creates a tenant and its first API key; the key is returned once and stored as a hash. */
-  async create(input: { name: string; tier: TierName }): Promise<{ tenant: TenantRecord; apiKey: string }> {
+  async create(input: { name: string; tier: TierName; reservedShare?: number | null | undefined }): Promise<{ tenant: TenantRecord; apiKey: string }> {
     const apiKey = generateSecret(TENANT_KEY_PREFIX);
     const id = randomUUID();
+    const reservedShare = input.reservedShare ? input.reservedShare : null;
     try {
       const row = await this.db.transaction(async (tx) => {
-        const [created] = await tx.insert(tenants).values({ id, name: input.name, tier: input.tier }).returning();
-        await tx.insert(tenantApiKeys).values({ tenantId: id, keyHash: hashSecret(apiKey), keyPrefix: apiKey.slice(0, 10) });
+        if (reservedShare !== null) await lockReservedShares(tx);
+        const [created] = await tx.insert(tenants).values({ id, name: input.name, tier: input.tier, reservedShare }).returning();
+        if (reservedShare !== null) await checkReservedShares(tx, id);
+        await tx.insert(tenantApiKeys).values({ tenantId: id, name: 'default', keyHash: hashSecret(apiKey), keyPrefix: apiKey.slice(0, 10) });
         // Every node forgets the keys it saw unknown (tenants/key-cache.ts): the new key may be one of them.
         await notifyAuth(tx, id);
         return created!;
@@ -106,23 +165,97 @@ export class TenantStore {
     }
   }
 
-  /** Revokes every current key of the tenant and issues a new one. */
-  async rotateKey(tenantId: string): Promise<{ tenant: TenantRecord; apiKey: string }> {
+  /**
+   * Issues a new key (both scopes) and gives the tenant's other live keys an expiry `overlapSeconds`
+   * from now (KEY_ROTATION_OVERLAP_SECONDS), so the deployments still holding an old key keep
+   * working while they are given the new one; 0 ends them at once.
+   */
+  async rotateKey(tenantId: string, overlapSeconds: number): Promise<{ tenant: TenantRecord; apiKey: string; key: ApiKeyRecord }> {
     const tenant = await this.get(tenantId);
     if (!tenant) throw new SluiceError('NOT_FOUND', `no tenant with id ${tenantId}`);
     const apiKey = generateSecret(TENANT_KEY_PREFIX);
-    await this.db.transaction(async (tx) => {
-      await tx
-        .update(tenantApiKeys)
-        .set({ revokedAt: new Date() })
-        .where(and(eq(tenantApiKeys.tenantId, tenantId), isNull(tenantApiKeys.revokedAt)));
-      await tx.insert(tenantApiKeys).values({ tenantId, keyHash: hashSecret(apiKey), keyPrefix: apiKey.slice(0, 10) });
-      // Every node closes the open subscriptions of the revoked keys (http/ws-auth.ts) and forgets
-      // them in its key cache (tenants/key-cache.ts), once this commits.
+    const key = await this.db.transaction(async (tx) => {
+      const live = await tx
+        .select({ id: tenantApiKeys.id, expiresAt: tenantApiKeys.expiresAt })
+        .from(tenantApiKeys)
+        .where(and(eq(tenantApiKeys.tenantId, tenantId), keyIsLive()))
+        .for('update');
+      const now = new Date();
+      for (const k of live) {
+        await tx.update(tenantApiKeys).set({ expiresAt: rotationExpiry(k.expiresAt, now, overlapSeconds) }).where(eq(tenantApiKeys.id, k.id));
+      }
+      const [row] = await tx
+        .insert(tenantApiKeys)
+        .values({ tenantId, name: `rotated ${now.toISOString()}`, keyHash: hashSecret(apiKey), keyPrefix: apiKey.slice(0, 10) })
+        .returning();
+      // Every node forgets the old keys' cached expiry (tenants/key-cache.ts) and closes the open
+      // subscriptions of keys that no longer authenticate (http/ws-auth.ts), once this commits.
       await notifyAuth(tx, tenantId);
+      return toKeyRecord(row!);
     });
     this.authChanged(tenantId);
-    return { tenant, apiKey };
+    return { tenant, apiKey, key };
+  }
+
+  /** A new named key for the tenant; its secret is returned once and stored as a hash. */
+  async createKey(tenantId: string, input: { name: string; scopes: Scope[]; expiresAt: Date | null }): Promise<{ key: ApiKeyRecord; secret: string }> {
+    const secret = generateSecret(TENANT_KEY_PREFIX);
+    const key = await this.db.transaction(async (tx) => {
+      // The tenant's row, locked: concurrent creations count the live keys one after the other.
+      const [tenant] = await tx.select({ id: tenants.id }).from(tenants).where(eq(tenants.id, tenantId)).for('update');
+      if (!tenant) throw new SluiceError('NOT_FOUND', `no tenant with id ${tenantId}`);
+      const [{ live }] = (await tx.select({ live: sql<number>`count(*)::int` }).from(tenantApiKeys).where(and(eq(tenantApiKeys.tenantId, tenantId), keyIsLive()))) as [{ live: number }];
+      if (live >= MAX_LIVE_KEYS) {
+        throw new SluiceError('BAD_USER_INPUT', `a tenant has at most ${MAX_LIVE_KEYS} live keys: revoke one first`, { field: 'name', maxKeys: MAX_LIVE_KEYS });
+      }
+      const [row] = await tx
+        .insert(tenantApiKeys)
+        .values({ tenantId, name: input.name, scopes: input.scopes, expiresAt: input.expiresAt, keyHash: hashSecret(secret), keyPrefix: secret.slice(0, 10) })
+        .returning();
+      // Every node forgets the keys it saw unknown: the new key may be one of them.
+      await notifyAuth(tx, tenantId);
+      return toKeyRecord(row!);
+    });
+    this.authChanged(tenantId);
+    return { key, secret };
+  }
+
+  /** The tenant's keys, oldest first, revoked and expired ones included (never a secret). */
+  async listKeys(tenantId: string): Promise<ApiKeyRecord[]> {
+    const rows = await this.db.select().from(tenantApiKeys).where(eq(tenantApiKeys.tenantId, tenantId)).orderBy(asc(tenantApiKeys.createdAt), asc(tenantApiKeys.id));
+    return rows.map(toKeyRecord);
+  }
+
+  /**
+   * Revokes one key (`tenantId` null: the admin, any tenant's). Revoking a revoked key answers it
+   * as it is. Every node closes the key's open subscriptions once this commits (http/ws-auth.ts).
+   */
+  async revokeKey(tenantId: string | null, keyId: string): Promise<ApiKeyRecord> {
+    const key = await this.db.transaction(async (tx) => {
+      const [row] = await tx
+        .update(tenantApiKeys)
+        .set({ revokedAt: sql`coalesce(${tenantApiKeys.revokedAt}, now())` })
+        .where(and(eq(tenantApiKeys.id, keyId), tenantId === null ? undefined : eq(tenantApiKeys.tenantId, tenantId)))
+        .returning();
+      if (!row) throw new SluiceError('NOT_FOUND', `no API key with id ${keyId}`);
+      await notifyAuth(tx, row.tenantId);
+      return toKeyRecord(row);
+    });
+    this.authChanged(key.tenantId);
+    return key;
+  }
+
+  /**
+   * Writes the keys' last use (LastUseRecorder, at most once a minute per key and process) in one
+   * statement; never moves a key's lastUsedAt back (another node may have written a later one).
+   */
+  async recordKeyUse(uses: ReadonlyMap<string, Date>): Promise<void> {
+    if (uses.size === 0) return;
+    const pairs = JSON.stringify([...uses].map(([id, at]) => ({ id, at: at.toISOString() })));
+    await this.db.execute(sql`
+      update tenant_api_keys k set last_used_at = u.at
+      from jsonb_to_recordset(${pairs}::jsonb) as u(id uuid, at timestamptz)
+      where k.id = u.id and (k.last_used_at is null or k.last_used_at < u.at)`);
   }
 
   async update(tenantId: string, patch: TenantPatch): Promise<TenantRecord> {
@@ -130,10 +263,15 @@ export class TenantStore {
     for (const key of ['name', 'tier', 'weight', 'concurrencyCap', 'monthlyQuota', 'queueBound', 'requestBurst', 'requestRate', 'quotaPolicy'] as const) {
       if (patch[key] !== undefined) (set as Record<string, unknown>)[key] = patch[key];
     }
+    // 0 is stored as null: one way to say "no reservation".
+    if (patch.reservedShare !== undefined) set.reservedShare = patch.reservedShare ? patch.reservedShare : null;
+    const raises = !!patch.reservedShare;
     try {
       const row = await this.db.transaction(async (tx) => {
+        if (raises) await lockReservedShares(tx);
         const [updated] = await tx.update(tenants).set(set).where(eq(tenants.id, tenantId)).returning();
         if (!updated) throw new SluiceError('NOT_FOUND', `no tenant with id ${tenantId}`);
+        if (raises) await checkReservedShares(tx, tenantId);
         // Limits and quota policy travel in the cached TenantRecord that admission reads: every node forgets it.
         await notifyAuth(tx, tenantId);
         return updated;
@@ -156,24 +294,24 @@ export class TenantStore {
     return rows.map(toRecord);
   }
 
-  /** byKeyHash for many keys in one statement (the key cache's background refreshes): hash → tenant, absent when no live key has it. */
-  async byKeyHashes(keyHashes: readonly string[]): Promise<Map<string, TenantRecord>> {
+  /** byKeyHash for many keys in one statement (the key cache's background refreshes): hash → key and tenant, absent when no live key has it. */
+  async byKeyHashes(keyHashes: readonly string[]): Promise<Map<string, KeyHolder>> {
     if (keyHashes.length === 0) return new Map();
     const rows = await this.db
-      .select({ keyHash: tenantApiKeys.keyHash, tenant: tenants })
+      .select({ keyHash: tenantApiKeys.keyHash, id: tenantApiKeys.id, scopes: tenantApiKeys.scopes, expiresAt: tenantApiKeys.expiresAt, tenant: tenants })
       .from(tenantApiKeys)
       .innerJoin(tenants, eq(tenants.id, tenantApiKeys.tenantId))
-      .where(and(inArray(tenantApiKeys.keyHash, [...keyHashes]), isNull(tenantApiKeys.revokedAt)));
-    return new Map(rows.map((r) => [r.keyHash, toRecord(r.tenant)]));
+      .where(and(inArray(tenantApiKeys.keyHash, [...keyHashes]), keyIsLive()));
+    return new Map(rows.map((r) => [r.keyHash, toHolder(r.tenant, r)]));
   }
 
-  /** The tenant whose live (unrevoked) key has this hash, or null. Read through the key cache (key-cache.ts). */
-  async byKeyHash(keyHash: string): Promise<TenantRecord | null> {
+  /** The live (unrevoked, unexpired) key with this hash and its tenant, or null. Read through the key cache (key-cache.ts). */
+  async byKeyHash(keyHash: string): Promise<KeyHolder | null> {
     const [row] = await this.db
-      .select({ tenant: tenants })
+      .select({ id: tenantApiKeys.id, scopes: tenantApiKeys.scopes, expiresAt: tenantApiKeys.expiresAt, tenant: tenants })
       .from(tenantApiKeys)
       .innerJoin(tenants, eq(tenants.id, tenantApiKeys.tenantId))
-      .where(and(eq(tenantApiKeys.keyHash, keyHash), isNull(tenantApiKeys.revokedAt)));
-    return row ? toRecord(row.tenant) : null;
+      .where(and(eq(tenantApiKeys.keyHash, keyHash), keyIsLive()));
+    return row ? toHolder(row.tenant, row) : null;
   }
 }

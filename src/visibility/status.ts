@@ -13,8 +13,11 @@ import { type AccountRow, readAccount } from '../scheduler/sql/account.ts';
 import { readBreakers } from '../scheduler/sql/breakers.ts';
 import { ledgerFor } from '../scheduler/sql/ledger.ts';
 import { classTotals, tenantQueues } from '../scheduler/sql/queues.ts';
+import { earliestRunAfter } from '../jobs/store.ts';
 import { busyWeights, tenantSchedState } from '../scheduler/sql/tenants.ts';
 import { readWindows, type WindowRow } from '../scheduler/sql/windows.ts';
+import { recentService } from '../scheduler/sql/fairness.ts';
+import { liveFairness, type LiveFairness } from '../scheduler/sfq-lag.ts';
 import { drainSeconds, waitReason, type WaitReason } from '../scheduler/waits.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../tenants/policy.ts';
 
@@ -48,11 +51,14 @@ export interface ClassStatusReads {
   windows: WindowRow[];
   account: AccountRow;
   breakers: Awaited<ReturnType<typeof readBreakers>>;
+  /** When each class's earliest QUEUED job is due (absent: not read; no SCHEDULED reason then). */
+  earliestRunAfter?: ReadonlyMap<JobClass, Date>;
 }
 
 /** Each class of one tenant: depth, running, oldest age and why its head job waits (no drain estimate); pure. */
 export function classStatuses(windowSpecs: Services['windows'], tenant: TenantRecord, r: ClassStatusReads): Array<Omit<QueueStatus, 'estimatedDrainSeconds'>> {
   const { queues, state, windows, account, breakers } = r;
+  const now = windows[0]?.dbNow ?? Date.now();
   const open = new Set(breakers.filter((b) => b.state === 'OPEN').map((b) => b.api));
   return CLASSES.map((jobClass) => {
     const q = queues.find((x) => x.jobClass === jobClass) ?? { depth: 0, running: 0, oldestAgeSeconds: null, headApi: null };
@@ -62,6 +68,7 @@ export function classStatuses(windowSpecs: Services['windows'], tenant: TenantRe
     const reason = waitReason({
       depth: q.depth,
       suspended: state?.suspended ?? false,
+      scheduled: (r.earliestRunAfter?.get(jobClass)?.getTime() ?? now) > now,
       accountStopped: account.dispatchStoppedUntil !== null,
       keyUnusable: paused && w!.pauseReason === 'KEY_UNUSABLE',
       windowPaused: paused,
@@ -76,14 +83,15 @@ export function classStatuses(windowSpecs: Services['windows'], tenant: TenantRe
 
 export async function tenantQueueStatus(services: Services, tenant: TenantRecord): Promise<QueueStatus[]> {
   const { sql } = services;
-  const [queues, state, windows, account, breakers] = await Promise.all([
+  const [queues, state, windows, account, breakers, earliest] = await Promise.all([
     tenantQueues(sql, tenant.id),
     tenantSchedState(sql, tenant.id),
     readWindows(sql),
     readAccount(sql),
     readBreakers(sql),
+    earliestRunAfter(sql, tenant.id),
   ]);
-  const statuses = classStatuses(services.windows, tenant, { queues, state, windows, account, breakers });
+  const statuses = classStatuses(services.windows, tenant, { queues, state, windows, account, breakers, earliestRunAfter: earliest });
   // One busy-weight read per class with waiting work, side by side; windows and the scheduler row are shared.
   return Promise.all(
     statuses.map(async (q) => {
@@ -119,12 +127,14 @@ export async function queuePositions(sql: Sql, tenantId: string, jobIds: readonl
 export function estimatedStartAt(
   services: Pick<Services, 'catalog'>,
   tenant: TenantRecord,
-  job: { api: string; priority: JobClass; state: string },
+  job: { api: string; priority: JobClass; state: string; runAfter?: Date | undefined },
   ahead: number | undefined,
   queues: readonly QueueStatus[],
   now = new Date(),
 ): Date | null {
   if (job.state !== 'QUEUED' && job.state !== 'WAITING_QUOTA') return null;
+  // Not due yet (runAt): it starts then at the earliest.
+  if (job.state === 'QUEUED' && job.runAfter !== undefined && job.runAfter > now) return job.runAfter;
   if (job.state === 'WAITING_QUOTA') return quotaRenewalStart(services, tenant, job.api, now);
   if (ahead === 0) return now; // next in line
   const q = queues.find((x) => x.priority === job.priority);
@@ -141,12 +151,13 @@ export function quotaRenewalStart(services: Pick<Services, 'catalog'>, tenant: T
 }
 
 /**
- * Why one waiting job waits: QUOTA for a job waiting for quota, otherwise its
- * queue's reason (me.queues.waitReason); null once it started.
+ * Why one waiting job waits: QUOTA for a job waiting for quota, SCHEDULED for
+ * one not due yet (runAt, a retry's delay), otherwise its queue's reason (me.queues.waitReason); null once it started.
  */
-export function jobWaitReason(job: { priority: JobClass; state: string }, queues: readonly QueueStatus[]): WaitReason | null {
+export function jobWaitReason(job: { priority: JobClass; state: string; runAfter?: Date | undefined }, queues: readonly QueueStatus[], now = new Date()): WaitReason | null {
   if (job.state === 'WAITING_QUOTA') return 'QUOTA';
   if (job.state !== 'QUEUED') return null;
+  if (job.runAfter !== undefined && job.runAfter > now) return 'SCHEDULED';
   return queues.find((q) => q.priority === job.priority)?.waitReason ?? 'RATE';
 }
 
@@ -157,17 +168,24 @@ export interface SystemStatus {
   alerts: AlertRow[];
   classes: Array<{ priority: JobClass; depth: number; running: number; oldestAgeSeconds: number | null }>;
   estimatedDrainSeconds: number | null;
+  /** Lag against start-time fair queueing's bound over the recent leases (scheduler/sfq-lag.ts liveFairness). */
+  fairness: LiveFairness;
 }
+
+/** The live fairness figures read the last 30 s of leases, at most this many jobs (the newest). */
+export const FAIRNESS_SECONDS = 30;
+export const FAIRNESS_MAX_JOBS = 3000;
 
 export async function systemStatus(services: Services): Promise<SystemStatus> {
   const { sql } = services;
-  const [rawWindows, rates, account, breakers, alerts, totals] = await Promise.all([
+  const [rawWindows, rates, account, breakers, alerts, totals, recent] = await Promise.all([
     readWindows(sql),
     windowCallRates(sql),
     readAccount(sql),
     readBreakers(sql),
     activeAlerts(sql),
     classTotals(sql),
+    recentService(sql, FAIRNESS_SECONDS, FAIRNESS_MAX_JOBS),
   ]);
   const windows = rawWindows.map((w) => ({ ...w, callsPerSecond: rates.get(w.name) ?? 0 }));
   const depth = totals.reduce((s, c) => s + c.depth, 0);
@@ -179,6 +197,7 @@ export async function systemStatus(services: Services): Promise<SystemStatus> {
     alerts,
     classes: totals.map((c) => ({ priority: c.jobClass, depth: c.depth, running: c.running, oldestAgeSeconds: c.oldestAgeSeconds })),
     estimatedDrainSeconds: account.dispatchStoppedUntil ? null : drainSeconds(depth, rate),
+    fairness: liveFairness(recent),
   };
 }
 

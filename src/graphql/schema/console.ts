@@ -1,10 +1,12 @@
 /**
  * What the operator console needs that no other field offers: the tenants
- * table (one sorted, filtered page with each tenant's live counters).
+ * table (one sorted, filtered page with each tenant's live counters) and one
+ * tenant's row for its page.
  */
 import type { TenantRecord } from '../../tenants/policy.ts';
 import { normalizePage, tenantPage, tenantRowsStatus, TENANT_ORDERS, type TenantRowStatus } from '../../visibility/console.ts';
 import { builder, role } from '../builder.ts';
+import { asId } from '../ids.ts';
 import { QueueRef, UsageRef } from './me.ts';
 import { TenantRef, TierEnum } from './tenants.ts';
 
@@ -33,6 +35,19 @@ const TenantTableRef = builder.objectRef<{ totalCount: number; rows: Row[] }>('T
 });
 
 builder.queryFields((t) => ({
+  tenantRow: t.field({
+    ...role('admin'),
+    type: TenantRowRef,
+    nullable: true,
+    description: "One tenant with its live counters (admin; the console's tenant page); null when no tenant has this id.",
+    args: { id: t.arg.id({ required: true }) },
+    resolve: async (_r, { id }, ctx) => {
+      const tenant = await ctx.services.tenants.get(asId(id, 'tenant'));
+      if (!tenant) return null;
+      const status = await tenantRowsStatus(ctx.services, [tenant]);
+      return { tenant, status: status.get(tenant.id)! };
+    },
+  }),
   tenantTable: t.field({
     ...role('admin'),
     type: TenantTableRef,

@@ -1,5 +1,5 @@
 import { GraphQLError } from 'graphql';
-import { FINAL_STATES, JOB_STATES, countJobs, finishedSince, getJob, listJobs, type JobRow } from '../../jobs/store.ts';
+import { FINAL_STATES, JOB_STATES, countJobs, findJobs, finishedSince, getJob, listJobs, retriedFrom, type JobRow } from '../../jobs/store.ts';
 import { RESYNC } from '../../events/bus.ts';
 import { isTransientOutage } from '../../db/availability.ts';
 import { CLASSES } from '../../config/classes.ts';
@@ -7,10 +7,13 @@ import { SluiceError } from '../../errors.ts';
 import { builder, role } from '../builder.ts';
 import { tenantOf } from '../context.ts';
 import { asId } from '../ids.ts';
+import { pageArgs, pageOf } from '../pages.ts';
 import { estimatedStartAt, queuePositions, tenantQueueStatus, type QueueStatus } from '../../visibility/status.ts';
 import { batchLoad, perRequest } from '../memo.ts';
 import type { Context } from '../context.ts';
 import type { TenantRecord } from '../../tenants/policy.ts';
+import { MAX_IDEMPOTENCY_KEY_LENGTH } from '../../jobs/validate.ts';
+import { TenantRef } from './tenants.ts';
 
 export const PriorityEnum = builder.enumType('Priority', {
   description: 'Priority class. INTERACTIVE is served first; BULK sheds first when queues fill.',
@@ -45,6 +48,17 @@ export const JobRef = builder.objectRef<JobRow>('Job').implement({
     creditsBilled: t.int({ resolve: (j) => j.creditsBilled }),
     attempts: t.exposeInt('attempts'),
     idempotencyKey: t.exposeString('idempotencyKey', { nullable: true }),
+    fairnessKey: t.string({
+      nullable: true,
+      description: 'The fairness key it was submitted with; null: the default key (every job without one shares it).',
+      resolve: (j) => j.fairnessKey ?? null,
+    }),
+    retryOf: t.id({
+      nullable: true,
+      description: 'The FAILED or CANCELLED job this one was submitted again from by retryJob; null for a job submitted afresh.',
+      // A page's jobs share one lookup (graphql/memo.ts).
+      resolve: async (j, _a, ctx) => (await batchLoad(ctx, 'retriedFrom', (ids: string[]) => retriedFrom(ctx.services.sql, ids), j.id)) ?? null,
+    }),
     createdAt: t.field({ type: 'DateTime', resolve: (j) => j.createdAt }),
     startedAt: t.field({ type: 'DateTime', nullable: true, resolve: (j) => j.startedAt }),
     finishedAt: t.field({ type: 'DateTime', nullable: true, resolve: (j) => j.finishedAt }),
@@ -68,6 +82,14 @@ export const JobRef = builder.objectRef<JobRow>('Job').implement({
   }),
 });
 
+/** A job found by the operator's search, with its tenant. */
+const FoundJobRef = builder.objectRef<{ job: JobRow; tenant: TenantRecord }>('FoundJob').implement({
+  fields: (t) => ({
+    job: t.field({ type: JobRef, resolve: (x) => x.job }),
+    tenant: t.field({ type: TenantRef, resolve: (x) => x.tenant }),
+  }),
+});
+
 /** What submission answers with: the id and state, nothing that needs another read. */
 const SubmittedJobRef = builder.objectRef<{ id: string; state: string }>('SubmittedJob').implement({
   fields: (t) => ({
@@ -82,6 +104,15 @@ const JobInput = builder.inputType('JobInput', {
     params: t.field({ type: 'JSON', description: 'Query parameters for the API, as a JSON object.' }),
     priority: t.field({ type: PriorityEnum, defaultValue: 'STANDARD' }),
     idempotencyKey: t.string({ description: 'Same key from the same tenant returns the original job instead of a new one.' }),
+    fairnessKey: t.string({
+      description:
+        'Who inside your tenant the job is for (1 to 64 characters), e.g. your own customer\'s id. Within your share and class, keys are served round robin, so one key\'s backlog does not hold up another key\'s jobs. Absent: the default key, which every job without one shares (first in, first out).',
+    }),
+    runAt: t.field({
+      type: 'DateTime',
+      description:
+        'Not before this instant (at most JOB_RUN_AT_MAX_SECONDS ahead, 30 days by default; up to 5 minutes past counts as now; otherwise BAD_RUN_AT). The job is QUEUED, counts in your queue bound, and waits with waitReason SCHEDULED until then.',
+    }),
   }),
 });
 
@@ -101,6 +132,17 @@ const JobFilter = builder.inputType('JobFilter', {
     state: t.field({ type: JobStateEnum }),
     api: t.string(),
     priority: t.field({ type: PriorityEnum }),
+    idempotencyKey: t.string({ description: 'The job submitted with this idempotency key (at most one per tenant).' }),
+  }),
+});
+
+/** cancelJobs cancels at most this many jobs per call (one transaction: it must not hold the tenant for long). */
+export const MAX_CANCEL_JOBS = 1_000;
+
+const CancelJobsPayload = builder.objectRef<{ cancelled: number; more: boolean }>('CancelJobsPayload').implement({
+  fields: (t) => ({
+    cancelled: t.exposeInt('cancelled', { description: 'Waiting jobs cancelled by this call (never sent, never billed).' }),
+    more: t.exposeBoolean('more', { description: 'Waiting jobs matching the filter remain (past `limit`): call again.' }),
   }),
 });
 
@@ -111,22 +153,6 @@ function asParams(params: unknown): Record<string, unknown> | undefined {
   }
   return params as Record<string, unknown>;
 }
-
-function encodeCursor(j: JobRow): string {
-  return Buffer.from(JSON.stringify([j.createdAtMicros, j.id])).toString('base64url');
-}
-function decodeCursor(cursor: string): { createdAtMicros: string; id: string } {
-  try {
-    const [micros, id] = JSON.parse(Buffer.from(cursor, 'base64url').toString()) as [string, string];
-    // Digits only, and within Postgres's bigint (the cursor is compared as one).
-    if (typeof micros !== 'string' || !/^\d{1,19}$/.test(micros) || BigInt(micros) > 9_223_372_036_854_775_807n) throw new Error('bad cursor');
-    return { createdAtMicros: micros, id: asId(id, 'job') };
-  } catch {
-    throw new SluiceError('BAD_USER_INPUT', 'invalid cursor', { field: 'after' });
-  }
-}
-
-const MAX_PAGE = 500;
 
 /** A resync re-reads jobs finished this long before the last one sent: settlements commit a little after their finish time. */
 const RESYNC_MARGIN_MS = 60_000;
@@ -162,27 +188,7 @@ builder.queryFields((t) => ({
       type: JobRef,
       description: 'Your jobs, newest first.',
       args: { filter: t.arg({ type: JobFilter }) },
-      resolve: async (_r, args, ctx) => {
-        if (args.before || args.last) throw new SluiceError('BAD_USER_INPUT', 'only forward pagination (first, after) is supported');
-        const first = args.first ?? 50;
-        if (first < 0 || first > MAX_PAGE) throw new SluiceError('BAD_USER_INPUT', `first must be 0 to ${MAX_PAGE}`, { field: 'first' });
-        const tenantId = tenantOf(ctx).id;
-        const filter = { state: args.filter?.state, api: args.filter?.api, priority: args.filter?.priority };
-        const after = args.after ? decodeCursor(args.after) : null;
-        const rows = await listJobs(ctx.services.sql, tenantId, filter, first + 1, after);
-        const page = rows.slice(0, first);
-        return {
-          // Counted only when totalCount is selected (its resolver): a count(*) over a big backlog is not free.
-          count: () => countJobs(ctx.services.sql, tenantId, filter),
-          edges: page.map((node) => ({ cursor: encodeCursor(node), node })),
-          pageInfo: {
-            hasNextPage: rows.length > first,
-            hasPreviousPage: after !== null,
-            startCursor: page[0] ? encodeCursor(page[0]) : null,
-            endCursor: page.at(-1) ? encodeCursor(page.at(-1)!) : null,
-          },
-        };
-      },
+      resolve: (_r, args, ctx) => jobsPage(ctx, tenantOf(ctx).id, args),
     },
     {
       name: 'JobConnection',
@@ -191,7 +197,50 @@ builder.queryFields((t) => ({
       }),
     },
   ),
+  tenantJobs: t.connection(
+    {
+      ...role('admin'),
+      type: JobRef,
+      description: "One tenant's jobs, newest first (admin; the console's tenant page).",
+      args: { tenantId: t.arg.id({ required: true }), filter: t.arg({ type: JobFilter }) },
+      resolve: (_r, args, ctx) => jobsPage(ctx, asId(args.tenantId, 'tenant'), args),
+    },
+    { name: 'TenantJobConnection', fields: (c) => ({ totalCount: c.int({ description: 'Jobs matching the filter.', resolve: (conn) => (conn as unknown as { count: () => Promise<number> }).count() }) }) },
+  ),
+  jobSearch: t.field({
+    ...role('admin'),
+    type: [FoundJobRef],
+    description: 'Jobs of any tenant with this id or idempotency key, newest first (admin; the console\'s job search).',
+    args: { text: t.arg.string({ required: true }), first: t.arg.int({ defaultValue: 20 }) },
+    resolve: async (_r, { text, first }, ctx) => {
+      const wanted = text.trim();
+      if (wanted.length === 0 || wanted.length > MAX_IDEMPOTENCY_KEY_LENGTH) {
+        throw new SluiceError('BAD_USER_INPUT', `text must be 1 to ${MAX_IDEMPOTENCY_KEY_LENGTH} characters: a job id or an idempotency key`, { field: 'text' });
+      }
+      const limit = first ?? 20;
+      if (limit < 1 || limit > 100) throw new SluiceError('BAD_USER_INPUT', 'first must be 1 to 100', { field: 'first' });
+      const jobs = await findJobs(ctx.services.sql, wanted, limit);
+      const tenants = await Promise.all(jobs.map((j) => ctx.services.tenants.get(j.tenantId)));
+      return jobs.flatMap((job, i) => (tenants[i] ? [{ job, tenant: tenants[i]! }] : []));
+    },
+  }),
 }));
+
+/** One page of a tenant's jobs for `jobs` and `tenantJobs`: keyset paging on (created_at, id), newest first. */
+async function jobsPage(
+  ctx: Context,
+  tenantId: string,
+  args: { first?: number | null; after?: string | null; last?: number | null; before?: string | null; filter?: { state?: JobRow['state'] | null; api?: string | null; priority?: JobRow['priority'] | null; idempotencyKey?: string | null } | null },
+) {
+  const { first, after } = pageArgs(args, 'job');
+  const filter = { state: args.filter?.state, api: args.filter?.api, priority: args.filter?.priority, idempotencyKey: args.filter?.idempotencyKey };
+  const rows = await listJobs(ctx.services.sql, tenantId, filter, first + 1, after);
+  return {
+    // Counted only when totalCount is selected (its resolver): a count(*) over a big backlog is not free.
+    count: () => countJobs(ctx.services.sql, tenantId, filter),
+    ...pageOf(rows, first, after),
+  };
+}
 
 builder.mutationFields((t) => ({
   submitJob: t.field({
@@ -218,12 +267,44 @@ builder.mutationFields((t) => ({
       return { jobs };
     },
   }),
+  retryJob: t.field({
+    ...role('tenantOrAdmin'),
+    type: JobRef,
+    description:
+      "Submits a FAILED or CANCELLED job again as a new job (same api, params and class; Job.retryOf names the original). A tenant retries its own jobs; the admin any tenant's.",
+    args: { id: t.arg.id({ required: true }) },
+    resolve: async (_r, { id }, ctx) => {
+      const jobId = asId(id, 'job');
+      // A tenant's lookup is scoped to it: another tenant's job is NOT_FOUND, as if it did not exist.
+      const original = await getJob(ctx.services.sql, ctx.auth.kind === 'tenant' ? ctx.auth.tenant.id : null, jobId);
+      const tenant = original ? (ctx.auth.kind === 'tenant' ? ctx.auth.tenant : await ctx.services.tenants.get(original.tenantId)) : null;
+      if (!original || !tenant) throw new SluiceError('NOT_FOUND', `no job with id ${jobId}`);
+      const submitted = await ctx.services.jobs.retry(tenant, original, { gate: ctx.gate });
+      const job = await getJob(ctx.services.sql, tenant.id, submitted.id);
+      if (!job) throw new SluiceError('NOT_FOUND', `no job with id ${submitted.id}`);
+      return job;
+    },
+  }),
   cancelJob: t.field({
     ...role('tenant'),
     type: JobRef,
     description: 'Cancels one of your QUEUED jobs.',
     args: { id: t.arg.id({ required: true }) },
     resolve: (_r, { id }, ctx) => ctx.services.jobs.cancel(tenantOf(ctx).id, asId(id, 'job')),
+  }),
+  cancelJobs: t.field({
+    ...role('tenant'),
+    type: CancelJobsPayload,
+    description: `Cancels your waiting jobs (QUEUED, WAITING_QUOTA) that match the filter, the oldest \`limit\` (1 to ${MAX_CANCEL_JOBS}, default ${MAX_CANCEL_JOBS}) per call; \`more\` says whether matching waiting jobs remain. Running and finished jobs are left as they are.`,
+    args: { filter: t.arg({ type: JobFilter, required: true }), limit: t.arg.int({ defaultValue: MAX_CANCEL_JOBS }) },
+    resolve: (_r, { filter, limit }, ctx) => {
+      const n = limit ?? MAX_CANCEL_JOBS;
+      if (!Number.isInteger(n) || n < 1 || n > MAX_CANCEL_JOBS) throw new SluiceError('BAD_USER_INPUT', `limit must be 1 to ${MAX_CANCEL_JOBS}`, { field: 'limit' });
+      if (filter.state && filter.state !== 'QUEUED' && filter.state !== 'WAITING_QUOTA') {
+        throw new SluiceError('NOT_CANCELLABLE', `only waiting jobs (QUEUED, WAITING_QUOTA) can be cancelled, not ${filter.state}`, { field: 'filter.state', state: filter.state });
+      }
+      return ctx.services.jobs.cancelMany(tenantOf(ctx).id, { state: filter.state, api: filter.api, priority: filter.priority, idempotencyKey: filter.idempotencyKey }, n);
+    },
   }),
 }));
 

@@ -22,6 +22,7 @@ export const WaitReasonEnum = builder.enumType('WaitReason', {
   description: "Why a queue's head job is waiting, the most fundamental reason first.",
   values: {
     SUSPENDED: { description: 'Your tenant is suspended: its jobs are held until an operator resumes it.' },
+    SCHEDULED: { description: 'Not due yet: its runAt (or a retry\'s delay) is ahead; for a queue, every queued job is.' },
     CREDITS_EXHAUSTED: { description: 'The upstream account is out of credits: all dispatch is stopped until renewal.' },
     KEY_UNUSABLE: { description: "The class's upstream key was refused (401/403): its window is stopped." },
     WINDOW_PAUSED: { description: "The class's window is paused after a rate-limit 429." },

@@ -27,6 +27,12 @@ export const TenantRef = builder.objectRef<TenantRecord>('Tenant').implement({
     requestRate: t.int({ description: 'Request budget: cost points restored per second, across every API node.', resolve: (x) => requestBudgetLimits(x).rate }),
     createdAt: t.field({ type: 'DateTime', resolve: (x) => x.createdAt }),
     suspendedAt: t.field({ type: 'DateTime', nullable: true, description: 'When the tenant was suspended; null while active.', resolve: (x) => x.suspendedAt ?? null }),
+    reservedShare: t.float({
+      nullable: true,
+      description:
+        "The fraction (0 to 1) of each window's dispatches guaranteed to the tenant while it has work waiting, lent to the others while it has none; null: no reservation.",
+      resolve: (x) => x.reservedShare ?? null,
+    }),
   }),
 });
 
@@ -51,6 +57,7 @@ const CreateTenantInput = builder.inputType('CreateTenantInput', {
   fields: (t) => ({
     name: t.string({ required: true }),
     tier: t.field({ type: TierEnum, required: true }),
+    reservedShare: t.float({ description: 'See updateTenant; absent, null or 0: no reservation.' }),
   }),
 });
 
@@ -67,6 +74,10 @@ const UpdateTenantInput = builder.inputType('UpdateTenantInput', {
     quotaPolicy: t.field({ type: QuotaPolicyEnum }),
     requestBurst: t.int({ description: 'Request budget size in cost points (at least 1).' }),
     requestRate: t.int({ description: 'Request budget restore rate in cost points per second (at least 1).' }),
+    reservedShare: t.float({
+      description:
+        "Fraction (0 to 1) of each window's dispatches guaranteed while the tenant has work waiting, lent to others while it has none; null or 0 clears it. Every tenant's together at most 0.8, else RESERVATION_OVERCOMMITTED.",
+    }),
   }),
 });
 
@@ -76,6 +87,13 @@ function checkName(name: string): string {
     throw new SluiceError('BAD_USER_INPUT', 'name must be 1 to 100 characters', { field: 'name' });
   }
   return trimmed;
+}
+
+function checkShare(value: number | null | undefined): number | null | undefined {
+  if (value !== null && value !== undefined && !(value >= 0 && value <= 1)) {
+    throw new SluiceError('BAD_USER_INPUT', 'reservedShare must be between 0 and 1', { field: 'reservedShare' });
+  }
+  return value;
 }
 
 function checkLimit(field: string, value: number | null | undefined, min: number): number | null | undefined {
@@ -100,7 +118,7 @@ builder.mutationFields((t) => ({
     type: TenantWithKey,
     args: { input: t.arg({ type: CreateTenantInput, required: true }) },
     resolve: async (_r, { input }, ctx) => {
-      const created = await ctx.services.tenants.create({ name: checkName(input.name), tier: input.tier });
+      const created = await ctx.services.tenants.create({ name: checkName(input.name), tier: input.tier, reservedShare: checkShare(input.reservedShare) });
       await ctx.services.tenantChanged(created.tenant);
       return created;
     },
@@ -108,9 +126,10 @@ builder.mutationFields((t) => ({
   rotateTenantKey: t.field({
     ...role('admin'),
     type: TenantWithKey,
-    description: "Revokes the tenant's current keys and returns a new one.",
+    description:
+      "Issues a new key (both scopes) and gives the tenant's other live keys an expiry KEY_ROTATION_OVERLAP_SECONDS from now (default 24 h), so running deployments keep working while they get the new key; revokeApiKey ends one at once.",
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx) => ctx.services.tenants.rotateKey(asId(id, 'tenant')),
+    resolve: (_r, { id }, ctx) => ctx.services.tenants.rotateKey(asId(id, 'tenant'), ctx.services.keyRotationOverlapSeconds),
   }),
   suspendTenant: t.field({
     ...role('admin'),
@@ -161,6 +180,7 @@ builder.mutationFields((t) => ({
         requestBurst: checkLimit('requestBurst', input.requestBurst, 1),
         requestRate: checkLimit('requestRate', input.requestRate, 1),
         quotaPolicy: input.quotaPolicy ?? undefined,
+        reservedShare: checkShare(input.reservedShare),
       });
       await ctx.services.tenantChanged(tenant);
       return tenant;

@@ -1,11 +1,13 @@
 /**
- * Usage history for billing: `me { usageHistory }` for a tenant, the same
+ * Usage events (`usageEvents`, a Relay connection of CloudEvents; also NDJSON at GET
+ * /usage/events, src/http/usage-events.ts) and usage history for billing: `me { usageHistory }` for a tenant, the same
  * field on `Tenant` and `tenantUsageHistory(tenantId)` (which also answers for
  * deleted tenants) for the admin. The CSV download (GET /usage.csv) reads the
  * same function (src/usage/store.ts).
  */
 import { SluiceError } from '../../errors.ts';
 import type { TenantRecord } from '../../tenants/policy.ts';
+import { decodeUsageCursor, encodeUsageCursor, MAX_USAGE_EVENTS_PAGE, readUsageEvents, toCloudEvent, USAGE_EVENT_TYPES, usageEventId, type UsageEventRow } from '../../usage/events.ts';
 import { MAX_USAGE_ROWS, usageHistory, type Granularity, type UsageGroup, type UsageRow } from '../../usage/store.ts';
 import { builder, role } from '../builder.ts';
 import type { Context } from '../context.ts';
@@ -87,3 +89,65 @@ builder.queryFields((t) => ({
     resolve: (_r, args, ctx) => read(ctx, asId(args.tenantId, 'tenant'), args),
   }),
 }));
+
+/* ---- Usage events (CloudEvents 1.0, one per settled charge; src/usage/events.ts) ---- */
+
+const UsageEventRef = builder.objectRef<UsageEventRow>('UsageEvent').implement({
+  description:
+    'One settled charge as a CloudEvents 1.0 event (or a late settlement\'s correction of one). Its id is stable: read again, it is the same event, so a billing system ingests each once (OpenMeter as is; a Stripe meter event\'s `identifier`).',
+  fields: (t) => ({
+    id: t.string({ description: 'The reservation id (`<id>:corrected` for a correction).', resolve: (r) => usageEventId(r) }),
+    type: t.string({ description: `${USAGE_EVENT_TYPES.charged} or ${USAGE_EVENT_TYPES.corrected}.`, resolve: (r) => USAGE_EVENT_TYPES[r.kind] }),
+    time: t.field({ type: 'DateTime', description: 'When the charge was settled (the correction made).', resolve: (r) => r.time }),
+    subject: t.string({ description: 'The tenant id.', resolve: (r) => r.tenantId }),
+    api: t.exposeString('api'),
+    priority: t.exposeString('priority'),
+    credits: t.exposeInt('credits', { description: 'Credits charged; a correction\'s difference (negative when credits went back).' }),
+    jobId: t.exposeID('jobId'),
+    attempt: t.exposeInt('attempt'),
+    cloudEvent: t.field({ type: 'JSON', description: 'The whole event, structured CloudEvents JSON, to forward as is.', resolve: (r) => toCloudEvent(r) }),
+  }),
+});
+
+builder.queryFields((t) => ({
+  usageEvents: t.connection(
+    {
+      ...role('tenantOrAdmin', ['READ']),
+      type: UsageEventRef,
+      description:
+        'Usage events oldest first, a page at a time: keep the endCursor and ask again with `after` (new events come after it, never before). A tenant key reads its own; the admin token reads every tenant\'s, or one with `tenantId`. Also as NDJSON: GET /usage/events?after=<cursor>.',
+      args: { tenantId: t.arg.id() },
+      resolve: async (_r, args, ctx) => {
+        if (args.before || args.last) throw new SluiceError('BAD_USER_INPUT', 'only forward pagination (first, after) is supported');
+        const first = args.first ?? 100;
+        if (first < 0 || first > MAX_USAGE_EVENTS_PAGE) throw new SluiceError('BAD_USER_INPUT', `first must be 0 to ${MAX_USAGE_EVENTS_PAGE}`, { field: 'first' });
+        const tenantId = usageEventsTenant(ctx, args.tenantId);
+        const after = args.after ? decodeUsageCursor(args.after) : null;
+        const { rows } = await readUsageEvents(ctx.services.sql, { tenantId, after, limit: first + 1 });
+        const page = rows.slice(0, first);
+        return {
+          edges: page.map((node) => ({ cursor: encodeUsageCursor(node), node })),
+          pageInfo: {
+            hasNextPage: rows.length > first,
+            hasPreviousPage: after !== null,
+            startCursor: page[0] ? encodeUsageCursor(page[0]) : null,
+            // An empty page keeps the cursor it was asked with: the next poll starts there.
+            endCursor: page.at(-1) ? encodeUsageCursor(page.at(-1)!) : (args.after ?? null),
+          },
+        };
+      },
+    },
+    { name: 'UsageEventConnection' },
+  ),
+}));
+
+/** Whose usage events: a tenant key its own (tenantId left out or its own); the admin everyone's, or the tenant named. */
+export function usageEventsTenant(ctx: Pick<Context, 'auth'>, tenantId: string | number | null | undefined): string | null {
+  if (ctx.auth.kind === 'tenant') {
+    if (tenantId !== null && tenantId !== undefined && String(tenantId).toLowerCase() !== ctx.auth.tenant.id) {
+      throw new SluiceError('FORBIDDEN', "a tenant key reads only its own usage events: leave tenantId out", { field: 'tenantId' });
+    }
+    return ctx.auth.tenant.id;
+  }
+  return tenantId === null || tenantId === undefined || tenantId === '' ? null : asId(tenantId, 'tenant');
+}

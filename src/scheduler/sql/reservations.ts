@@ -175,9 +175,13 @@ export async function lockSettledReservations(tx: Tx, ids: readonly string[]): P
   );
 }
 
-/** A late settlement's bill for a reservation the sweeper settled: once (reconciled_at fences a second). */
+/**
+ * A late settlement's bill for a reservation the sweeper settled: once (reconciled_at fences a second).
+ * The expiry's bill is kept beside it: usage events serve the charge as it was first settled and
+ * the difference as a correction (src/usage/events.ts), so an event read twice is the same event.
+ */
 export async function reconcileReservation(tx: Tx, id: string, billed: number): Promise<void> {
-  await tx`update reservations set billed = ${billed}, reconciled_at = clock_timestamp() where id = ${id} and reconciled_at is null`;
+  await tx`update reservations set billed = ${billed}, expiry_billed = billed, reconciled_at = clock_timestamp() where id = ${id} and reconciled_at is null`;
 }
 
 /**

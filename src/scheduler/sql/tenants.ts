@@ -17,10 +17,10 @@ import { addQueues, markQueuesReady } from './queues.ts';
 export async function syncTenant(tx: Tx, t: TenantRecord): Promise<void> {
   const l = effectiveLimits(t);
   await tx`
-    insert into sched_tenants (tenant_id, weight, cap, quota, quota_policy, period_anchor)
-    values (${t.id}, ${l.weight}, ${l.concurrencyCap}, ${l.monthlyQuota}, ${t.quotaPolicy}, ${t.periodAnchor})
+    insert into sched_tenants (tenant_id, weight, cap, quota, quota_policy, period_anchor, reserved_share)
+    values (${t.id}, ${l.weight}, ${l.concurrencyCap}, ${l.monthlyQuota}, ${t.quotaPolicy}, ${t.periodAnchor}, ${t.reservedShare ?? 0})
     on conflict (tenant_id) do update set weight = excluded.weight, cap = excluded.cap, quota = excluded.quota,
-      quota_policy = excluded.quota_policy, period_anchor = excluded.period_anchor`;
+      quota_policy = excluded.quota_policy, period_anchor = excluded.period_anchor, reserved_share = excluded.reserved_share`;
   await addQueues(tx, t.id);
 }
 

@@ -10,13 +10,37 @@ import type { Tx } from '../../db/client.ts';
 import type { BucketState } from '../pacer.ts';
 import type { WindowSpec } from '../windows.ts';
 
-/** A rate-limit 429: the window sends nothing on any node until the pause ends, and its bucket is emptied. */
-export async function pauseWindow(sql: Tx, window: string, seconds: number, reason: string): Promise<void> {
+/**
+ * How a rate-limit 429 changes the learned pace: the rate × `decrease`, not below `floor` of the
+ * configured rate (learned-pace.ts rateAfterRateLimit; `decrease` 1 = the pace is not learned).
+ */
+export interface RateLimitPace {
+  decrease: number;
+  floor: number;
+}
+
+/**
+ * A rate-limit 429: the window sends nothing on any node until the pause ends, and its bucket is
+ * emptied. The first 429 of a pause (the window not paused yet) also lowers the learned rate
+ * (multiplicative decrease, the same formula as learned-pace.ts rateAfterRateLimit) and scales
+ * the burst with it; the calls already in flight when the provider tripped answer 429 too, and
+ * land in the same pause, so one trip lowers the rate once.
+ */
+export async function pauseWindow(sql: Tx, window: string, seconds: number, reason: string, pace: RateLimitPace = { decrease: 1, floor: 0 }): Promise<void> {
   await sql`
-    update windows set tokens = 0, refilled_at = greatest(clock_timestamp(), now() + make_interval(secs => ${seconds})),
-      paused_until = greatest(coalesce(paused_until, now()), now() + make_interval(secs => ${seconds})),
-      pause_reason = ${reason}, updated_at = now()
-    where name = ${window}`;
+    update windows w set tokens = 0, refilled_at = greatest(clock_timestamp(), now() + make_interval(secs => ${seconds})),
+      paused_until = greatest(coalesce(w.paused_until, now()), now() + make_interval(secs => ${seconds})),
+      pause_reason = ${reason}, updated_at = now(),
+      rate_per_minute = coalesce(d.rate, w.rate_per_minute),
+      burst = case when d.rate is null then w.burst else greatest(1, w.configured_burst * d.rate / w.configured_rate_per_minute) end,
+      pace_reason = case when d.rate is null then w.pace_reason else 'RATE_LIMITED' end,
+      paced_at = case when d.rate is null then w.paced_at else now() end
+    from (select case when ${pace.decrease}::float8 < 1 and x.rate_per_minute is not null and x.configured_rate_per_minute > 0
+                        and x.configured_burst is not null and (x.paused_until is null or x.paused_until <= now())
+                   then least(x.rate_per_minute, greatest(x.configured_rate_per_minute * ${pace.floor}::float8, x.rate_per_minute * ${pace.decrease}::float8))
+                 end as rate
+          from windows x where x.name = ${window}) d
+    where w.name = ${window}`;
 }
 
 /** An unusable key (401/403): its window stops until an admin resumes it; other windows carry on. */
@@ -34,18 +58,81 @@ export async function resumeKeyStoppedWindows(sql: Tx, window: string | null): P
     where w.name = l.name`;
 }
 
-export async function upsertWindows(sql: Tx, specs: readonly WindowSpec[]): Promise<void> {
+/**
+ * The windows from configuration, at start. The configured rate and burst are written as they are;
+ * the rate leases refill by is the configured one, except that a learned rate (`learning`) is kept
+ * while the configuration is unchanged (another node starting, a restart: the provider's window is
+ * what it was).
+ */
+export async function upsertWindows(sql: Tx, specs: readonly WindowSpec[], learning = false): Promise<void> {
   for (const w of specs) {
+    // Kept: a learned rate below the configured one, under the same configuration.
+    const kept = sql`(${learning}::boolean and windows.rate_per_minute is not null and excluded.rate_per_minute is not null
+      and windows.configured_rate_per_minute is not distinct from excluded.configured_rate_per_minute
+      and windows.configured_burst is not distinct from excluded.configured_burst
+      and windows.rate_per_minute < excluded.rate_per_minute)`;
     await sql`
-      insert into windows (name, rate_per_minute, burst, tokens)
-      values (${w.name}, ${w.pacedPerMinute}, ${w.burst}, ${w.burst})
-      on conflict (name) do update set rate_per_minute = excluded.rate_per_minute, burst = excluded.burst,
-        tokens = least(windows.tokens, excluded.burst), updated_at = now()`;
+      insert into windows (name, rate_per_minute, burst, tokens, configured_rate_per_minute, configured_burst)
+      values (${w.name}, ${w.pacedPerMinute}, ${w.burst}, ${w.burst}, ${w.pacedPerMinute}, ${w.burst})
+      on conflict (name) do update set
+        rate_per_minute = case when ${kept} then windows.rate_per_minute else excluded.rate_per_minute end,
+        burst = case when ${kept} then windows.burst else excluded.burst end,
+        tokens = least(windows.tokens, case when ${kept} then windows.burst else excluded.burst end),
+        pace_reason = case when ${kept} then windows.pace_reason end,
+        paced_at = case when ${kept} then windows.paced_at end,
+        observed_limit_per_minute = case when ${kept} then windows.observed_limit_per_minute end,
+        configured_rate_per_minute = excluded.configured_rate_per_minute, configured_burst = excluded.configured_burst,
+        updated_at = now()`;
   }
+}
+
+/** One pace change a node decided (learned-pace.ts planPace): the new rate and its burst. */
+export interface PaceChange {
+  rate: number;
+  burst: number;
+  reason: 'LIMIT' | 'DRAIN' | 'CLIMB';
+  /** The stated window it was decided on, or null. */
+  observedLimit: number | null;
+}
+
+/**
+ * Applies a pace change, one conditional statement. The bucket first refills at the old rate up
+ * to now (so the new rate counts only from now); a lowering keeps the seconds' worth it holds
+ * (tokens × new / old: the configured burst the first answers found too big is not spent at the
+ * learned rate), and it is capped at the new burst; a paused bucket
+ * (refilled_at ahead) keeps its pause. A lowering applies only where the rate is higher (nodes
+ * deciding the same drop at once change it once; the lowest wins); an increase only where the
+ * rate is still the one it was decided from (`from`), so two nodes never add two steps for one.
+ * Returns whether the row changed.
+ */
+export async function changePace(sql: Tx, window: string, change: PaceChange, from: number | null): Promise<boolean> {
+  const rows = await sql`
+    update windows set
+      tokens = least(${change.burst}::float8, least(1, ${change.rate}::float8 / rate_per_minute) * case when refilled_at >= clock_timestamp() then tokens
+        else least(burst, tokens + extract(epoch from (clock_timestamp() - refilled_at)) * rate_per_minute / 60.0) end),
+      refilled_at = greatest(refilled_at, clock_timestamp()),
+      rate_per_minute = ${change.rate}::float8, burst = ${change.burst}::float8,
+      observed_limit_per_minute = coalesce(${change.observedLimit}::float8, observed_limit_per_minute),
+      pace_reason = ${change.reason}, paced_at = now(), updated_at = now()
+    where name = ${window} and rate_per_minute is not null
+      and ${from === null ? sql`rate_per_minute > ${change.rate}::float8` : sql`rate_per_minute = ${from}::float8`}
+    returning name`;
+  return rows.length > 0;
+}
+
+/** Records the provider's stated window when it changed, without a pace change (visibility only). */
+export async function recordObservedLimit(sql: Tx, window: string, limit: number): Promise<void> {
+  await sql`update windows set observed_limit_per_minute = ${limit}::float8 where name = ${window} and observed_limit_per_minute is distinct from ${limit}::float8`;
 }
 
 export interface WindowRow extends BucketState {
   name: string;
+  /** Configured paced rate (limit × PACE_FRACTION) and burst; ratePerMinute and burst are what leases use now. */
+  configuredRatePerMinute: number | null;
+  configuredBurst: number | null;
+  observedLimitPerMinute: number | null;
+  paceReason: string | null;
+  pacedAt: number | null;
   inFlight: number;
   poolSize: number;
   pauseReason: string | null;
@@ -69,6 +156,11 @@ export async function readWindows(sql: Tx, names?: readonly string[]): Promise<W
     name: r.name as string,
     ratePerMinute: r.rate_per_minute as number | null,
     burst: r.burst as number,
+    configuredRatePerMinute: r.configured_rate_per_minute as number | null,
+    configuredBurst: r.configured_burst as number | null,
+    observedLimitPerMinute: r.observed_limit_per_minute as number | null,
+    paceReason: r.pace_reason as string | null,
+    pacedAt: r.paced_at ? (r.paced_at as Date).getTime() : null,
     tokens: r.tokens as number,
     refilledAt: (r.refilled_at as Date).getTime(),
     pausedUntil: r.paused_until ? (r.paused_until as Date).getTime() : null,

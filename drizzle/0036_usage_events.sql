@@ -1,0 +1,2 @@
+ALTER TABLE "reservations" ADD COLUMN "expiry_billed" integer;--> statement-breakpoint
+CREATE INDEX "reservations_reconciled_idx" ON "reservations" USING btree ("reconciled_at","id") WHERE "reservations"."reconciled_at" is not null;

@@ -1,0 +1,115 @@
+/**
+ * The learned pace over real HTTP against the simulator: Sluice is configured at twice the key's
+ * real window. The provider's answers state the real window, so the shared rate comes down to
+ * it × PACE_FRACTION and the 429s stop; when the real window grows past the configuration the rate
+ * climbs back step by step and never above the configured rate. `system { windows }` and
+ * /metrics show both rates.
+ */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import postgres from 'postgres';
+import { startSimulator, type Simulator } from '../src/simulator/index.ts';
+import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
+
+const WINDOWS = `{ system { windows { name ratePerMinute configuredRatePerMinute observedLimitPerMinute paceReason pacedAt burst } } }`;
+
+describe('a pace learned from the provider', () => {
+  let sim: Simulator;
+  let t: TestApp;
+  let sql: postgres.Sql;
+  let tenant: { id: string; apiKey: string };
+
+  const primary = async () => {
+    const r = await t.gql(WINDOWS);
+    return r.body.data.system.windows.find((w: any) => w.name === 'primary');
+  };
+  const rateLimited = () => sim.stats().keys[sim.apiKey]!.rateLimited;
+  const succeeded = async () => (await sql`select count(*)::int as n from jobs where state = 'SUCCEEDED'`)[0]!.n as number;
+
+  before(async () => {
+    // The key really allows 1,200/min (burst 60, cooldown 2 s); Sluice is told 2,400/min.
+    sim = await startSimulator({ plan: 'PRO', ratePerMinute: 1200, cooldownSeconds: 2, latencyMs: 20, latencyP95Ms: 20, seed: 7, concurrentCalls: 50 });
+    t = await startTestApp({
+      APIVERVE_API_KEY: sim.apiKey,
+      APIVERVE_BASE_URL: sim.url,
+      APIVERVE_RATE_PER_MINUTE: '2400',
+      APIVERVE_CONCURRENT_CALLS: '50',
+      BATCH_MAX: '1',
+      INITIAL_LATENCY_MS: '20',
+      PACE_SAMPLE_MS: '200',
+      PACE_STEP_MS: '500',
+    });
+    sql = postgres(t.databaseUrl, { max: 2, onnotice: () => {} });
+    tenant = await t.createTenant('importer', 'ENTERPRISE');
+  });
+  after(async () => {
+    await sql.end();
+    await t.stop();
+    await sim.stop();
+  });
+
+  const submit = async (n: number, tag: string) => {
+    for (let i = 0; i < n; i += 500) {
+      const jobs = Array.from({ length: Math.min(500, n - i) }, (_, k) => ({ api: 'dnslookup', params: { domain: `${tag}${i + k}.example` } }));
+      const r = await t.gql(`mutation($i: SubmitJobsInput!) { submitJobs(input: $i) { jobs { id } } }`, { i: { jobs } }, tenant.apiKey);
+      assert.ok(r.body.data, JSON.stringify(r.body.errors));
+    }
+  };
+
+  test('configured at twice the real window: the learned rate comes down to it × PACE_FRACTION and the 429s stop', async () => {
+    const start = await primary();
+    assert.equal(start.configuredRatePerMinute, 2160, 'configured: 2,400 × 0.9');
+    await submit(1500, 'a');
+
+    const lowered = await eventually(async () => {
+      const w = await primary();
+      return w.ratePerMinute <= 1080 + 1e-6 ? w : null;
+    }, 30_000, 50);
+    assert.equal(lowered.configuredRatePerMinute, 2160, 'the configuration is unchanged');
+    assert.equal(lowered.observedLimitPerMinute, 1200, "the provider's stated window");
+    assert.ok(['LIMIT', 'RATE_LIMITED'].includes(lowered.paceReason), `lowered for the stated window or a 429 (got ${lowered.paceReason})`);
+    assert.ok(lowered.burst <= 60, `the burst scales with the rate (${lowered.burst})`);
+
+    // Past any pause the first calls caused, the next 300 calls get no 429.
+    await eventually(async () => {
+      const w = await t.gql(`{ system { windows { name pausedUntil } } }`);
+      return w.body.data.system.windows.every((x: any) => x.pausedUntil === null) ? true : null;
+    }, 30_000, 50);
+    const before429 = rateLimited();
+    const done = await succeeded();
+    await eventually(async () => ((await succeeded()) >= done + 300 ? true : null), 60_000, 100);
+    assert.equal(rateLimited() - before429, 0, 'no 429 once the pace is learned');
+    const w = await primary();
+    assert.ok(w.ratePerMinute <= 1080 + 1e-6, `the rate stays at the real window × 0.9 (${w.ratePerMinute})`);
+
+    const metrics = await (await fetch(t.url.replace(/\/graphql$/, '/metrics'))).text();
+    assert.match(metrics, /sluice_window_configured_rate_per_minute\{window="primary"\} 2160/);
+    const learned = /sluice_window_rate_per_minute\{window="primary"\} ([\d.]+)/.exec(metrics);
+    assert.ok(learned && Number(learned[1]) <= 1080 + 1e-6, `the learned rate in /metrics (${learned?.[1]})`);
+  });
+
+  test('the real window raised past the configuration: the rate climbs back step by step, never above it', async () => {
+    const from = (await primary()).ratePerMinute as number;
+    // The first test's backlog is still draining: its answers carry the new window from now on.
+    assert.ok((await sql`select count(*)::int as n from jobs where state = 'QUEUED'`)[0]!.n > 600, 'a backlog to climb on');
+    sim.setConditions({ ratePerMinute: 6000 });
+    const seen: number[] = [];
+    const back = await eventually(async () => {
+      const w = await primary();
+      seen.push(w.ratePerMinute);
+      return w.ratePerMinute >= 2160 - 1e-6 ? w : null;
+    }, 60_000, 25);
+    assert.equal(back.paceReason, 'CLIMB');
+    assert.equal(back.observedLimitPerMinute, 6000);
+    assert.ok(seen.every((r) => r <= 2160 + 1e-6), `never above the configured rate (max ${Math.max(...seen)})`);
+    // Additive increase: one step (PACE_STEP 0.05 × 2,160 = 108/min) per 500 ms at most, so the climb shows in between.
+    const between = new Set(seen.filter((r) => r > from + 1e-6 && r < 2160 - 1e-6));
+    assert.ok(between.size >= 2, `the climb goes by steps (saw ${[...new Set(seen)].join(', ')})`);
+    for (const r of between) {
+      const steps = (r - from) / 108;
+      assert.ok(Math.abs(steps - Math.round(steps)) < 1e-6, `each rate is a whole number of steps above ${from} (${r})`);
+    }
+    await new Promise((r) => setTimeout(r, 1000));
+    assert.equal((await primary()).ratePerMinute, 2160, 'it stays at the configured rate');
+  });
+});
