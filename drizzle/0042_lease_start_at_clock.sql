@@ -8,9 +8,10 @@
 --
 -- Each turn: the eligible ready queue with the smallest virtual time (ties by tenant id) in the
 -- first class of p_classes (the dispatcher's class order, starving classes first) that has one;
--- its tenant's row locked (waited for only while the call holds no tenant row; after that SKIP
--- LOCKED, and a front tenant held by someone else ends the call rather than be overtaken); a take
--- bounded by the quantum to the next queue, the tenant's free cap, the window's tokens and room,
+-- its tenant's row locked (waited for only while the call holds no tenant row, and a queue that
+-- became ready during that wait bounds the turn too; after that SKIP LOCKED, and a front tenant
+-- held by someone else ends the call rather than be overtaken); a take bounded by the quantum to
+-- the next queue, the tenant's free cap, the window's tokens and room,
 -- p_lease_max (or a batch turn: up to a batch's worth of the head job's API, BATCH_QUANTUM x
 -- weight, and the quantum too: a pause's tokens are not the front tenant's); the jobs fetched
 -- from pg-boss exactly as its fetch does (same order, SKIP LOCKED, same activation); the quota
@@ -139,6 +140,9 @@ DECLARE
   fetched int;
   batch_fetch boolean;
   holding boolean := false;
+  -- The first tenant row's wait (its start), and the next queue's start tag read after it.
+  waited_at timestamptz;
+  n_now float8;
   pending int;
   -- A class's clock after this call: where its lagging queues are lifted to.
   lift_to float8;
@@ -333,6 +337,7 @@ BEGIN
         CONTINUE;
       END IF;
     ELSE
+      waited_at := clock_timestamp();
       SELECT st.* INTO t FROM sched_tenants st
         WHERE st.tenant_id = q.tenant_id AND st.in_flight + coalesce(tn_add[tn_i], 0) < st.cap AND NOT st.quota_blocked AND NOT st.suspended
         FOR UPDATE;
@@ -341,6 +346,18 @@ BEGIN
         CONTINUE;
       END IF;
       holding := true;
+      -- Waited for it (a settlement held the row): the pick stands, but the walk that bounded its
+      -- turn is older than the wait, and a queue that became ready meanwhile bounds it too (else a
+      -- queue picked as alone in its class took a whole batch quantum ahead of tenants already
+      -- answered). Only the first row is waited for, so this runs at most once per call.
+      IF clock_timestamp() - waited_at > interval '1 millisecond' THEN
+        SELECT greatest(sq.vtime, clk0[q_ci]) INTO n_now FROM sched_queues sq
+          WHERE sq.class = c AND sq.ready_at IS NOT NULL AND sq.ready_at <= now() AND sq.tenant_id <> q.tenant_id
+            AND coalesce((SELECT st.in_flight < st.cap AND NOT st.quota_blocked AND NOT st.suspended AND st.weight > 0
+                FROM sched_tenants st WHERE st.tenant_id = sq.tenant_id), false)
+          ORDER BY sq.class, sq.vtime, sq.tenant_id LIMIT 1;
+        IF FOUND AND (n_vtime IS NULL OR n_now < n_vtime) THEN n_vtime := n_now; END IF;
+      END IF;
     END IF;
     sv_i := array_position(sv_key, qkey);
     -- The queue's row, never waited for: held by another transaction (a submission's depth
