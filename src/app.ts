@@ -53,6 +53,9 @@ import { parseClassWindows, planWindows } from './scheduler/windows.ts';
 import { parseClassNumbers, parseClassSeconds } from './config/classes.ts';
 import { WindowHistory } from './visibility/history.ts';
 
+/** Sweeper rounds the RUNNING fold may step aside for leases before it folds regardless. */
+const FOLD_FORCE_AFTER = 5;
+
 export interface SluiceApp {
   /** http://host:port/graphql when this process serves the API. */
   url: string | null;
@@ -399,6 +402,8 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         log,
       });
       const reconciler = new Reconciler({ boss, intervalMs: env.RECONCILE_INTERVAL_SECONDS * 1000, log });
+      // Rounds in a row whose RUNNING fold stepped aside for a lease (sluice_fold_running).
+      let foldsSteppedAside = 0;
       const sweeper = new Sweeper({
         sql,
         boss,
@@ -418,7 +423,9 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
           await publishBreakers(sql, breakers.states().map((b) => ({ ...b, retryAt: b.state === 'OPEN' ? new Date(breakers.retryAt(b.api) ?? Date.now()) : null })));
           const status = client.lastStatus();
           if (status) await publishProviderStatus(sql, status);
-          await foldRunning(sql);
+          // The fold steps aside while a lease runs (a queue row it held made the lease pass that
+          // queue over); after FOLD_FORCE_AFTER rounds in a row it folds all the same.
+          foldsSteppedAside = (await foldRunning(sql, foldsSteppedAside >= FOLD_FORCE_AFTER)) === null ? foldsSteppedAside + 1 : 0;
           await retention.maybeRun();
         },
         desiredAlerts: async (tx) => {

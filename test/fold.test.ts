@@ -56,3 +56,29 @@ test('a fold skips a queue row another transaction holds, folds the rest, and fo
   const [none] = await sql`select count(*)::int as n from sched_running_deltas`;
   assert.equal(none!.n, 0);
 });
+
+test('a fold steps aside while a lease runs on any window (its queue rows would be passed over), and folds when forced', async () => {
+  const [a] = ids as [string, string];
+  const before = await running(a);
+  await sql`insert into sched_running_deltas (tenant_id, class, n) values (${a}, 'STANDARD', 4)`;
+  const [w] = await sql`select name from windows order by name limit 1`;
+  const lease = await sql.reserve();
+  try {
+    // What sluice_lease holds while it runs: its window's try-lock.
+    await lease`begin`;
+    const [got] = await lease`select pg_try_advisory_xact_lock(hashtext('sluice_lease'), hashtext(${w!.name})) as ok`;
+    assert.equal(got!.ok, true);
+    const [aside] = await sql`select sluice_fold_running() as n`;
+    assert.equal(aside!.n, -1, 'stepped aside');
+    assert.equal(await running(a), before, 'nothing folded');
+    const [forced] = await sql`select sluice_fold_running(true) as n`;
+    assert.equal(forced!.n, 1, 'forced: folds with the lease running');
+    assert.equal(await running(a), before + 4);
+    await lease`commit`;
+  } finally {
+    lease.release();
+  }
+  // The lease ended: an unforced fold runs again (nothing left to fold).
+  const [free] = await sql`select sluice_fold_running() as n`;
+  assert.equal(free!.n, 0);
+});

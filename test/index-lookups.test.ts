@@ -63,7 +63,7 @@ test('submission, lease, settlement and fold look their rows up by key', async (
   const settlePlans = plans;
 
   plans = [];
-  assert.ok((await foldRunning(sql)) > 0, 'the fold had deltas to fold');
+  assert.ok(((await foldRunning(sql)) ?? 0) > 0, 'the fold had deltas to fold (no lease runs here, so it does not step aside)');
   const foldPlans = plans;
 
   const [done] = await sql`select count(*)::int as n from jobs where state = 'SUCCEEDED'`;

@@ -94,11 +94,13 @@ export async function tenantsQueues(sql: Tx, tenantIds: readonly string[]): Prom
 
 /**
  * Folds the RUNNING deltas the job triggers appended into sched_queues.running
- * (drizzle/functions/sluice_fold_running.sql; the sweeper calls it every round). Returns the deltas folded.
+ * (drizzle/functions/sluice_fold_running.sql; the sweeper calls it every round). Returns the deltas
+ * folded, or null when it stepped aside for a lease running on some window (`force` folds anyway).
  */
-export async function foldRunning(sql: Tx): Promise<number> {
-  const [r] = await sql`select sluice_fold_running() as n`;
-  return (r?.n as number) ?? 0;
+export async function foldRunning(sql: Tx, force = false): Promise<number | null> {
+  const [r] = await sql`select sluice_fold_running(${force}) as n`;
+  const n = (r?.n as number) ?? 0;
+  return n < 0 ? null : n;
 }
 
 /** Per tenant and class: waiting and running (only for METRICS_TENANT_LABELS). */
