@@ -5,8 +5,9 @@
 --
 -- Each turn: the eligible ready queue with the smallest virtual time (ties by tenant id) in the
 -- first class of p_classes (the dispatcher's class order, starving classes first) that has one;
--- its tenant's row locked (waited for only while the call holds no tenant row, and a queue that
--- became ready during that wait bounds the turn too; after that SKIP LOCKED, and a front tenant
+-- its tenant's row locked (waited for only while the call holds no tenant row, and after a wait,
+-- or for a queue alone in its class in a paced window, a queue ready by the clock bounds the turn
+-- too; after that SKIP LOCKED, and a front tenant
 -- held by someone else ends the call rather than be overtaken); a take bounded by the quantum to
 -- the next queue, the tenant's free cap, the window's tokens and room,
 -- p_lease_max (or a batch turn: up to a batch's worth of the head job's API, BATCH_QUANTUM x
@@ -343,13 +344,15 @@ BEGIN
         CONTINUE;
       END IF;
       holding := true;
-      -- Waited for it (a settlement held the row): the pick stands, but the walk that bounded its
-      -- turn is older than the wait, and a queue that became ready meanwhile bounds it too (else a
-      -- queue picked as alone in its class took a whole batch quantum ahead of tenants already
-      -- answered). Only the first row is waited for, so this runs at most once per call.
-      IF clock_timestamp() - waited_at > interval '1 millisecond' THEN
+      -- Waited for it (a settlement held the row), or picked as alone in its class in a paced
+      -- window: the pick stands, but the walk that bounded its turn saw only queues ready by the
+      -- call's start, and one whose submission committed since bounds the turn too (else the lone
+      -- queue took a whole batch quantum, 20 x its weight, ahead of a tenant already answered).
+      -- Ready by the clock, not by now(): its jobs may not be fetchable in this call (pg-boss
+      -- fetches by now()), but it is waiting. Only the first row is waited for: at most once a call.
+      IF clock_timestamp() - waited_at > interval '1 millisecond' OR (n_vtime IS NULL AND now_tokens IS NOT NULL) THEN
         SELECT greatest(sq.vtime, clk0[q_ci]) INTO n_now FROM sched_queues sq
-          WHERE sq.class = c AND sq.ready_at IS NOT NULL AND sq.ready_at <= now() AND sq.tenant_id <> q.tenant_id
+          WHERE sq.class = c AND sq.ready_at IS NOT NULL AND sq.ready_at <= clock_timestamp() AND sq.tenant_id <> q.tenant_id
             AND coalesce((SELECT st.in_flight < st.cap AND NOT st.quota_blocked AND NOT st.suspended AND st.weight > 0
                 FROM sched_tenants st WHERE st.tenant_id = sq.tenant_id), false)
           ORDER BY sq.class, sq.vtime, sq.tenant_id LIMIT 1;
