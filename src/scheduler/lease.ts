@@ -10,7 +10,10 @@
  * for a queue's row, and a queue whose row another transaction holds (a
  * submission's depth trigger) sits out the call, as if skipped before its
  * first turn; and a queue that becomes ready while the call runs waits for
- * the next call. test/lease-queue-locks.test.ts covers the first.
+ * the next call, though it bounds the turn of a queue picked as alone in a
+ * paced window, or picked before the call waited for its first tenant row
+ * (the SQL reads the next queue's start tag again, ready by the clock).
+ * test/lease-queue-locks.test.ts covers the first.
  *
  * One turn at a time, until the call's job budget, the window's room (pool
  * slots) or its tokens run out, or no queue is eligible:
