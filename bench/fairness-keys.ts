@@ -10,13 +10,13 @@
  * the big backlog). Each phase on a fresh database and a fresh Sluice process, in one run.
  */
 import postgres from 'postgres';
-import { startSimulator, type Simulator } from '../src/simulator/index.ts';
+import type { Simulator } from '../src/simulator/index.ts';
 import type { FlagReader } from './lib/args.ts';
 import { createTenant, gqlRaw, submitBody, type JobSpec } from './lib/gql.ts';
 import { progress } from './lib/log.ts';
 import { cpuMeter } from './lib/machine.ts';
 import { freshDatabase, type BenchPostgres } from './lib/pg.ts';
-import { ADMIN_TOKEN, parseEnvFlag, startSluiceFor } from './lib/sluice.ts';
+import { ADMIN_TOKEN, parseEnvFlag, startPacedProvider, startSluiceFor } from './lib/sluice.ts';
 import { check, round, sleep, type Check } from './lib/stats.ts';
 
 export const description = "a small key's 20 jobs behind a big key's 900 in one tenant, paced 60/s: time to the 20th done, with fairness keys and without (FIFO)";
@@ -40,20 +40,10 @@ async function phase(pg: BenchPostgres, o: Options, keys: boolean) {
   let sluice: Awaited<ReturnType<typeof startSluiceFor>> | null = null;
   const sql = postgres(db.url, { max: 2, onnotice: () => {} });
   try {
-    sim = await startSimulator({ plan: 'PRO', ratePerMinute: o.ratePerMinute, concurrentCalls: 500, latencyMs: o.latencyMs, latencyP95Ms: o.latencyMs * 3, seed: 3, credits: 100_000_000, maxCredits: 100_000_000 });
-    sluice = await startSluiceFor(
-      {
-        DATABASE_URL: db.url,
-        APIVERVE_API_KEY: sim.apiKey,
-        APIVERVE_BASE_URL: sim.url,
-        APIVERVE_PLAN: 'PRO',
-        APIVERVE_RATE_PER_MINUTE: String(o.ratePerMinute),
-        APIVERVE_CONCURRENT_CALLS: '500',
-        PACE_FRACTION: String(o.paceFraction),
-        ...o.extraEnv,
-      },
-      o.sluiceMode,
-    );
+    const rig = await startPacedProvider({ databaseUrl: db.url, ratePerMinute: o.ratePerMinute, paceFraction: o.paceFraction, latencyMs: o.latencyMs, latencyP95Ms: o.latencyMs * 3, seed: 3, extraEnv: o.extraEnv });
+    sim = rig.sim;
+    const env = rig.env;
+    sluice = await startSluiceFor(env, o.sluiceMode);
     const url = sluice.url!;
     const t = await createTenant(url, ADMIN_TOKEN, `platform-${label}`, { weight: 1, concurrencyCap: 500, monthlyQuota: 1_000_000_000, queueBound: 1_000_000 });
     const jobs = (tag: string, n: number, key: string): JobSpec[] =>

@@ -14,12 +14,12 @@
  *               reservation is lent, nothing held back: utilisation >= 0.97).
  */
 import postgres from 'postgres';
-import { startSimulator, type Simulator } from '../src/simulator/index.ts';
+import type { Simulator } from '../src/simulator/index.ts';
 import type { FlagReader } from './lib/args.ts';
 import { createTenant, gql, gqlRaw, submitBody, type JobSpec } from './lib/gql.ts';
 import { progress } from './lib/log.ts';
 import { freshDatabase, type BenchPostgres } from './lib/pg.ts';
-import { ADMIN_TOKEN, parseEnvFlag, startSluiceFor } from './lib/sluice.ts';
+import { ADMIN_TOKEN, parseEnvFlag, startPacedProvider, startSluiceFor } from './lib/sluice.ts';
 import { check, round, sleep, type Check } from './lib/stats.ts';
 
 export const description = 'one tenant reserving 0.3 among 50 equal tenants, paced 60/s: its share of dispatches while backlogged (>= 0.3), the others\' rate while it is idle (>= 0.97 of the pace)';
@@ -42,26 +42,9 @@ export async function run(pg: BenchPostgres, flags: FlagReader): Promise<{ summa
   let sluice: Awaited<ReturnType<typeof startSluiceFor>> | null = null;
   const sql = postgres(db.url, { max: 2, onnotice: () => {} });
   try {
-    sim = await startSimulator({
-      plan: 'PRO',
-      ratePerMinute: o.ratePerMinute,
-      concurrentCalls: 500,
-      latencyMs: o.latencyMs,
-      latencyP95Ms: o.latencyMs * 3,
-      seed: 30,
-      credits: 100_000_000,
-      maxCredits: 100_000_000,
-    });
-    const env = {
-      DATABASE_URL: db.url,
-      APIVERVE_API_KEY: sim.apiKey,
-      APIVERVE_BASE_URL: sim.url,
-      APIVERVE_PLAN: 'PRO',
-      APIVERVE_RATE_PER_MINUTE: String(o.ratePerMinute),
-      APIVERVE_CONCURRENT_CALLS: '500',
-      PACE_FRACTION: String(o.paceFraction),
-      ...o.extraEnv,
-    };
+    const rig = await startPacedProvider({ databaseUrl: db.url, ratePerMinute: o.ratePerMinute, paceFraction: o.paceFraction, latencyMs: o.latencyMs, latencyP95Ms: o.latencyMs * 3, seed: 30, extraEnv: o.extraEnv });
+    sim = rig.sim;
+    const env = rig.env;
     // The backlogs go in through an API-only process; the dispatcher starts once they are all in,
     // so every tenant is backlogged from the first lease (the question is the share, not arrivals).
     sluice = await startSluiceFor({ ...env, SLUICE_ROLE: 'api' }, o.mode);

@@ -20,14 +20,14 @@ import postgres from 'postgres';
 import { mulberry32, sampleLatencyMs } from '../../src/simulator/random.ts';
 import { defaultBurst, pacedRate } from '../../src/scheduler/pacer.ts';
 import { readWindows } from '../../src/scheduler/sql/windows.ts';
-import { startSimulator, type Simulator } from '../../src/simulator/index.ts';
+import type { Simulator } from '../../src/simulator/index.ts';
 import { createTenant, gql, gqlRaw, submitBody, type JobSpec } from './gql.ts';
 import { progress } from './log.ts';
 import { sampleActivity } from './activity.ts';
 import { cpuMeter } from './machine.ts';
 import type { BenchPostgres } from './pg.ts';
 import { freshDatabase } from './pg.ts';
-import { ADMIN_TOKEN, startSluiceFor } from './sluice.ts';
+import { ADMIN_TOKEN, startPacedProvider, startSluiceFor } from './sluice.ts';
 import { check, median, percentile, round, sleep, type Check } from './stats.ts';
 
 export type Tag = string;
@@ -130,29 +130,20 @@ export async function runScenario(pg: BenchPostgres, cfg: ScenarioConfig): Promi
   let sluice: Awaited<ReturnType<typeof startSluiceFor>> | null = null;
   const sql = postgres(db.url, { max: 3, onnotice: () => {} });
   try {
-    sim = await startSimulator({
-      plan: 'PRO',
+    const rig = await startPacedProvider({
+      databaseUrl: db.url,
       ratePerMinute: cfg.ratePerMinute,
-      concurrentCalls: cfg.concurrentCalls,
+      paceFraction: cfg.paceFraction,
       latencyMs: cfg.latencyMs,
       latencyP95Ms: cfg.latencyP95Ms,
       seed: cfg.seed,
-      credits: 100_000_000,
-      maxCredits: 100_000_000,
-    });
-    const env = {
-      DATABASE_URL: db.url,
-      APIVERVE_API_KEY: sim.apiKey,
-      APIVERVE_BASE_URL: sim.url,
-      APIVERVE_PLAN: 'PRO',
-      APIVERVE_RATE_PER_MINUTE: String(cfg.ratePerMinute),
-      APIVERVE_CONCURRENT_CALLS: String(cfg.concurrentCalls),
-      PACE_FRACTION: String(cfg.paceFraction),
+      concurrentCalls: cfg.concurrentCalls,
       // The harness polls as the late tenant every round (its jobs page is priced at 50+ points);
       // that observer is not the traffic under test, so the front door's budget stays out of it.
-      REQUEST_BUDGET_ENABLED: 'false',
-      ...cfg.extraEnv,
-    };
+      extraEnv: { REQUEST_BUDGET_ENABLED: 'false', ...cfg.extraEnv },
+    });
+    sim = rig.sim;
+    const env = rig.env;
     sluice = await startSluiceFor(env, cfg.sluiceMode);
     const url = sluice.url!;
     progress(`[${cfg.label}] Sluice (${sluice.mode}, pid ${sluice.pid}) at ${url}; simulator at ${sim.url}, ${cfg.ratePerMinute}/min, latency median ${cfg.latencyMs} ms p95 ${cfg.latencyP95Ms} ms`);

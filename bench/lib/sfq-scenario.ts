@@ -17,13 +17,13 @@
  */
 import { writeFileSync } from 'node:fs';
 import postgres from 'postgres';
-import { startSimulator, type Simulator } from '../../src/simulator/index.ts';
+import type { Simulator } from '../../src/simulator/index.ts';
 import { sfqLag, type BackloggedTenant, type ServedJobs, type SfqLagReport } from '../../src/scheduler/sfq-lag.ts';
 import { createTenant, gqlRaw, submitBody, type JobSpec } from './gql.ts';
 import { progress } from './log.ts';
 import { cpuMeter } from './machine.ts';
 import { freshDatabase, type BenchPostgres } from './pg.ts';
-import { ADMIN_TOKEN, startSluiceFor } from './sluice.ts';
+import { ADMIN_TOKEN, startPacedProvider, startSluiceFor } from './sluice.ts';
 import { check, round, sleep, type Check } from './stats.ts';
 
 interface Plan {
@@ -85,29 +85,10 @@ export async function runSfq(pg: BenchPostgres, o: SfqOptions): Promise<{ result
   let sluice: Awaited<ReturnType<typeof startSluiceFor>> | null = null;
   const sql = postgres(db.url, { max: 2, onnotice: () => {} });
   try {
-    sim = await startSimulator({
-      plan: 'PRO',
-      ratePerMinute: o.ratePerMinute,
-      concurrentCalls: 500,
-      latencyMs: o.latencyMs,
-      latencyP95Ms: o.latencyMs * 3,
-      seed: o.seed,
-      credits: 100_000_000,
-      maxCredits: 100_000_000,
-    });
-    sluice = await startSluiceFor(
-      {
-        DATABASE_URL: db.url,
-        APIVERVE_API_KEY: sim.apiKey,
-        APIVERVE_BASE_URL: sim.url,
-        APIVERVE_PLAN: 'PRO',
-        APIVERVE_RATE_PER_MINUTE: String(o.ratePerMinute),
-        APIVERVE_CONCURRENT_CALLS: '500',
-        PACE_FRACTION: String(o.paceFraction),
-        ...o.extraEnv,
-      },
-      o.sluiceMode,
-    );
+    const rig = await startPacedProvider({ databaseUrl: db.url, ratePerMinute: o.ratePerMinute, paceFraction: o.paceFraction, latencyMs: o.latencyMs, latencyP95Ms: o.latencyMs * 3, seed: o.seed, extraEnv: o.extraEnv });
+    sim = rig.sim;
+    const env = rig.env;
+    sluice = await startSluiceFor(env, o.sluiceMode);
     const url = sluice.url!;
     const tenants = new Map<string, { id: string; key: string; plan: Plan }>();
     for (const p of PLANS) {

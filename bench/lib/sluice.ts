@@ -10,8 +10,51 @@ import { fileURLToPath } from 'node:url';
 import { startSluice } from '../../src/app.ts';
 import { loadEnv } from '../../src/config/env.ts';
 import { pino } from 'pino';
+import { startSimulator, type Simulator } from '../../src/simulator/index.ts';
 
 export const ADMIN_TOKEN = 'slcadm_bench_admin_token_0123456789abcdef';
+
+export interface PacedProviderOptions {
+  databaseUrl: string;
+  ratePerMinute: number;
+  paceFraction: number;
+  latencyMs: number;
+  latencyP95Ms: number;
+  seed: number;
+  /** The plan's concurrent calls, on both sides (default 500: never the bound). */
+  concurrentCalls?: number;
+  /** Settings on top of the rig's (they win). */
+  extraEnv?: Record<string, string>;
+}
+
+/**
+ * The paced benches' provider: a simulated PRO account at `ratePerMinute` whose credits never run
+ * out, and the environment that points Sluice at it with the same limit and PACE_FRACTION.
+ */
+export async function startPacedProvider(o: PacedProviderOptions): Promise<{ sim: Simulator; env: Record<string, string> }> {
+  const concurrentCalls = o.concurrentCalls ?? 500;
+  const sim = await startSimulator({
+    plan: 'PRO',
+    ratePerMinute: o.ratePerMinute,
+    concurrentCalls,
+    latencyMs: o.latencyMs,
+    latencyP95Ms: o.latencyP95Ms,
+    seed: o.seed,
+    credits: 100_000_000,
+    maxCredits: 100_000_000,
+  });
+  const env = {
+    DATABASE_URL: o.databaseUrl,
+    APIVERVE_API_KEY: sim.apiKey,
+    APIVERVE_BASE_URL: sim.url,
+    APIVERVE_PLAN: 'PRO',
+    APIVERVE_RATE_PER_MINUTE: String(o.ratePerMinute),
+    APIVERVE_CONCURRENT_CALLS: String(concurrentCalls),
+    PACE_FRACTION: String(o.paceFraction),
+    ...o.extraEnv,
+  };
+  return { sim, env };
+}
 
 export interface SluiceHandle {
   url: string | null;
