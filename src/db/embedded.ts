@@ -16,8 +16,13 @@ export interface EmbeddedDatabase {
   url: string;
   /** URL of another database on the same server. */
   urlFor(database: string): string;
+  /** Its port (a restart on the same data folder and port finds its clients again). */
+  port: number;
   stop(): Promise<void>;
 }
+
+/** Starts on a free port picked this many times when the server exits while starting. */
+const START_ATTEMPTS = 3;
 
 const USER = 'sluice';
 const PASSWORD = 'sluice';
@@ -193,10 +198,9 @@ export async function startEmbeddedPostgres(
   if (running) {
     log(`reusing the embedded Postgres already running on port ${running.port} (pid ${running.pid})`);
     const u = urlFor(running.port);
-    return { url: u('postgres'), urlFor: u, stop: async () => {} };
+    return { url: u('postgres'), urlFor: u, port: running.port, stop: async () => {} };
   }
 
-  const port = opts.port ?? (await freePort());
   const asRoot = userInfo().uid === 0;
   const closed = asRoot ? closedAncestor(path.dirname(databaseDir), modeOf) : null;
   if (closed) {
@@ -211,28 +215,48 @@ export async function startEmbeddedPostgres(
     if (copied) log(`the Postgres binaries are not reachable by the \`postgres\` user where they are installed: using a copy in ${copied}`);
   }
   const EmbeddedPostgres = await loadEmbeddedPostgres();
-  const pg = new EmbeddedPostgres({
-    databaseDir,
-    port,
-    user: USER,
-    password: PASSWORD,
-    persistent: true,
-    // Postgres refuses to run as root; as root the package runs it as a `postgres` user it may create.
-    createPostgresUser: asRoot,
-    postgresFlags: ['-c', 'max_connections=200', '-c', 'listen_addresses=127.0.0.1'],
-    onLog: opts.serverLog ?? (() => {}),
-    onError: (e) => log(`embedded postgres: ${String(e)}`),
-  });
+  const server = (port: number) =>
+    new EmbeddedPostgres({
+      databaseDir,
+      port,
+      user: USER,
+      password: PASSWORD,
+      persistent: true,
+      // Postgres refuses to run as root; as root the package runs it as a `postgres` user it may create.
+      createPostgresUser: asRoot,
+      postgresFlags: ['-c', 'max_connections=200', '-c', 'listen_addresses=127.0.0.1'],
+      onLog: opts.serverLog ?? (() => {}),
+      onError: (e) => log(`embedded postgres: ${String(e)}`),
+    });
+  let port = opts.port ?? (await freePort());
+  let pg = server(port);
   if (!existsSync(path.join(databaseDir, 'PG_VERSION'))) {
     log(`initialising an embedded Postgres in ${databaseDir}`);
     await pg.initialise();
   }
-  await pg.start();
+  // The package rejects with nothing when the server exits while starting; the usual cause is a
+  // free port taken between freePort() and the server's bind (parallel tests). A port of our own
+  // choosing is picked again; a fixed one is the caller's to keep.
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await pg.start();
+      break;
+    } catch (err) {
+      if (err instanceof Error) throw err;
+      if (opts.port !== undefined || attempt >= START_ATTEMPTS) {
+        throw new Error(`the embedded Postgres in ${databaseDir} exited while starting on port ${port} (is the port in use?)`);
+      }
+      log(`the embedded Postgres exited while starting on port ${port}: trying another port`);
+      port = await freePort();
+      pg = server(port);
+    }
+  }
   startedServers.add(pg);
   const u = urlFor(port);
   return {
     url: u('postgres'),
     urlFor: u,
+    port,
     stop: async () => {
       startedServers.delete(pg);
       await pg.stop();
