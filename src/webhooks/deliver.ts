@@ -100,6 +100,9 @@ export class WebhookClient {
   private readonly https: https.Agent;
   private readonly lookup: LookupFunction;
   private readonly opts: DeliverOptions;
+  /** Attempts holding a socket (or about to get one): at most maxTotalSockets; the others wait here, in order. */
+  private active = 0;
+  private readonly waiting: Array<() => void> = [];
   constructor(opts: DeliverOptions) {
     this.opts = opts;
     this.lookup = checkedLookup(opts.allowPrivate);
@@ -154,32 +157,80 @@ export class WebhookClient {
     const payload = Buffer.from(body);
     const agent = secure ? this.https : this.http;
     const port = url.port ? Number(url.port) : secure ? 443 : 80;
-    this.makeRoom(agent, agent.getName({ host: literal, port }));
     const total = this.opts.timeoutMs;
     const connectMs = Math.min(this.opts.connectTimeoutMs, total);
     const headersMs = Math.min(this.opts.headersTimeoutMs, total);
     return new Promise<DeliveryResult>((resolve) => {
       let done = false;
-      let phase: NodeJS.Timeout | undefined;
+      let req: http.ClientRequest | null = null;
+      let holds = false;
       const finish = (r: DeliveryResult) => {
         if (done) return;
         done = true;
         clearTimeout(timer);
-        clearTimeout(phase);
+        // A turn is given back when its request has closed (its socket destroyed or back with the agent), not before.
+        if (!holds) this.waiting.splice(this.waiting.indexOf(start), 1);
         resolve(r);
       };
       const fail = (error: 'TIMEOUT' | 'CONNECTION_FAILED', message: string) => {
         finish({ kind: 'error', error, message });
-        req.destroy();
+        req?.destroy();
       };
+      // The whole exchange, waiting for a socket and the answer's body included.
+      const timer = setTimeout(() => fail('TIMEOUT', holds ? `the exchange did not end within ${total} ms` : `no socket free within ${total} ms (WEBHOOK_MAX_SOCKETS)`), total);
+      const start = () => {
+        holds = true;
+        this.makeRoom(agent, agent.getName({ host: literal, port }));
+        req = this.send(secure, url, agent, headers, payload, { connectMs, headersMs, total }, finish, fail);
+        req.once('close', () => this.release());
+      };
+      // The agent's own cap across hosts (maxTotalSockets) is only a backstop: a request it queues
+      // and that times out there can still be given a socket of its own. So at most maxTotalSockets
+      // attempts reach the agent; the others wait here, and one that times out waiting never does.
+      if (this.active < this.opts.maxTotalSockets) {
+        this.active++;
+        start();
+      } else {
+        this.waiting.push(start);
+      }
+    });
+  }
+
+  /** An attempt ended: its turn goes to the next one waiting. */
+  private release(): void {
+    const next = this.waiting.shift();
+    if (next) next();
+    else this.active--;
+  }
+
+  /** The request itself, with the connect and headers timeouts (post() holds the total one). */
+  private send(
+    secure: boolean,
+    url: URL,
+    agent: http.Agent,
+    headers: Record<string, string>,
+    payload: Buffer,
+    t: { connectMs: number; headersMs: number; total: number },
+    done: (r: DeliveryResult) => void,
+    failed: (error: 'TIMEOUT' | 'CONNECTION_FAILED', message: string) => void,
+  ): http.ClientRequest {
+    const { connectMs, headersMs } = t;
+    let phase: NodeJS.Timeout | undefined;
+    const finish = (r: DeliveryResult) => {
+      clearTimeout(phase);
+      done(r);
+    };
+    const fail = (error: 'TIMEOUT' | 'CONNECTION_FAILED', message: string) => {
+      clearTimeout(phase);
+      failed(error, message);
+    };
+    {
       const req = (secure ? https : http).request(url, {
         method: 'POST',
         agent,
         lookup: this.lookup,
         headers: { ...headers, 'content-type': 'application/json', 'content-length': String(payload.length), 'user-agent': 'Sluice-Webhooks/1' },
       });
-      // The whole exchange, the answer's body included.
-      const timer = setTimeout(() => fail('TIMEOUT', `the exchange did not end within ${total} ms`), total);
       const awaitHeaders = () => {
         clearTimeout(phase);
         phase = setTimeout(() => fail('TIMEOUT', `no answer within ${headersMs} ms of connecting`), headersMs);
@@ -212,6 +263,8 @@ export class WebhookClient {
         else finish({ kind: 'error', error: 'CONNECTION_FAILED', message: connectionErrorMessage(err) });
       });
       req.end(payload);
-    });
+      req.on('close', () => clearTimeout(phase));
+      return req;
+    }
   }
 }
