@@ -35,6 +35,8 @@ import { SubscriptionRegistry } from './events/subscriptions.ts';
 import { Retention } from './retention/retention.ts';
 import type { Worker } from 'node:worker_threads';
 import { WebhookThread } from './webhooks/sender-thread.ts';
+import { SecretBox } from './webhooks/secret-box.ts';
+import { webhookSecretKeys } from './webhooks/secret-keys.ts';
 import { GRAPHQL_PATH, createHttpServer } from './server.ts';
 import { startSimulator, type Simulator, type SimulatorOptions } from './simulator/index.ts';
 import { simulatorOptionsFromEnv } from './simulator/env.ts';
@@ -204,6 +206,8 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
 
     // 3. Shared services.
     const admin = await resolveAdminToken(sql, env.SLUICE_ADMIN_TOKEN);
+    // Webhook signing secrets are stored sealed: the keys, and the start's pass over older rows.
+    const webhookKeys = await webhookSecretKeys(sql, env, log);
     const bus = new EventBus({ maxBuffer: env.SUBSCRIPTION_BUFFER_MAX });
     // Job events feed GraphQL subscriptions only. A worker serves none, so it does not LISTEN for
     // them: every event would otherwise be sent to and parsed by every worker (bench dispatch: the
@@ -254,7 +258,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       lifecycle: { sql, boss, authChanged: (id) => apiKeys.invalidate(id) },
       agePromiseSeconds: parseClassNumbers(env.CLASS_AGE_PROMISE_SECONDS),
       ...(env.REQUEST_BUDGET_ENABLED ? { budget: new RequestBudget(sql, { refusalDelayMs: env.REQUEST_BUDGET_REFUSAL_DELAY_MS }) } : {}),
-      webhooks: { allowPrivate: env.WEBHOOK_ALLOW_PRIVATE, maxEndpoints: env.WEBHOOK_MAX_ENDPOINTS, secretOverlapSeconds: env.WEBHOOK_SECRET_OVERLAP_SECONDS },
+      webhooks: { allowPrivate: env.WEBHOOK_ALLOW_PRIVATE, maxEndpoints: env.WEBHOOK_MAX_ENDPOINTS, secretOverlapSeconds: env.WEBHOOK_SECRET_OVERLAP_SECONDS, box: new SecretBox(webhookKeys) },
       tenantChanged: async (tenant) => {
         await ensureTenantQueues(boss, tenant.id, queuePolicy);
         await syncTenant(sql, tenant);
@@ -472,6 +476,12 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
             concurrency: env.WEBHOOK_CONCURRENCY,
             perEndpoint: env.WEBHOOK_ENDPOINT_CONCURRENCY,
             timeoutMs: env.WEBHOOK_TIMEOUT_MS,
+            connectTimeoutMs: env.WEBHOOK_CONNECT_TIMEOUT_MS,
+            headersTimeoutMs: env.WEBHOOK_HEADERS_TIMEOUT_MS,
+            idleSocketTimeoutMs: env.WEBHOOK_IDLE_SOCKET_TIMEOUT_MS,
+            maxSockets: env.WEBHOOK_MAX_SOCKETS,
+            tenantBudget: { ratePerSecond: env.WEBHOOK_TENANT_DELIVERIES_PER_SECOND, burst: env.WEBHOOK_TENANT_DELIVERY_BURST, concurrency: env.WEBHOOK_TENANT_CONCURRENCY },
+            secretKeys: webhookKeys.map((k) => k.toString('base64')),
             allowPrivate: env.WEBHOOK_ALLOW_PRIVATE,
             retry: { baseMs: env.WEBHOOK_RETRY_BASE_MS, maxMs: env.WEBHOOK_RETRY_MAX_MS, retryForMs: env.WEBHOOK_RETRY_FOR_SECONDS * 1000 },
             disableAfterMs: env.WEBHOOK_DISABLE_AFTER_SECONDS * 1000,

@@ -242,8 +242,26 @@ export const envSchema = z.object({
   // Completion webhooks (src/webhooks/)
   /** Allow plain http, loopback, private and link-local webhook addresses (development and tests only: off stops server-side request forgery). */
   WEBHOOK_ALLOW_PRIVATE: bool(false),
-  /** One delivery attempt (connect, send, the answer's headers) within this. */
+  /** One delivery attempt as a whole (waiting for a socket, connect, send, the answer's headers and body) within this. */
   WEBHOOK_TIMEOUT_MS: int(10_000, 100),
+  /** A new connection (TCP and TLS) within this, and the answer's headers within this of connecting; each at most WEBHOOK_TIMEOUT_MS. */
+  WEBHOOK_CONNECT_TIMEOUT_MS: int(5_000, 100),
+  WEBHOOK_HEADERS_TIMEOUT_MS: int(10_000, 100),
+  /** A kept-alive socket to a receiver is closed after this long unused. */
+  WEBHOOK_IDLE_SOCKET_TIMEOUT_MS: int(4_000, 100),
+  /** Sockets one sender (per worker process) holds open across all hosts, idle ones included; per host it is WEBHOOK_ENDPOINT_CONCURRENCY. */
+  WEBHOOK_MAX_SOCKETS: int(128, 1),
+  /** Per-tenant delivery budget of each sender: deliveries a second (0 = no rate limit), the burst a quiet tenant may send at once, and deliveries in flight. */
+  WEBHOOK_TENANT_DELIVERIES_PER_SECOND: z.coerce.number().min(0).default(50),
+  WEBHOOK_TENANT_DELIVERY_BURST: int(100, 1),
+  WEBHOOK_TENANT_CONCURRENCY: int(32, 1),
+  /**
+   * The key that encrypts webhook signing secrets at rest (AES-256-GCM; 32 bytes, base64 or hex).
+   * Unset: a key generated once and stored in the settings table (a database dump alone then reads the secrets).
+   * WEBHOOK_SECRET_KEY_PREVIOUS: the key before a rotation, still opening what it sealed until each start reseals it.
+   */
+  WEBHOOK_SECRET_KEY: optionalString,
+  WEBHOOK_SECRET_KEY_PREVIOUS: optionalString,
   /** Deliveries one process sends at once, and one endpoint receives at once across every node. */
   WEBHOOK_CONCURRENCY: int(64, 1),
   WEBHOOK_ENDPOINT_CONCURRENCY: int(16, 1),

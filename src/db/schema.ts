@@ -497,7 +497,7 @@ export const webhookEndpoints = pgTable(
     url: text('url').notNull(),
     /** JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELLED: the trigger compares 'JOB_' || jobs.state. */
     events: text('events').array().notNull(),
-    /** `whsec_` + base64 of the signing key. Stored as is: every delivery must be signed with it. */
+    /** The signing secret (`whsec_` + base64 of the key), sealed (webhooks/secret-box.ts: `v1:<keyId>:…`); a legacy plaintext row is sealed at start. */
     secret: text('secret').notNull(),
     /** The key before the last rotation, still signed with (a second signature) until previous_secret_until. */
     previousSecret: text('previous_secret'),
@@ -547,6 +547,8 @@ export const webhookDeliveries = pgTable(
     index('webhook_deliveries_tenant_idx').on(t.tenantId, t.createdAt.desc(), t.id.desc()),
     index('webhook_deliveries_due_idx').on(t.endpointId, t.nextAttemptAt).where(sql`${t.status} in ('PENDING', 'SENDING')`),
     index('webhook_deliveries_sending_idx').on(t.endpointId).where(sql`${t.status} = 'SENDING'`),
+    // An endpoint's backlog (WebhookEndpoint.pendingDeliveries, oldestPendingAt) from the index alone.
+    index('webhook_deliveries_backlog_idx').on(t.endpointId, t.createdAt).where(sql`${t.status} in ('PENDING', 'SENDING')`),
     // Retention deletes the ended ones oldest first.
     index('webhook_deliveries_ended_idx').on(t.updatedAt).where(sql`${t.status} in ('SUCCEEDED', 'FAILED')`),
     check('webhook_deliveries_status_check', sql`${t.status} in ('PENDING', 'SENDING', 'SUCCEEDED', 'FAILED')`),

@@ -35,3 +35,11 @@ export async function resolveAdminToken(
   const [row] = await sql`select value from settings where key = ${ADMIN_TOKEN_HASH}`;
   return { hash: row!.value as string, generated: null };
 }
+
+/** The setting's value, writing `value` first when it has none (race-safe: every caller gets the one stored). */
+export async function settingOrInsert(sql: Sql, key: string, value: string): Promise<string> {
+  const inserted = await sql`insert into settings (key, value) values (${key}, ${value}) on conflict (key) do nothing returning value`;
+  if (inserted.length > 0) return inserted[0]!.value as string;
+  return (await readSetting(sql, key))!;
+}
+

@@ -12,6 +12,7 @@ import type { TenantRecord } from '../tenants/policy.ts';
 import type { TenantStore } from '../tenants/store.ts';
 import type { KeyCache } from '../tenants/key-cache.ts';
 import { keyLive, type KeyGrant } from '../tenants/api-keys.ts';
+import type { SecretBox } from '../webhooks/secret-box.ts';
 import type { KeyUseRecorder } from '../tenants/key-use.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
 import type { CommitGate } from '../http/deadline.ts';
@@ -56,7 +57,8 @@ export interface Services {
   /** Tenants' request budgets (src/http/budget.ts); absent: requests are not charged (REQUEST_BUDGET_ENABLED=false). */
   budget?: RequestBudget;
   /** Webhook endpoints' rules (WEBHOOK_ALLOW_PRIVATE, WEBHOOK_MAX_ENDPOINTS, WEBHOOK_SECRET_OVERLAP_SECONDS). */
-  webhooks: { allowPrivate: boolean; maxEndpoints: number; secretOverlapSeconds: number };
+  /** box: seals the signing secrets before they are stored (webhooks/secret-box.ts). */
+  webhooks: { allowPrivate: boolean; maxEndpoints: number; secretOverlapSeconds: number; box: SecretBox };
   /** This node's chart history of the windows (API processes; visibility/history.ts). */
   history?: WindowHistory;
   /** After a tenant is created or changed: its pg-boss queues exist and the scheduler has its limits. */

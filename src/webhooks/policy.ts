@@ -3,7 +3,7 @@
  * forgery), when a failed delivery is tried again, when an endpoint is disabled, and the body of
  * a job event. The I/O around them: store.ts (the tables), deliver.ts (HTTP), sender.ts (the loop).
  */
-import { isIP } from 'node:net';
+import { BlockList, isIP } from 'node:net';
 
 export const WEBHOOK_EVENTS = ['JOB_SUCCEEDED', 'JOB_FAILED', 'JOB_CANCELLED'] as const;
 export type WebhookEvent = (typeof WEBHOOK_EVENTS)[number];
@@ -26,44 +26,74 @@ export function urlRefusal(raw: string, allowPrivate: boolean): string | null {
   if (url.username || url.password) return 'url must not carry credentials';
   if (url.hash) return 'url must not have a fragment';
   const host = url.hostname.replace(/^\[|\]$/g, '');
-  if (isIP(host) && !allowPrivate && isPrivateAddress(host)) return `url names a private, loopback or link-local address (${host}); allowed only with WEBHOOK_ALLOW_PRIVATE=true`;
+  if (isIP(host) && !allowPrivate && isPrivateAddress(host)) return `url names a private or special-use address (${host}); allowed only with WEBHOOK_ALLOW_PRIVATE=true`;
   return null;
 }
 
-/** IPv4 blocks no webhook may reach: this network, private, shared (CGNAT), loopback, link-local, benchmarking, multicast, reserved. */
-const V4_BLOCKED: ReadonlyArray<[number, number]> = [
-  ['0.0.0.0', 8],
-  ['10.0.0.0', 8],
-  ['100.64.0.0', 10],
-  ['127.0.0.0', 8],
-  ['169.254.0.0', 16],
-  ['172.16.0.0', 12],
-  ['192.0.0.0', 24],
-  ['192.0.2.0', 24],
-  ['192.168.0.0', 16],
-  ['198.18.0.0', 15],
-  ['198.51.100.0', 24],
-  ['203.0.113.0', 24],
-  ['224.0.0.0', 4],
-  ['240.0.0.0', 4],
-].map(([a, bits]) => [v4ToInt(a as string), bits as number]);
+/**
+ * The special-use blocks of the IANA IPv4 Special-Purpose Address Registry (and multicast, the
+ * reserved 240/4 and the limited broadcast): none is a place a tenant's receiver can legitimately
+ * live, so all are refused, the few the registry marks globally reachable included (the anycast
+ * services in 192.0.0.0/24, AS112, AMT, the 6to4 relay anycast).
+ */
+export const SPECIAL_V4: ReadonlyArray<readonly [string, number, string]> = [
+  ['0.0.0.0', 8, 'this network'],
+  ['10.0.0.0', 8, 'private'],
+  ['100.64.0.0', 10, 'shared address space (carrier-grade NAT)'],
+  ['127.0.0.0', 8, 'loopback'],
+  ['169.254.0.0', 16, 'link-local (cloud metadata services)'],
+  ['172.16.0.0', 12, 'private'],
+  ['192.0.0.0', 24, 'IETF protocol assignments'],
+  ['192.0.2.0', 24, 'documentation (TEST-NET-1)'],
+  ['192.31.196.0', 24, 'AS112-v4'],
+  ['192.52.193.0', 24, 'AMT'],
+  ['192.88.99.0', 24, 'deprecated 6to4 relay anycast'],
+  ['192.168.0.0', 16, 'private'],
+  ['192.175.48.0', 24, 'direct delegation AS112 service'],
+  ['198.18.0.0', 15, 'benchmarking'],
+  ['198.51.100.0', 24, 'documentation (TEST-NET-2)'],
+  ['203.0.113.0', 24, 'documentation (TEST-NET-3)'],
+  ['224.0.0.0', 4, 'multicast'],
+  ['240.0.0.0', 4, 'reserved, and the limited broadcast 255.255.255.255'],
+];
 
-function v4ToInt(a: string): number {
-  return a.split('.').reduce((n, part) => n * 256 + Number(part), 0);
-}
+/**
+ * IPv6 blocks refused whole (the IANA IPv6 Special-Purpose Address Registry, and the deprecated
+ * site-local and IPv4-compatible ranges). Two more are judged by the IPv4 address inside them
+ * instead (isPrivateAddress): IPv4-mapped ::ffff:0:0/96 and the well-known NAT64 prefix
+ * 64:ff9b::/96, which DNS64 gives every IPv4-only receiver on an IPv6-only network.
+ */
+export const SPECIAL_V6: ReadonlyArray<readonly [string, number, string]> = [
+  ['::', 96, 'unspecified, loopback and the deprecated IPv4-compatible addresses'],
+  ['::ffff:0:0:0', 96, 'IPv4-translated (SIIT)'],
+  ['64:ff9b:1::', 48, 'local-use IPv4/IPv6 translation'],
+  ['100::', 64, 'discard-only'],
+  ['2001::', 23, 'IETF protocol assignments (Teredo 2001::/32, benchmarking, ORCHID, anycast services)'],
+  ['2001:db8::', 32, 'documentation'],
+  ['2002::', 16, '6to4 (the IPv4 inside is not judged: refused whole)'],
+  ['3fff::', 20, 'documentation'],
+  ['5f00::', 16, 'segment routing (SRv6) SIDs'],
+  ['fc00::', 7, 'unique local'],
+  ['fe80::', 10, 'link-local'],
+  ['fec0::', 10, 'deprecated site-local'],
+  ['ff00::', 8, 'multicast'],
+];
 
-function v4Blocked(a: string): boolean {
-  const n = v4ToInt(a);
-  return V4_BLOCKED.some(([base, bits]) => Math.floor(n / 2 ** (32 - bits)) === Math.floor(base / 2 ** (32 - bits)));
-}
+const v4List = new BlockList();
+for (const [a, bits] of SPECIAL_V4) v4List.addSubnet(a, bits, 'ipv4');
+const v6List = new BlockList();
+for (const [a, bits] of SPECIAL_V6) v6List.addSubnet(a, bits, 'ipv6');
+/** Global unicast: 2000::/3. Everything else in IPv6 (but the two embedding prefixes) is unassigned or special. */
+const v6Global = new BlockList();
+v6Global.addSubnet('2000::', 3, 'ipv6');
 
 /** The 16 bytes of an IPv6 address (with an embedded dotted IPv4 tail), or null. */
 function v6Bytes(a: string): number[] | null {
-  let s = a.split('%')[0]!.toLowerCase();
-  const dotted = /(\d+\.\d+\.\d+\.\d+)$/.exec(s);
+  let s = a.toLowerCase();
+  const dotted = /(\d+)\.(\d+)\.(\d+)\.(\d+)$/.exec(s);
   if (dotted) {
-    const n = v4ToInt(dotted[1]!);
-    s = s.slice(0, -dotted[1]!.length) + `${(n >>> 16).toString(16)}:${(n & 0xffff).toString(16)}`;
+    const [x, y, z, w] = dotted.slice(1).map(Number) as [number, number, number, number];
+    s = s.slice(0, -dotted[0].length) + `${((x << 8) | y).toString(16)}:${((z << 8) | w).toString(16)}`;
   }
   const [head, tail] = s.includes('::') ? s.split('::') : [s, null];
   const h = head ? head.split(':') : [];
@@ -76,26 +106,26 @@ function v6Bytes(a: string): number[] | null {
   });
 }
 
-/** True for any address a webhook must not reach without WEBHOOK_ALLOW_PRIVATE (unparseable counts as private). */
+/**
+ * True for any address a webhook must not reach without WEBHOOK_ALLOW_PRIVATE (unparseable counts
+ * as private). IPv4 is judged by SPECIAL_V4; IPv6 must be global unicast (2000::/3) outside
+ * SPECIAL_V6, or an IPv4-mapped or NAT64 address whose IPv4 passes.
+ */
 export function isPrivateAddress(address: string): boolean {
-  const family = isIP(address);
-  if (family === 4) return v4Blocked(address);
+  // A zone (fe80::1%eth0) names an interface, never a public address: drop it and judge the rest.
+  const plain = address.split('%')[0]!;
+  const family = isIP(plain);
+  if (family === 4) return v4List.check(plain, 'ipv4');
   if (family !== 6) return true;
-  const b = v6Bytes(address);
+  const b = v6Bytes(plain);
   if (!b) return true;
-  const zeroTo = (n: number) => b.slice(0, n).every((x) => x === 0);
-  if (zeroTo(15) && (b[15] === 0 || b[15] === 1)) return true; // :: and ::1
-  // IPv4-mapped (::ffff:a.b.c.d), IPv4-compatible (::a.b.c.d) and NAT64 (64:ff9b::/96): judge the IPv4 inside.
   const v4 = () => `${b[12]}.${b[13]}.${b[14]}.${b[15]}`;
-  if (zeroTo(10) && b[10] === 0xff && b[11] === 0xff) return v4Blocked(v4());
-  if (zeroTo(12)) return v4Blocked(v4());
-  if (b[0] === 0x00 && b[1] === 0x64 && b[2] === 0xff && b[3] === 0x9b && b.slice(4, 12).every((x) => x === 0)) return v4Blocked(v4());
-  if ((b[0]! & 0xfe) === 0xfc) return true; // fc00::/7 unique local
-  if (b[0] === 0xfe && (b[1]! & 0xc0) === 0x80) return true; // fe80::/10 link-local
-  if (b[0] === 0xfe && (b[1]! & 0xc0) === 0xc0) return true; // fec0::/10 site-local (deprecated)
-  if (b[0] === 0xff) return true; // multicast
-  if (b[0] === 0x20 && b[1] === 0x01 && b[2] === 0x0d && b[3] === 0xb8) return true; // documentation
-  return false;
+  const zero = (from: number, to: number) => b.slice(from, to).every((x) => x === 0);
+  // ::ffff:a.b.c.d (IPv4-mapped) and 64:ff9b::a.b.c.d (NAT64): the connection ends at that IPv4.
+  if (zero(0, 10) && b[10] === 0xff && b[11] === 0xff) return v4List.check(v4(), 'ipv4');
+  if (b[0] === 0x00 && b[1] === 0x64 && b[2] === 0xff && b[3] === 0x9b && zero(4, 12)) return v4List.check(v4(), 'ipv4');
+  if (v6List.check(plain, 'ipv6')) return true;
+  return !v6Global.check(plain, 'ipv6');
 }
 
 export interface RetryPolicy {

@@ -4,13 +4,17 @@
  * most WEBHOOK_ENDPOINT_CONCURRENCY per endpoint across every node, WEBHOOK_CONCURRENCY in this
  * process), POSTs each (deliver.ts), and records the outcomes in batches (one statement per
  * batch). A slow receiver holds only its own endpoint's slots, for at most WEBHOOK_TIMEOUT_MS;
- * the others keep flowing. NOTIFY sluice_webhooks (from the trigger) wakes it; a poll finds the
- * retries coming due.
+ * the others keep flowing. Each tenant is held to its delivery budget (budget.ts: deliveries a
+ * second and in flight), so one tenant's backlog never takes the sender from the others.
+ * NOTIFY sluice_webhooks (from the trigger) wakes it; a poll finds the retries coming due, and a
+ * timer the first token of a tenant that ran out.
  */
 import type { Sql } from '../db/client.ts';
 import type { Logger } from '../log.ts';
 import { WebhookClient, type DeliveryResult } from './deliver.ts';
+import { TenantBudget, type TenantBudgetOptions } from './budget.ts';
 import { afterAttempt, eventBody, isDelivered, shouldDisable, type RetryPolicy } from './policy.ts';
+import { SecretBox, SecretKeyError } from './secret-box.ts';
 import { signatureHeader } from './signature.ts';
 import { claimDue, disableFailing, recordAttempts, type AttemptOutcome, type ClaimedDelivery } from './store.ts';
 
@@ -26,7 +30,16 @@ export interface WebhookSenderOptions {
   log: Logger;
   concurrency: number;
   perEndpoint: number;
+  /** The whole attempt (deliver.ts); connect and headers have their own, shorter bounds. */
   timeoutMs: number;
+  connectTimeoutMs: number;
+  headersTimeoutMs: number;
+  idleSocketTimeoutMs: number;
+  /** Sockets of this sender across every host. */
+  maxSockets: number;
+  tenantBudget: TenantBudgetOptions;
+  /** The keys that open endpoints' secrets (base64, 32 bytes each): the sealing key first (secret-box.ts). */
+  secretKeys: string[];
   allowPrivate: boolean;
   retry: RetryPolicy;
   disableAfterMs: number;
@@ -49,10 +62,28 @@ export class WebhookSender {
   private unlisten: (() => Promise<void>) | null = null;
   private readonly idle = new Set<() => void>();
 
+  private readonly budget: TenantBudget;
+  private readonly box: SecretBox;
+
   private readonly o: WebhookSenderOptions;
   constructor(o: WebhookSenderOptions) {
     this.o = o;
-    this.client = new WebhookClient({ timeoutMs: o.timeoutMs, allowPrivate: o.allowPrivate, maxSockets: o.perEndpoint });
+    this.client = new WebhookClient({
+      timeoutMs: o.timeoutMs,
+      connectTimeoutMs: o.connectTimeoutMs,
+      headersTimeoutMs: o.headersTimeoutMs,
+      idleSocketTimeoutMs: o.idleSocketTimeoutMs,
+      allowPrivate: o.allowPrivate,
+      maxSockets: o.perEndpoint,
+      maxTotalSockets: o.maxSockets,
+    });
+    this.budget = new TenantBudget(o.tenantBudget);
+    this.box = new SecretBox(o.secretKeys.map((k) => Buffer.from(k, 'base64')));
+  }
+
+  /** Sockets this sender holds open now (tests: the global cap holds). */
+  socketCount(): number {
+    return this.client.socketCount();
   }
 
   async start(): Promise<void> {
@@ -97,8 +128,18 @@ export class WebhookSender {
         this.again = false;
         const free = this.o.concurrency - this.inFlight;
         if (free <= 0 || this.stopped) break;
-        const claimed = await claimDue(this.o.sql, { limit: free, perEndpoint: this.o.perEndpoint, claimSeconds: Math.ceil(this.o.timeoutMs / 1000) + 30, finished: [...this.finished] });
-        for (const d of claimed) this.send(d);
+        const claimed = await claimDue(this.o.sql, {
+          limit: free,
+          perEndpoint: this.o.perEndpoint,
+          claimSeconds: Math.ceil(this.o.timeoutMs / 1000) + 30,
+          finished: [...this.finished],
+          allowances: this.budget.allowances(performance.now()),
+        });
+        const now = performance.now();
+        for (const d of claimed) {
+          this.budget.took(d.tenantId, now);
+          this.send(d);
+        }
         // A full claim may leave more due: look again.
         if (claimed.length === free) this.again = true;
       } while (this.again && !this.stopped);
@@ -109,7 +150,9 @@ export class WebhookSender {
       this.wakeIdle();
       if (!this.stopped) {
         if (this.timer) clearTimeout(this.timer);
-        this.timer = setTimeout(() => this.poke(), this.o.pollMs);
+        // A tenant out of tokens may have more waiting: look again when it has one.
+        const token = this.budget.nextTokenInMs(performance.now());
+        this.timer = setTimeout(() => this.poke(), token === null ? this.o.pollMs : Math.min(this.o.pollMs, Math.max(10, token)));
         this.timer.unref();
       }
     }
@@ -126,6 +169,7 @@ export class WebhookSender {
       .catch((err) => this.o.log.error({ err, delivery: d.id }, 'webhook sender: an attempt threw (its claim expires and it is tried again)'))
       .finally(() => {
         this.inFlight--;
+        this.budget.done(d.tenantId);
         // Its slot is free now: claim beside the recording, not after it.
         this.poke();
         void this.flush().then(() => {
@@ -140,11 +184,21 @@ export class WebhookSender {
     if (!d.payload) {
       return { ...base, status: 'FAILED', retryInMs: null, responseStatus: null, lastError: 'JOB_GONE: the job was deleted before its event was sent', delivered: null };
     }
+    let secrets: string[];
+    try {
+      secrets = d.secrets.map((s) => this.box.open(s));
+    } catch (err) {
+      if (!(err instanceof SecretKeyError)) throw err;
+      // The operator's configuration, not the tenant's doing: retried on the usual schedule, the endpoint not judged.
+      this.o.log.error({ endpoint: d.endpointId, err: err.message }, 'webhook sender: an endpoint\'s signing secret does not open with the configured keys (WEBHOOK_SECRET_KEY, WEBHOOK_SECRET_KEY_PREVIOUS)');
+      const next = afterAttempt(false, d.attempts, d.now.getTime() - d.createdAt.getTime(), this.o.retry);
+      return { ...base, status: next.status === 'SUCCEEDED' ? 'FAILED' : next.status, retryInMs: next.status === 'PENDING' ? next.retryInMs : null, responseStatus: null, lastError: 'SECRET_UNAVAILABLE: the signing secret could not be read on the sending side (an operator must fix it)', delivered: null };
+    }
     const body = eventBody(d.event, d.payload, d.createdAt);
     const timestamp = Math.floor(Date.now() / 1000);
     const result: DeliveryResult = await this.client.post(
       d.url,
-      { 'webhook-id': d.id, 'webhook-timestamp': String(timestamp), 'webhook-signature': signatureHeader(d.secrets, d.id, timestamp, body) },
+      { 'webhook-id': d.id, 'webhook-timestamp': String(timestamp), 'webhook-signature': signatureHeader(secrets, d.id, timestamp, body) },
       body,
     );
     const ok = result.kind === 'answer' && isDelivered(result.status);

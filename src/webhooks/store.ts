@@ -4,7 +4,7 @@
  * so one tenant never reads, changes or deletes another's endpoints or deliveries.
  */
 import type postgres from 'postgres';
-import type { Tx } from '../db/client.ts';
+import type { Sql, Tx } from '../db/client.ts';
 import type { DeliveryStatus, JobJson, WebhookEvent } from './policy.ts';
 
 export interface EndpointRow {
@@ -74,17 +74,71 @@ function deliveryOf(r: postgres.Row): DeliveryRow {
 
 /* ---- Endpoints ---- */
 
-export async function insertEndpoint(sql: Tx, e: { tenantId: string; url: string; events: readonly string[]; secret: string }): Promise<EndpointRow> {
-  const [row] = await sql.unsafe(
-    `insert into webhook_endpoints (tenant_id, url, events, secret) values ($1, $2, $3::text[], $4) returning ${ENDPOINT_COLUMNS}`,
-    [e.tenantId, e.url, e.events as string[], e.secret],
-  );
-  return endpointOf(row!);
+/**
+ * Inserts the endpoint unless the tenant has `max` already (null: it had). The count and the insert
+ * run in one transaction under a lock on the tenant's endpoints (an advisory transaction lock), so
+ * parallel creates are counted one after another: no two see the same count. `secret` is stored as
+ * given (sealed by the caller, secret-box.ts).
+ */
+export async function insertEndpoint(sql: Sql, e: { tenantId: string; url: string; events: readonly string[]; secret: string }, max: number): Promise<EndpointRow | null> {
+  return sql.begin(async (tx) => {
+    // Its own statement: a statement's snapshot is taken before it runs, so a count in the lock's own
+    // statement could miss an insert committed while it waited.
+    await tx`select pg_advisory_xact_lock(hashtext('sluice_webhook_endpoints'), hashtext(${e.tenantId}))`;
+    const [row] = await tx.unsafe(
+      `insert into webhook_endpoints (tenant_id, url, events, secret)
+       select $1, $2, $3::text[], $4
+       where (select count(*) from webhook_endpoints where tenant_id = $1) < $5
+       returning ${ENDPOINT_COLUMNS}`,
+      [e.tenantId, e.url, e.events as string[], e.secret, max],
+    );
+    return row ? endpointOf(row) : null;
+  }) as Promise<EndpointRow | null>;
 }
 
-export async function countEndpoints(sql: Tx, tenantId: string): Promise<number> {
-  const [row] = await sql`select count(*)::int as n from webhook_endpoints where tenant_id = ${tenantId}`;
-  return row!.n;
+/** Deliveries waiting (PENDING or SENDING) per endpoint, and the oldest one's event time. */
+export async function endpointBacklogs(sql: Tx, endpointIds: readonly string[]): Promise<Map<string, { pending: number; oldestAt: Date | null }>> {
+  const rows = await sql`
+    select endpoint_id, count(*)::int as n, min(created_at) as oldest from webhook_deliveries
+    where endpoint_id = any(${endpointIds as string[]}::uuid[]) and status in ('PENDING', 'SENDING')
+    group by endpoint_id`;
+  return new Map(rows.map((r) => [r.endpoint_id as string, { pending: r.n as number, oldestAt: r.oldest as Date | null }]));
+}
+
+/**
+ * Seals every secret not sealed under the sealing key (legacy plaintext, or an older key), a page at
+ * a time; each update is fenced on the values it read, so nodes doing this at once (or a rotation
+ * meanwhile) never overwrite each other. Returns how many rows changed and how many could not be
+ * opened (their key is not configured: they are left as they are).
+ */
+export async function resealSecrets(sql: Sql, box: { isCurrent(s: string): boolean; open(s: string): string; seal(s: string): string }, sealingKeyId: string): Promise<{ resealed: number; unreadable: number }> {
+  const current = `v1:${sealingKeyId}:%`;
+  let after = '00000000-0000-0000-0000-000000000000';
+  let resealed = 0;
+  let unreadable = 0;
+  for (;;) {
+    const rows = await sql`
+      select id, secret, previous_secret from webhook_endpoints
+      where id > ${after}::uuid and (secret not like ${current} or previous_secret not like ${current})
+      order by id limit 200`;
+    if (rows.length === 0) return { resealed, unreadable };
+    after = rows.at(-1)!.id;
+    for (const r of rows) {
+      let secret: string;
+      let previous: string | null;
+      try {
+        secret = box.isCurrent(r.secret) ? r.secret : box.seal(box.open(r.secret));
+        previous = r.previous_secret === null || box.isCurrent(r.previous_secret) ? r.previous_secret : box.seal(box.open(r.previous_secret));
+      } catch {
+        unreadable++;
+        continue;
+      }
+      const changed = await sql`
+        update webhook_endpoints set secret = ${secret}, previous_secret = ${previous}
+        where id = ${r.id} and secret = ${r.secret} and previous_secret is not distinct from ${r.previous_secret}`;
+      resealed += changed.count;
+    }
+  }
 }
 
 export async function listEndpoints(sql: Tx, tenantId: string): Promise<EndpointRow[]> {
@@ -179,7 +233,7 @@ export interface ClaimedDelivery {
   attempts: number;
   createdAt: Date;
   url: string;
-  /** The current secret first, then the previous one while its overlap lasts. */
+  /** The current secret first, then the previous one while its overlap lasts (as stored: sealed). */
   secrets: string[];
   /** The job's row as first sent; null when the job is gone (deleted before its first attempt). */
   payload: JobJson | null;
@@ -189,23 +243,33 @@ export interface ClaimedDelivery {
 
 /**
  * Claims up to `limit` due deliveries of enabled endpoints, at most `perEndpoint` sending at once
- * per endpoint (rows SENDING with a live claim count): each endpoint offers its oldest due
- * deliveries up to its free slots, and the slots are handed out round-robin (every endpoint's
- * first, then every second, ...), so one busy or slow endpoint cannot take every slot nor hold
- * back another's deliveries. One statement: the endpoints with due work are locked
+ * per endpoint (rows SENDING with a live claim count), and at most each tenant's allowance
+ * (budget.ts: `allowances.limited[tenant]`, else `allowances.fallback`). Each endpoint offers its
+ * oldest due deliveries up to its free slots; the slots are handed out round-robin across tenants
+ * first (every tenant's first, then every second, ...) and across each tenant's endpoints within
+ * that, so neither a tenant with many endpoints nor one with a backlog of thousands holds back
+ * another tenant's deliveries, and one busy or slow endpoint cannot take every slot. A tenant whose
+ * allowance is 0 is not looked at. One statement: the endpoints with due work are locked
  * (`for no key update skip locked`: no wait on the trigger's KEY SHARE, and a claim running on
  * another node skips them), so two nodes never count one endpoint's slots at once.
  * Claimed rows are SENDING until now + claimSeconds: a node that dies mid-send leaves them due
  * again then (at least once). `finished`: this node's attempts that ended but are not recorded
  * yet; their slots are free (they stay SENDING, so no one claims them meanwhile), which lets a
- * claim run beside the recording instead of after it. The first claim stores the job's row: every retry sends the same body.
+ * claim run beside the recording instead of after it. The first claim stores the job's row: every
+ * retry sends the same body. Secrets come back as stored (sealed: secret-box.ts opens them).
  */
-export async function claimDue(sql: Tx, o: { limit: number; perEndpoint: number; claimSeconds: number; finished: readonly string[] }): Promise<ClaimedDelivery[]> {
+export async function claimDue(
+  sql: Tx,
+  o: { limit: number; perEndpoint: number; claimSeconds: number; finished: readonly string[]; allowances?: { fallback: number; limited: Record<string, number> } },
+): Promise<ClaimedDelivery[]> {
   if (o.limit <= 0) return [];
+  const fallback = o.allowances?.fallback ?? o.limit;
+  const limited = sql.json((o.allowances?.limited ?? {}) as never);
+  const exhausted = Object.entries(o.allowances?.limited ?? {}).filter(([, n]) => n <= 0).map(([t]) => t);
   const rows = await sql`
     with endpoints as (
-      select e.id from webhook_endpoints e
-      where e.enabled and exists (
+      select e.id, e.tenant_id from webhook_endpoints e
+      where e.enabled and not (e.tenant_id = any(${exhausted}::uuid[])) and exists (
         select 1 from webhook_deliveries d
         where d.endpoint_id = e.id and d.status in ('PENDING', 'SENDING') and d.next_attempt_at <= now()
           and (d.status = 'PENDING' or d.locked_until < now()))
@@ -218,7 +282,7 @@ export async function claimDue(sql: Tx, o: { limit: number; perEndpoint: number;
       group by endpoint_id
     ),
     candidates as (
-      select x.id, x.next_attempt_at, x.rn + coalesce(b.n, 0) as slot
+      select x.id, x.next_attempt_at, e.tenant_id, x.rn + coalesce(b.n, 0) as slot
       from endpoints e
       left join busy b on b.endpoint_id = e.id
       cross join lateral (
@@ -230,9 +294,14 @@ export async function claimDue(sql: Tx, o: { limit: number; perEndpoint: number;
         limit greatest(0, ${o.perEndpoint}::int - coalesce(b.n, 0))
       ) x
     ),
+    turns as (
+      select c.*, row_number() over (partition by c.tenant_id order by c.slot, c.next_attempt_at, c.id) as turn
+      from candidates c
+    ),
     picked as (
-      select d.id from webhook_deliveries d join candidates c on c.id = d.id
-      order by c.slot, c.next_attempt_at
+      select d.id from webhook_deliveries d join turns c on c.id = d.id
+      where c.turn <= coalesce((${limited}::jsonb ->> c.tenant_id::text)::int, ${fallback}::int)
+      order by c.turn, c.slot, c.next_attempt_at
       limit ${o.limit}
       for update of d skip locked
     )

@@ -8,7 +8,7 @@
 import { SluiceError } from '../../errors.ts';
 import { DELIVERY_STATUSES, WEBHOOK_EVENTS, urlRefusal } from '../../webhooks/policy.ts';
 import { newWebhookSecret } from '../../webhooks/signature.ts';
-import { countEndpoints, deleteEndpoint, insertEndpoint, listDeliveries, listEndpoints, rotateSecret, updateEndpoint, type DeliveryRow, type EndpointRow } from '../../webhooks/store.ts';
+import { deleteEndpoint, endpointBacklogs, insertEndpoint, listDeliveries, listEndpoints, rotateSecret, updateEndpoint, type DeliveryRow, type EndpointRow } from '../../webhooks/store.ts';
 import { builder, role } from '../builder.ts';
 import { tenantInScope, tenantOf, type Context } from '../context.ts';
 import { asId } from '../ids.ts';
@@ -27,6 +27,23 @@ const DeliveryStatusEnum = builder.enumType('WebhookDeliveryStatus', {
   },
 });
 
+/**
+ * An endpoint's backlog, one query per request for every endpoint it shows (gathered over a tick):
+ * count and oldest event of its PENDING and SENDING deliveries.
+ */
+const backlogLoaders = new WeakMap<Context, { ids: Set<string>; result: Promise<Map<string, { pending: number; oldestAt: Date | null }>> | null }>();
+function backlogOf(ctx: Context, endpointId: string): Promise<{ pending: number; oldestAt: Date | null }> {
+  let loader = backlogLoaders.get(ctx);
+  if (!loader || (loader.result && !loader.ids.has(endpointId))) {
+    loader = { ids: new Set(), result: null };
+    backlogLoaders.set(ctx, loader);
+  }
+  const l = loader;
+  l.ids.add(endpointId);
+  l.result ??= new Promise<void>((r) => setImmediate(r)).then(() => endpointBacklogs(ctx.services.sql, [...l.ids]));
+  return l.result.then((m) => m.get(endpointId) ?? { pending: 0, oldestAt: null });
+}
+
 const EndpointRef = builder.objectRef<EndpointRow>('WebhookEndpoint').implement({
   fields: (t) => ({
     id: t.exposeID('id'),
@@ -37,6 +54,16 @@ const EndpointRef = builder.objectRef<EndpointRow>('WebhookEndpoint').implement(
     disabledAt: t.field({ type: 'DateTime', nullable: true, resolve: (e) => e.disabledAt }),
     failingSince: t.field({ type: 'DateTime', nullable: true, description: 'Start of the current run of failed attempts; null after any success.', resolve: (e) => e.failingSince }),
     createdAt: t.field({ type: 'DateTime', resolve: (e) => e.createdAt }),
+    pendingDeliveries: t.int({
+      description: 'Deliveries waiting to be sent (PENDING or SENDING): the backlog. Each tenant is sent at most WEBHOOK_TENANT_DELIVERIES_PER_SECOND deliveries a second.',
+      resolve: async (e, _a, ctx) => (await backlogOf(ctx, e.id)).pending,
+    }),
+    oldestPendingAt: t.field({
+      type: 'DateTime',
+      nullable: true,
+      description: 'When the oldest waiting delivery\'s event happened; null when none waits.',
+      resolve: async (e, _a, ctx) => (await backlogOf(ctx, e.id)).oldestAt,
+    }),
   }),
 });
 
@@ -59,7 +86,7 @@ const DeliveryRef = builder.objectRef<DeliveryRow>('WebhookDelivery').implement(
     lastAttemptAt: t.field({ type: 'DateTime', nullable: true, resolve: (d) => d.lastAttemptAt }),
     nextAttemptAt: t.field({ type: 'DateTime', nullable: true, description: 'While PENDING: when it is tried next.', resolve: (d) => (d.status === 'PENDING' ? d.nextAttemptAt : null) }),
     responseStatus: t.int({ nullable: true, description: "The last attempt's HTTP status; null when it got no answer.", resolve: (d) => d.responseStatus }),
-    lastError: t.string({ nullable: true, description: 'Why the last attempt failed (HTTP_500, TIMEOUT: …, ADDRESS_REFUSED: …, CONNECTION_FAILED: …).', resolve: (d) => d.lastError }),
+    lastError: t.string({ nullable: true, description: 'Why the last attempt failed (HTTP_500, TIMEOUT: …, ADDRESS_REFUSED: …, CONNECTION_FAILED: …). It never names an address the host name resolved to.', resolve: (d) => d.lastError }),
     createdAt: t.field({ type: 'DateTime', description: 'When the job event happened.', resolve: (d) => d.createdAt }),
   }),
 });
@@ -156,11 +183,10 @@ builder.mutationFields((t) => ({
       const url = checkUrl(ctx, input.url);
       const events = checkEvents(input.events);
       const max = ctx.services.webhooks.maxEndpoints;
-      if ((await countEndpoints(ctx.services.sql, tenantId)) >= max) {
-        throw new SluiceError('TOO_MANY_WEBHOOK_ENDPOINTS', `a tenant may have at most ${max} webhook endpoints`, { max });
-      }
       const secret = newWebhookSecret();
-      const endpoint = await insertEndpoint(ctx.services.sql, { tenantId, url, events, secret });
+      // Counted and inserted under one lock on the tenant's endpoints: parallel creates never pass the limit.
+      const endpoint = await insertEndpoint(ctx.services.sql, { tenantId, url, events, secret: ctx.services.webhooks.box.seal(secret) }, max);
+      if (!endpoint) throw new SluiceError('TOO_MANY_WEBHOOK_ENDPOINTS', `a tenant may have at most ${max} webhook endpoints`, { max });
       return { endpoint, secret };
     },
   }),
@@ -207,7 +233,7 @@ builder.mutationFields((t) => ({
     resolve: async (_r, args, ctx) => {
       const { tenantId, id } = ownEndpoint(ctx, args.id);
       const secret = newWebhookSecret();
-      const endpoint = await rotateSecret(ctx.services.sql, tenantId, id, secret, ctx.services.webhooks.secretOverlapSeconds);
+      const endpoint = await rotateSecret(ctx.services.sql, tenantId, id, ctx.services.webhooks.box.seal(secret), ctx.services.webhooks.secretOverlapSeconds);
       if (!endpoint) throw notFound(id);
       return { endpoint, secret };
     },

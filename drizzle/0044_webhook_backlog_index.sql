@@ -1,0 +1,1 @@
+CREATE INDEX "webhook_deliveries_backlog_idx" ON "webhook_deliveries" USING btree ("endpoint_id","created_at") WHERE "webhook_deliveries"."status" in ('PENDING', 'SENDING');
