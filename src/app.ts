@@ -48,7 +48,9 @@ import { publishBreakers, readBreakers } from './scheduler/sql/breakers.ts';
 import { ensureClasses, oldestQueuedAgeByClass, oldestWaitByClass } from './scheduler/sql/classes.ts';
 import { foldRunning, tenantDepths } from './scheduler/sql/queues.ts';
 import { syncTenant, unscheduledTenantIds } from './scheduler/sql/tenants.ts';
-import { readWindows, reportWindowLatency, upsertWindows } from './scheduler/sql/windows.ts';
+import { readWindows, recentCappedAsks, reportWindowLatency, upsertWindows } from './scheduler/sql/windows.ts';
+import { failedExpiries } from './scheduler/sql/reservations.ts';
+import { recentAttemptLost } from './jobs/store.ts';
 import { Sweeper } from './scheduler/sweeper.ts';
 import { Reconciler } from './scheduler/reconcile.ts';
 import { parseClassWindows, planWindows } from './scheduler/windows.ts';
@@ -57,6 +59,8 @@ import { WindowHistory } from './visibility/history.ts';
 
 /** Sweeper rounds the RUNNING fold may step aside for leases before it folds regardless. */
 const FOLD_FORCE_AFTER = 5;
+/** Alerts about recent events (a capped pause, jobs failed ATTEMPT_LOST) stay raised this long after the last one. */
+const ALERT_RECENT_SECONDS = 3_600;
 
 export interface SluiceApp {
   /** http://host:port/graphql when this process serves the API. */
@@ -178,7 +182,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       baseUrl = simulator.url;
       log.warn({ simulator: simulator.url }, 'DEMO MODE: no APIVERVE_API_KEY is set, so jobs run against the bundled provider simulator, not the real APIVerve');
     }
-    const realClient = createProviderClient({ baseUrl, timeoutMs: env.PROVIDER_TIMEOUT_MS, catalog, timeoutBilling: env.TIMEOUT_BILLING, maxResultBytes: env.MAX_RESULT_BYTES });
+    const realClient = createProviderClient({ baseUrl, timeoutMs: env.PROVIDER_TIMEOUT_MS, catalog, timeoutBilling: env.TIMEOUT_BILLING, maxResultBytes: env.MAX_RESULT_BYTES, maxRetryAfterSeconds: env.RETRY_AFTER_MAX_SECONDS });
     const client = overrides.wrapProviderClient?.(realClient) ?? realClient;
     cleanups.push(() => client.close());
     const windowSpecs = planWindows({
@@ -417,6 +421,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         nodeTimeoutSeconds: env.NODE_TIMEOUT_SECONDS,
         leaseSeconds: env.ATTEMPT_LEASE_SECONDS ?? env.NODE_TIMEOUT_SECONDS,
         timeoutBilling: env.TIMEOUT_BILLING,
+        retryLimit: env.JOB_RETRY_LIMIT,
         log,
         onRound: async () => {
           for (const w of windowSpecs) {
@@ -434,11 +439,14 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         },
         desiredAlerts: async (tx) => {
           // Only the oldest ages: classTotals' sums read every queue's row, once a second here.
-          const [oldest, account, windows, breakerRows] = await Promise.all([
+          const [oldest, account, windows, breakerRows, cappedAsks, stuck, lost] = await Promise.all([
             oldestQueuedAgeByClass(tx),
             readAccount(tx),
             readWindows(tx),
             readBreakers(tx),
+            recentCappedAsks(tx, ALERT_RECENT_SECONDS),
+            failedExpiries(tx),
+            recentAttemptLost(tx, ALERT_RECENT_SECONDS),
           ]);
           return desiredAlerts({
             oldestAgeSeconds: oldest,
@@ -446,6 +454,9 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
             accountStop: account.dispatchStoppedUntil ? { reason: account.stopReason ?? 'STOPPED', until: account.dispatchStoppedUntil } : null,
             windowsStopped: windows.filter((w) => w.pausedUntil !== null && w.pausedUntil > w.dbNow && w.pauseReason === 'KEY_UNUSABLE').map((w) => ({ name: w.name, reason: w.pauseReason! })),
             openBreakers: breakerRows.filter((b) => b.state === 'OPEN').map((b) => b.api),
+            cappedAsks,
+            failedExpiries: stuck,
+            attemptLost: lost,
           });
         },
         notifier: createNotifier({ webhookUrl: env.ALERT_WEBHOOK_URL, log, onRaised: (name) => metrics.alertRaised(name) }),

@@ -312,6 +312,16 @@ describe('a worker killed mid-batch', () => {
       assert.ok(slow.stats().keys[slow.apiKey]!.httpRequests >= 1, 'a batch call was sent');
       await victim.stop('SIGKILL');
       assert.ok((await openReservations(sql)) >= 10, 'the killed worker left reservations behind');
+      // A batch item's duplicates ride on its first attempt: only that one is marked sent, so the
+      // expiry bills one attempt per input of the lost call, as the provider billed, not each duplicate.
+      const marks = await sql`
+        select j.params->>'domain' as domain, count(*)::int as n, count(r.sent_at)::int as sent from reservations r join jobs j on j.id = r.job_id
+        join nodes n on n.id = r.node_id where n.pid = ${victim.pid} and r.settled_at is null group by 1`;
+      // One batch call holds one pool slot: the lost attempts are one call, so each input went upstream once.
+      const [calls] = await sql`select count(*) filter (where r.window_slot)::int as n from reservations r join nodes n on n.id = r.node_id where n.pid = ${victim.pid}`;
+      assert.equal(calls!.n, 1, 'the 40 jobs went out as one batch call');
+      assert.ok(marks.some((m) => m.n > 1), `the lost call carried duplicate inputs: ${JSON.stringify(marks)}`);
+      assert.deepEqual(marks.filter((m) => m.sent > 1), [], 'no input marked sent twice');
       const [slot] = await sql`select (in_flight + coalesce((select sum(n) from window_slot_deltas where "window" = 'primary'), 0))::int as in_flight from windows where name = 'primary'`;
       assert.ok(slot!.in_flight >= 1 && slot!.in_flight < 10, `the batch held one pool slot, not one per item (${slot!.in_flight})`);
       local.push(await startNode('worker', env));

@@ -20,6 +20,12 @@ export interface AlertFacts {
   accountStop: { reason: string; until: Date } | null;
   windowsStopped: Array<{ name: string; reason: string }>;
   openBreakers: string[];
+  /** Windows whose provider asked for a pause beyond RETRY_AFTER_MAX_SECONDS lately (it was capped). */
+  cappedAsks?: Array<{ window: string; askedSeconds: number }>;
+  /** Expired reservations whose settlement failed on its own (the sweeper skipped them). */
+  failedExpiries?: { count: number; ids: string[] };
+  /** Jobs that failed with ATTEMPT_LOST in the last hour (their calls kept losing their worker). */
+  attemptLost?: { count: number; jobIds: string[] };
 }
 
 export function desiredAlerts(f: AlertFacts): DesiredAlert[] {
@@ -44,6 +50,27 @@ export function desiredAlerts(f: AlertFacts): DesiredAlert[] {
   }
   for (const api of f.openBreakers) {
     out.push({ key: `BREAKER_OPEN:${api}`, severity: 'warning', message: `${api} is failing (5xx or timeouts): its breaker is open and its jobs wait; other APIs carry on` });
+  }
+  for (const a of f.cappedAsks ?? []) {
+    out.push({
+      key: `PROVIDER_ASK_CAPPED:${a.window}`,
+      severity: 'warning',
+      message: `the provider asked window ${a.window} to pause ${a.askedSeconds} s, beyond RETRY_AFTER_MAX_SECONDS: the pause was capped and the next call decides again`,
+    });
+  }
+  if (f.failedExpiries && f.failedExpiries.count > 0) {
+    out.push({
+      key: 'EXPIRY_FAILED',
+      severity: 'page',
+      message: `${f.failedExpiries.count} expired reservation(s) could not be settled and are skipped (their cap and pool slots stay held), e.g. ${f.failedExpiries.ids.join(', ')}: see reservations.expiry_error; the others are settled`,
+    });
+  }
+  if (f.attemptLost && f.attemptLost.count > 0) {
+    out.push({
+      key: 'ATTEMPT_LOST',
+      severity: 'warning',
+      message: `${f.attemptLost.count} job(s) failed with ATTEMPT_LOST in the last hour (their calls kept losing their worker), e.g. ${f.attemptLost.jobIds.join(', ')}`,
+    });
   }
   return out;
 }

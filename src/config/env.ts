@@ -203,6 +203,12 @@ export const envSchema = z.object({
   BREAKER_HALF_OPEN_SECONDS: z.coerce.number().gt(0).default(5),
   /** Credits exhausted with no renewal time from the provider: stop dispatch this long (an admin can resume sooner). */
   CREDITS_STOP_SECONDS: int(3_600, 1),
+  /**
+   * The longest pause or put-back delay a provider's answer may impose (retry-after,
+   * x-rate-limit-reset): a longer ask is capped, and an alert names the window and the value;
+   * after the pause the next call decides again.
+   */
+  RETRY_AFTER_MAX_SECONDS: int(300, 1),
 
   // Front door and metrics (src/http/hardening.ts, src/metrics.ts)
   /** Query limits, checked before execution; they count the document, not the variables. */

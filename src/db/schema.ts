@@ -133,7 +133,9 @@ export const jobs = pgTable(
     index('jobs_queued_idx').on(t.tenantId, t.priority, t.runAfter).where(sql`${t.state} = 'QUEUED'`),
     index('jobs_queued_age_idx').on(t.priority, t.createdAt).where(sql`${t.state} = 'QUEUED'`),
     index('jobs_tenant_queued_age_idx').on(t.tenantId, t.priority, t.createdAt).where(sql`${t.state} in ('QUEUED', 'WAITING_QUOTA')`),
-    // Retention's walk over finished jobs (migration 0009).
+    // The reconciler's keyset walk over waiting jobs: an index range in its order, never a sort of the backlog.
+    index('jobs_waiting_created_idx').on(t.createdAt, t.id).where(sql`${t.state} in ('QUEUED', 'WAITING_QUOTA')`),
+    // Retention's walk over finished jobs.
     index('jobs_finished_idx').on(t.finishedAt).where(sql`${t.state} in ('SUCCEEDED', 'FAILED', 'CANCELLED')`),
     check('jobs_priority_check', sql`${t.priority} in ('INTERACTIVE', 'STANDARD', 'BULK')`),
     check('jobs_state_check', sql`${t.state} in ('QUEUED', 'WAITING_QUOTA', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED')`),
@@ -152,7 +154,10 @@ export const jobResults = pgTable('job_results', {
   creditsBilled: integer('credits_billed').notNull().default(0),
   attempts: integer('attempts').notNull().default(0),
   ...timestamps,
-});
+}, (t) => [
+  // The alert on jobs whose attempts kept being lost reads the last hour of them: a tiny index.
+  index('job_results_attempt_lost_idx').on(t.updatedAt).where(sql`${t.errorCode} = 'ATTEMPT_LOST'`),
+]);
 
 /** Small process-wide values that must survive restarts (e.g. the admin token's hash). */
 export const settings = pgTable('settings', {
@@ -306,6 +311,12 @@ export const windows = pgTable(
   refilledAt: timestamp('refilled_at', { withTimezone: true }).notNull().defaultNow(),
   pausedUntil: timestamp('paused_until', { withTimezone: true }),
   pauseReason: text('pause_reason'),
+  /**
+   * The last pause the provider asked for beyond RETRY_AFTER_MAX_SECONDS (the seconds asked, and
+   * when): the pause was capped, and an alert names the window and the value while it is recent.
+   */
+  cappedAskSeconds: doublePrecision('capped_ask_seconds'),
+  cappedAskAt: timestamp('capped_ask_at', { withTimezone: true }),
   inFlight: integer('in_flight').notNull().default(0),
   poolSize: integer('pool_size').notNull().default(1),
   latencyP50Ms: doublePrecision('latency_p50_ms'),
@@ -361,6 +372,13 @@ export const reservations = pgTable(
     reconciledAt: timestamp('reconciled_at', { withTimezone: true }),
     /** The expiry's bill a late settlement replaced (usage events: the charge as first served, then the correction). */
     expiryBilled: integer('expiry_billed'),
+    /**
+     * Its expiry failed on its own (the sweeper isolates a bad row: split, then one by one): why, and
+     * when. The sweep skips it until EXPIRY_RETRY_SECONDS have passed, an alert names it, and the
+     * rest of the batch goes on.
+     */
+    expiryError: text('expiry_error'),
+    expiryFailedAt: timestamp('expiry_failed_at', { withTimezone: true }),
   },
   (t) => [
     index('reservations_open_idx').on(t.nodeId).where(sql`${t.settledAt} is null`),

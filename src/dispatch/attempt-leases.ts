@@ -162,18 +162,20 @@ export class AttemptLeases {
   }
 
   /**
-   * The "sent" mark (migration 0028): ONE statement for every reservation a lease returned, before
-   * any of their calls is sent. Returns the reservations it marked; when the mark itself fails we
-   * cannot know whether it committed, so none counts as marked (nothing is sent).
+   * The "sent" mark: ONE statement for every reservation a lease returned, before any of their
+   * calls is sent. `riders` (a batch's duplicates) are fenced but not marked sent: they never go
+   * upstream themselves. Returns the reservations it fenced (both kinds); when the mark itself fails
+   * we cannot know whether it committed, so none counts as marked (nothing is sent).
    */
-  async markSent(attempts: readonly Attempt[]): Promise<Set<string>> {
+  async markSent(attempts: readonly Attempt[], riders: readonly Attempt[] = []): Promise<Set<string>> {
     try {
       return await markReservationsSent(
         this.options.sql,
-        attempts.map((a) => a.reservationId),
+        [...attempts, ...riders].map((a) => a.reservationId),
+        riders.map((a) => a.reservationId),
       );
     } catch (err) {
-      this.options.log.warn({ err, attempts: attempts.length }, 'could not mark leased attempts sent: none is sent, all are put back');
+      this.options.log.warn({ err, attempts: attempts.length + riders.length }, 'could not mark leased attempts sent: none is sent, all are put back');
       return new Set();
     }
   }

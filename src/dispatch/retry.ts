@@ -66,3 +66,18 @@ export function planSettlement(reaction: Reaction, outcome: CallOutcome, attempt
       return { action: 'requeue', delaySeconds: Math.max(1, Math.ceil(outcome.retryAfterSeconds ?? baseDelaySeconds)), countsAsAttempt: false };
   }
 }
+
+/** The longest a plan's credit period runs (a month, and a day of slack): a renewal later than this is not believed. */
+export const MAX_RENEWAL_SECONDS = 32 * 86_400;
+
+/**
+ * Until when credits exhausted stops dispatch: the provider's renewal time when it gave a
+ * believable one (in the future, within MAX_RENEWAL_SECONDS: a monthly plan renews within a
+ * month), else `fallbackSeconds` (CREDITS_STOP_SECONDS). A renewal header decades away must not
+ * stop the account for decades. Pure.
+ */
+export function creditsStopUntil(renewalAt: Date | null, nowMs: number, fallbackSeconds: number): Date {
+  const renewal = renewalAt?.getTime();
+  if (renewal !== undefined && renewal > nowMs && renewal <= nowMs + MAX_RENEWAL_SECONDS * 1000) return new Date(renewal);
+  return new Date(nowMs + fallbackSeconds * 1000);
+}

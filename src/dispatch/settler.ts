@@ -29,10 +29,10 @@ import { stopAccount } from '../scheduler/sql/account.ts';
 import { markQueuesReady } from '../scheduler/sql/queues.ts';
 import { lockOpenReservations, settleGroup, type SettleGroupItem } from '../scheduler/sql/reservations.ts';
 import { lockTenants } from '../scheduler/sql/tenants.ts';
-import { pauseWindow, stopWindow, type RateLimitPace } from '../scheduler/sql/windows.ts';
+import { pauseWindow, recordCappedAsk, stopWindow, type RateLimitPace } from '../scheduler/sql/windows.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
 import type { Attempt, AttemptLeases, BatchAttempt } from './attempt-leases.ts';
-import { planSettlement, resultOf, type SettlePlan } from './retry.ts';
+import { creditsStopUntil, planSettlement, resultOf, type SettlePlan } from './retry.ts';
 import { classifySettleError, pickSettleUnits, planSettleFailure, sqlState, type SettleFailureStep } from './settle-groups.ts';
 import { reconcileLateSettlements } from './late-settlement.ts';
 import { settleRetryDelayMs } from './liveness.ts';
@@ -420,10 +420,13 @@ export class Settler {
     switch (outcome.kind) {
       case 'rate_limited':
         await pauseWindow(tx, window.name, Math.max(1, outcome.retryAfterSeconds ?? 1), 'RATE_LIMITED', this.options.rateLimitPace);
+        if (outcome.askedRetryAfterSeconds !== undefined) {
+          await recordCappedAsk(tx, window.name, outcome.askedRetryAfterSeconds);
+          log.warn({ window: window.name, askedSeconds: outcome.askedRetryAfterSeconds, pausedSeconds: outcome.retryAfterSeconds }, 'the provider asked for a pause beyond RETRY_AFTER_MAX_SECONDS: capped');
+        }
         return;
       case 'credits_exhausted': {
-        const renewal = outcome.status?.renewalAt?.getTime();
-        const until = renewal && renewal > Date.now() ? new Date(renewal) : new Date(Date.now() + this.options.creditsStopSeconds * 1000);
+        const until = creditsStopUntil(outcome.status?.renewalAt ?? null, Date.now(), this.options.creditsStopSeconds);
         await stopAccount(tx, until, 'CREDITS_EXHAUSTED');
         log.error({ until, window: window.name, message: outcome.message }, 'provider credits exhausted: all dispatch stopped');
         return;

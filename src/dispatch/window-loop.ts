@@ -300,7 +300,7 @@ export class WindowLoops {
   }
 
   /**
-   * The "sent" mark (migration 0028; attempt-leases.ts) for every reservation
+   * The "sent" mark (attempt-leases.ts) for every reservation
    * this lease returned, before any of their calls is sent. Returns what may
    * be sent (the attempts it marked) and the settlements of the others. The others are settled at once as never
    * sent (refunded, put back, not counted as an attempt): one not marked was
@@ -311,7 +311,13 @@ export class WindowLoops {
    */
   private async markSent(w: WindowSpec, leased: Leased): Promise<{ marked: Leased; unsent: Promise<void>[] }> {
     const all = attemptsOf(leased);
-    const marked = await this.options.leases.markSent(all);
+    // A batch item's duplicates ride on its first attempt: fenced, never marked sent (nor billed on expiry).
+    const riders = leased.batches.flatMap((b) => b.items.flatMap((it) => it.attempts.slice(1)));
+    const riding = new Set(riders);
+    const fenced = await this.options.leases.markSent(all.filter((a) => !riding.has(a)), riders);
+    // A rider whose item's first attempt was not marked is not sent either: it must not go upstream unmarked.
+    const orphans = new Set(leased.batches.flatMap((b) => b.items.filter((it) => !fenced.has(it.attempts[0]!.reservationId)).flatMap((it) => it.attempts.slice(1).map((a) => a.reservationId))));
+    const marked = orphans.size === 0 ? fenced : new Set([...fenced].filter((id) => !orphans.has(id)));
     const notSent = all.filter((a) => !marked.has(a.reservationId));
     const outcome: CallOutcome = { kind: 'server_error', httpStatus: null, creditsBilled: 0, data: null, message: 'not sent: the attempt could not be marked sent', status: null, retryAfterSeconds: 0, latencyMs: 0 };
     const unsent = notSent.map((a) => this.track(w, [a], () => this.options.settler.settle(w, a, outcome, { putBack: true })));

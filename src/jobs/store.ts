@@ -414,6 +414,25 @@ export function finishItem(j: FinishedJob) {
 }
 
 /**
+ * Final states outside a settlement (an attempt lost past the job's attempt limit): sluice_finish_jobs
+ * for many jobs in one statement, each fenced by its attempt. Returns the ids it finished.
+ */
+export async function finishJobs(tx: Tx, jobs: readonly FinishedJob[]): Promise<Set<string>> {
+  if (jobs.length === 0) return new Set();
+  const rows = await tx`select sluice_finish_jobs(${tx.json(jobs.map(finishItem) as never)}::jsonb) as id`;
+  return new Set(rows.map((r) => r.id as string));
+}
+
+/** Jobs that failed with ATTEMPT_LOST within the last `seconds` (the alert's facts; a partial index holds only them). */
+export async function recentAttemptLost(sql: Tx, seconds: number, limit = 5): Promise<{ count: number; jobIds: string[] }> {
+  const rows = await sql`
+    select job_id, count(*) over ()::int as n from job_results
+    where error_code = 'ATTEMPT_LOST' and updated_at > now() - make_interval(secs => ${seconds})
+    order by updated_at desc limit ${limit}`;
+  return { count: (rows[0]?.n as number | undefined) ?? 0, jobIds: rows.map((r) => r.job_id as string) };
+}
+
+/**
  * RUNNING (on this attempt) → QUEUED, ready after `delaySeconds`. A put-back
  * gives back the attempt it claimed: it was not the job's fault.
  */

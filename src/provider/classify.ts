@@ -50,6 +50,18 @@ export type Reaction =
 /** Used when a rate-limit 429 carries neither retry-after nor x-rate-limit-reset (the cooldown is ~50 s). */
 export const DEFAULT_RETRY_AFTER_SECONDS = 60;
 
+/** RETRY_AFTER_MAX_SECONDS' default: no pause or put-back delay the provider asks for lasts longer; then a call decides again. */
+export const MAX_RETRY_AFTER_SECONDS = 300;
+
+/**
+ * The provider's ask for a wait, within the cap: the wait to keep, and the ask itself when it was
+ * beyond the cap (an alert names it). Pure.
+ */
+export function boundedRetryAfter(asked: number | null, maxSeconds: number = MAX_RETRY_AFTER_SECONDS): Pick<CallOutcome, 'retryAfterSeconds' | 'askedRetryAfterSeconds'> {
+  if (asked === null) return { retryAfterSeconds: null };
+  return asked > maxSeconds ? { retryAfterSeconds: maxSeconds, askedRetryAfterSeconds: asked } : { retryAfterSeconds: asked };
+}
+
 /**
  * billed → complete; server_error, timeout → retry; rate_limited,
  * credits_exhausted, key_unusable → put_back (another window, the pacer's
@@ -214,6 +226,8 @@ export interface ResponseFacts {
   latencyMs: number;
   observedAt: Date;
   defaultRetryAfterSeconds?: number;
+  /** RETRY_AFTER_MAX_SECONDS (default MAX_RETRY_AFTER_SECONDS). */
+  maxRetryAfterSeconds?: number;
 }
 
 function secondsUntil(date: Date | null, nowMs: number): number | null {
@@ -252,7 +266,11 @@ export function classifyResponse(f: ResponseFacts): CallOutcome {
     creditsBilled: 0,
     data: null,
     message,
-    retryAfterSeconds: retryAfterFor(kind, f.headers, status, f.observedAt.getTime(), f.defaultRetryAfterSeconds),
+    // Credits exhausted waits for the renewal: the account stop (dispatch/retry.ts creditsStopUntil)
+    // bounds that wait, and the job it put back is ready as soon as the stop lifts.
+    ...(kind === 'credits_exhausted'
+      ? { retryAfterSeconds: retryAfterFor(kind, f.headers, status, f.observedAt.getTime(), f.defaultRetryAfterSeconds) }
+      : boundedRetryAfter(retryAfterFor(kind, f.headers, status, f.observedAt.getTime(), f.defaultRetryAfterSeconds), f.maxRetryAfterSeconds)),
   };
 }
 
@@ -332,7 +350,7 @@ export function classifyBatchItem(
   id: string,
   result: BatchResultRead | undefined,
   cost: number,
-  opts: { timeoutBilling: TimeoutBilling; defaultRetryAfterSeconds?: number; maxResultBytes?: number },
+  opts: { timeoutBilling: TimeoutBilling; defaultRetryAfterSeconds?: number; maxRetryAfterSeconds?: number; maxResultBytes?: number },
 ): BatchItemOutcome {
   if (result === undefined) {
     return {
@@ -360,13 +378,13 @@ export function classifyBatchItem(
   }
   const message = storableText(result.error ?? `item status ${result.status}`);
   const kind = kindForErrorStatus(result.status, message, null);
-  const retryAfterSeconds =
+  const asked =
     kind === 'rate_limited'
       ? (result.retryAfter !== undefined ? Math.ceil(result.retryAfter) : (opts.defaultRetryAfterSeconds ?? DEFAULT_RETRY_AFTER_SECONDS))
       : result.retryAfter !== undefined
         ? Math.ceil(result.retryAfter)
         : null;
-  return { id, kind, httpStatus: result.status, creditsBilled: 0, data: null, message, retryAfterSeconds };
+  return { id, kind, httpStatus: result.status, creditsBilled: 0, data: null, message, ...boundedRetryAfter(asked, opts.maxRetryAfterSeconds) };
 }
 
 /**

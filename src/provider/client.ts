@@ -31,6 +31,7 @@ import {
   storableText,
   DEFAULT_MAX_RESULT_BYTES,
   DEFAULT_RETRY_AFTER_SECONDS,
+  MAX_RETRY_AFTER_SECONDS,
 } from './classify.ts';
 import { HEADER, parseProviderStatus } from './headers.ts';
 import type { BatchItem, BatchOutcome, CallOutcome, CallRequest, ProviderClient, ProviderStatus } from './types.ts';
@@ -46,6 +47,8 @@ export interface ProviderClientOptions {
   timeoutBilling?: TimeoutBilling;
   /** Seconds to wait after a rate-limit 429 that names no time. Default 60. */
   defaultRetryAfterSeconds?: number;
+  /** RETRY_AFTER_MAX_SECONDS: the longest wait a provider's answer may impose. Default 300. */
+  maxRetryAfterSeconds?: number;
   /** Max sockets per origin in the keep-alive pool. Default 256 (the pacer, not this, bounds the rate). */
   maxSockets?: number;
   /** Most bytes of one answer's body read (a batch: per item). Default 1 MiB (MAX_RESULT_BYTES). */
@@ -65,6 +68,7 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
   const agent = isHttps ? new https.Agent(agentOptions) : new http.Agent(agentOptions);
   const timeoutBilling: TimeoutBilling = opts.timeoutBilling ?? 'billed';
   const defaultRetryAfterSeconds = opts.defaultRetryAfterSeconds ?? DEFAULT_RETRY_AFTER_SECONDS;
+  const maxRetryAfterSeconds = opts.maxRetryAfterSeconds ?? MAX_RETRY_AFTER_SECONDS;
   const userAgent = opts.userAgent ?? 'sluice-provider-client';
   const maxResultBytes = opts.maxResultBytes ?? DEFAULT_MAX_RESULT_BYTES;
   const statuses = new Map<string, ProviderStatus>();
@@ -193,6 +197,7 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
         latencyMs,
         observedAt: new Date(),
         defaultRetryAfterSeconds,
+        maxRetryAfterSeconds,
       });
       remember(req.apiKey, outcome.status);
       return outcome;
@@ -220,6 +225,7 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
           latencyMs,
           observedAt,
           defaultRetryAfterSeconds,
+          maxRetryAfterSeconds,
         });
         remember(req.apiKey, call.status);
         return { call, items: [] };
@@ -253,7 +259,7 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
         parsed.value.results,
       );
       const items = req.items.map((item, i) =>
-        classifyBatchItem(item.id, matched[i], cost, { timeoutBilling, defaultRetryAfterSeconds, maxResultBytes }),
+        classifyBatchItem(item.id, matched[i], cost, { timeoutBilling, defaultRetryAfterSeconds, maxRetryAfterSeconds, maxResultBytes }),
       );
       const call: CallOutcome = {
         kind: 'billed',

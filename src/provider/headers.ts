@@ -83,14 +83,23 @@ export function parseRenewal(value: string | null): Date | null {
   return ms === null ? null : new Date(ms);
 }
 
+/** A number at least this large is not a delay in seconds (31 years) but an epoch time: seconds, or ms past EPOCH_MS_FROM. */
+export const EPOCH_SECONDS_FROM = 1e9;
+const EPOCH_MS_FROM = 1e12;
+
 /**
  * `retry-after` (and `x-rate-limit-reset`) as seconds to wait: delta-seconds
- * (possibly fractional, rounded up) or an HTTP-date relative to `nowMs`.
- * Returns null when absent or unreadable; never negative.
+ * (possibly fractional, rounded up) or an HTTP-date relative to `nowMs`. A
+ * number from EPOCH_SECONDS_FROM up is read as an epoch time (seconds, or
+ * milliseconds from 10^12), the shape some providers send for a reset, so it
+ * is never a wait of decades. Returns null when absent or unreadable; never
+ * negative. What this returns is still only the provider's ask: the caller
+ * caps it (RETRY_AFTER_MAX_SECONDS, provider/classify.ts).
  */
 export function parseRetryAfter(value: string | null, nowMs: number = Date.now()): number | null {
   if (value === null) return null;
   const n = parseNumber(value);
+  if (n !== null && n >= EPOCH_SECONDS_FROM) return Math.max(0, Math.ceil((n >= EPOCH_MS_FROM ? n : n * 1000) / 1000 - nowMs / 1000));
   if (n !== null) return n < 0 ? null : Math.ceil(n);
   const ms = parseDate(value);
   if (ms === null) return null;

@@ -63,8 +63,13 @@ interface OutcomeBase {
   message: string | null;
   /** Parsed headers; null when no response arrived. */
   status: ProviderStatus | null;
-  /** Seconds to wait before this key may be used again (rate_limited, sometimes server_error). */
+  /**
+   * Seconds to wait before this key may be used again (rate_limited, sometimes server_error), at
+   * most RETRY_AFTER_MAX_SECONDS: the provider's ask is a hint, never an order to stop for long.
+   */
   retryAfterSeconds: number | null;
+  /** Set when the provider asked for longer than the cap: what it asked (for the alert naming it). */
+  askedRetryAfterSeconds?: number;
   /** Wall time of the call. */
   latencyMs: number;
 }

@@ -49,3 +49,23 @@ export function expirySettlement(credits: number, sent: boolean, timeoutBilling:
   if (!sent) return { billed: 0, outcome: 'never_sent' };
   return { billed: billedCredits(timeoutBilling === 'billed' ? credits : 0, credits), outcome: 'node_lost' };
 }
+
+/** The code of a job whose attempts kept being lost (its lease expired with the call sent) past its attempt limit. */
+export const ATTEMPT_LOST_CODE = 'ATTEMPT_LOST';
+
+export function attemptLostMessage(attempt: number): string {
+  return `attempt ${attempt} was lost (its worker stopped or never settled it) and the job has no attempts left; it was billed as the provider may have billed it`;
+}
+
+/**
+ * What becomes of the jobs of expired attempts: a sent attempt numbered past `retryLimit` (the
+ * job's last allowed attempt, as planSettlement counts them) fails the job; every other one goes
+ * back to its queue. An attempt never sent never fails the job (nothing reached the provider, and
+ * a node dying before it sends says nothing about the job), though it keeps its number.
+ */
+export function lostAttemptFates<T extends { attempt: number; sent: boolean }>(expired: readonly T[], retryLimit: number): { release: T[]; fail: T[] } {
+  const release: T[] = [];
+  const fail: T[] = [];
+  for (const r of expired) (r.sent && r.attempt > retryLimit ? fail : release).push(r);
+  return { release, fail };
+}

@@ -37,17 +37,26 @@ interface LostJob {
   queueExists: boolean;
 }
 
-/** The next batch of waiting jobs after the cursor, and which of them have no live pg-boss job. */
-async function lostJobs(tx: postgres.TransactionSql, after: { micros: string; id: string } | null): Promise<{ scanned: number; last: { micros: string; id: string } | null; lost: LostJob[] }> {
-  const rows = await tx`
+type Cursor = { micros: string; id: string };
+
+/**
+ * The next batch of waiting jobs after the cursor, and which of them have no live pg-boss job. The
+ * walk is a range of jobs_waiting_created_idx in its own order (created_at, id): its cost is the
+ * batch, never a sort of the whole backlog. `explain` returns the plan instead (the index test).
+ */
+export async function waitingBatch(tx: postgres.TransactionSql | postgres.Sql, after: Cursor | null, explain = false) {
+  const afterCursor = after
+    ? tx`and (j.created_at, j.id) > (timestamptz 'epoch' + (${after.micros} || ' microseconds')::interval, ${after.id}::uuid)`
+    : tx``;
+  return tx`
+    ${explain ? tx`explain (format json)` : tx``}
     with batch as (
       select j.id, j.tenant_id, j.priority, j.api, j.params, j.created_at,
         't.' || j.tenant_id || '.' || lower(j.priority) as queue
       from jobs j
       where j.state in ('QUEUED', 'WAITING_QUOTA')
         and j.created_at < now() - make_interval(secs => ${MIN_AGE_SECONDS})
-        and (${after?.micros ?? null}::bigint is null
-             or (j.created_at, j.id) > (timestamptz 'epoch' + make_interval(secs => 0) + (${after?.micros ?? '0'} || ' microseconds')::interval, ${after?.id ?? '00000000-0000-0000-0000-000000000000'}::uuid))
+        ${afterCursor}
       order by j.created_at, j.id
       limit ${BATCH}
     )
@@ -57,6 +66,10 @@ async function lostJobs(tx: postgres.TransactionSql, after: { micros: string; id
       exists (select 1 from pgboss.queue q where q.name = b.queue) as "queueExists"
     from batch b
     order by b.created_at, b.id`;
+}
+
+async function lostJobs(tx: postgres.TransactionSql, after: Cursor | null): Promise<{ scanned: number; last: Cursor | null; lost: LostJob[] }> {
+  const rows = await waitingBatch(tx, after);
   const last = rows.at(-1);
   return {
     scanned: rows.length,
@@ -69,7 +82,7 @@ export class Reconciler {
   private readonly boss: PgBoss;
   private readonly intervalMs: number;
   private readonly log: Logger;
-  private cursor: { micros: string; id: string } | null = null;
+  private cursor: Cursor | null = null;
   private nextPassAt = 0;
 
   constructor(opts: { boss: PgBoss; intervalMs: number; log: Logger }) {

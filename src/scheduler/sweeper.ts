@@ -8,7 +8,8 @@
  *  - settle the reservations whose ATTEMPT LEASE expired (the one liveness
  *    authority; the dispatcher refreshes its attempts' leases on its own
  *    timer, so a slow sweep never frees a live node's slots), a batch per
- *    transaction, and put their jobs back in QUEUED and in pg-boss; not
+ *    transaction (a failing row isolated by halving), and put their jobs back
+ *    in QUEUED and in pg-boss, or fail them past their attempt limit; not
  *    until one lease after both Postgres and this node are back from an
  *    outage (dispatch/liveness.ts expiryHoldMs), so live owners store the
  *    outcomes they hold first,
@@ -26,23 +27,28 @@ import type { DesiredAlert } from '../alerts/rules.ts';
 import { syncAlerts, type AlertRow } from '../alerts/store.ts';
 import type { Sql } from '../db/client.ts';
 import { publishJobEvents } from '../events/bus.ts';
-import { releaseLostJobs } from '../jobs/store.ts';
+import { finishJobs, releaseLostJobs } from '../jobs/store.ts';
+import { isDatabaseUnavailable } from '../db/availability.ts';
 import { queueName, reinsertJobs } from '../queue/boss.ts';
 import { type JobClass } from '../config/classes.ts';
 import { quotaPeriod } from '../tenants/policy.ts';
 import { expiryHoldMs } from '../dispatch/liveness.ts';
-import { expirySettlement } from './ledger.ts';
+import { ATTEMPT_LOST_CODE, attemptLostMessage, expirySettlement, lostAttemptFates } from './ledger.ts';
 import { compareQueueKeys } from './lock-order.ts';
 import { ledgerFor } from './sql/ledger.ts';
 import { databaseUpForMs, forgetDeadNodes, heartbeatNode, removeNode } from './sql/nodes.ts';
 import { markQueuesReady } from './sql/queues.ts';
-import { lockExpiredReservations, settleReservations } from './sql/reservations.ts';
+import { expiredReservationIds, lockExpiredReservations, recordExpiryFailure, settleReservations } from './sql/reservations.ts';
 import { lockTenants, unblockableTenants, unblockQuota } from './sql/tenants.ts';
 
 /** Arbitrary, fixed: only one process evaluates alerts at a time. */
 const SWEEP_LOCK = 0x736c7377;
 /** Expired reservations settled per short transaction. */
 const EXPIRED_BATCH = 200;
+/** At most this many batches per round: a huge backlog of expiries is worked off over rounds, and the other steps still run. */
+const MAX_EXPIRY_PASSES = 50;
+/** A reservation whose expiry failed alone is tried again after this long (EXPIRY_RETRY_SECONDS). */
+export const EXPIRY_RETRY_SECONDS = 600;
 
 export interface SweeperOptions {
   sql: Sql;
@@ -52,6 +58,10 @@ export interface SweeperOptions {
   intervalMs: number;
   nodeTimeoutSeconds: number;
   timeoutBilling: 'billed' | 'refunded';
+  /** JOB_RETRY_LIMIT: a lost (sent) attempt past it fails the job with ATTEMPT_LOST; absent: no limit. */
+  retryLimit?: number;
+  /** How long a reservation whose expiry failed alone is skipped before it is tried again (default EXPIRY_RETRY_SECONDS). */
+  expiryRetrySeconds?: number;
   /** The attempt lease (ATTEMPT_LEASE_SECONDS); default nodeTimeoutSeconds, as in the configuration. */
   leaseSeconds?: number;
   /** Called each round before the sweep: publish pools, breakers and provider status, refresh the guard. */
@@ -157,11 +167,19 @@ export class Sweeper {
    * upstream). The bill reaches the job's creditsBilled in the same statement
    * (sluice_settle), and a settlement arriving later is reconciled
    * (dispatch/late-settlement.ts).
-   * Lock order: reservations, tenants (id order), jobs, pgboss.job,
-   * sched_queues, ledger, windows (inside sluice_settle, last).
+   *
+   * A lost attempt that was sent counts toward the job's attempt limit: past
+   * JOB_RETRY_LIMIT the job ends FAILED with ATTEMPT_LOST instead of running
+   * again (a call that kills its worker would otherwise run, and bill, for ever).
+   *
+   * A batch whose settlement fails is split in halves and retried, down to
+   * one reservation; one that fails alone is recorded on its row with the
+   * reason (recordExpiryFailure), skipped for EXPIRY_RETRY_SECONDS and named
+   * by an alert, and the rest of the batch goes on. A database outage is not
+   * a bad row: it ends the step (the next round tries again).
    */
   private async releaseExpired(): Promise<number> {
-    const { sql, boss } = this.o;
+    const { sql } = this.o;
     const hold = expiryHoldMs({
       leaseMs: (this.o.leaseSeconds ?? this.o.nodeTimeoutSeconds) * 1000,
       dbUpForMs: await databaseUpForMs(sql),
@@ -174,35 +192,74 @@ export class Sweeper {
     }
     this.holdLogged = false;
     let released = 0;
-    for (;;) {
-      const n = await sql.begin(async (tx) => {
-        const expired = await lockExpiredReservations(tx, EXPIRED_BATCH);
-        if (expired.length === 0) return 0;
-        await lockTenants(tx, expired.map((r) => r.tenantId));
-        const jobs = await releaseLostJobs(tx, expired.map((r) => ({ jobId: r.jobId, attempt: r.attempt })));
-        const byQueue = new Map<string, { tenantId: string; jobClass: JobClass; jobs: typeof jobs }>();
-        for (const j of jobs) {
-          const queue = queueName(j.tenantId, j.priority);
-          const g = byQueue.get(queue) ?? { tenantId: j.tenantId, jobClass: j.priority, jobs: [] };
-          g.jobs.push(j);
-          byQueue.set(queue, g);
-        }
-        // Queue key order (tenant id, class), as every multi-row writer of sched_queues takes them
-        // (releaseLostJobs' depth trigger has locked these rows already, in that order).
-        for (const [queue, g] of [...byQueue].sort(([, a], [, b]) => compareQueueKeys(a, b))) {
-          await reinsertJobs(boss, tx, queue, g.jobs.map((j) => ({ id: j.id, data: { tenantId: j.tenantId, api: j.api, params: j.params } })));
-          await markQueuesReady(tx, g.tenantId, [g.jobClass]);
-        }
-        // Never marked sent: refunded (nothing went upstream); sent: the timeout rule (ledger.ts).
-        await settleReservations(tx, expired.map((r) => ({ id: r.id, ...expirySettlement(r.credits, r.sent, this.o.timeoutBilling) })));
-        await publishJobEvents(tx, jobs.map((j) => ({ jobId: j.id, tenantId: j.tenantId, state: 'QUEUED' as const })));
-        return expired.length;
-      });
-      released += n;
-      if (n < EXPIRED_BATCH) break;
+    // Bounded: each pass settles or records every id it read, and recorded ones are not read again this round.
+    for (let pass = 0; pass < MAX_EXPIRY_PASSES; pass++) {
+      const ids = await expiredReservationIds(sql, EXPIRED_BATCH, this.o.expiryRetrySeconds ?? EXPIRY_RETRY_SECONDS);
+      if (ids.length === 0) break;
+      released += await this.expireIsolated(ids);
+      if (ids.length < EXPIRED_BATCH) break;
     }
     if (released > 0) this.o.log.warn({ released }, 'settled the reservations of attempts whose lease expired');
     return released;
+  }
+
+  /** `ids` in one transaction; on a failure that is not an outage, each half alone, down to one reservation, which is recorded. */
+  private async expireIsolated(ids: readonly string[]): Promise<number> {
+    try {
+      return await this.o.sql.begin((tx) => this.expire(tx, ids));
+    } catch (err) {
+      if (isDatabaseUnavailable(err)) throw err;
+      if (ids.length === 1) {
+        const reason = err instanceof Error ? err.message : String(err);
+        await recordExpiryFailure(this.o.sql, ids[0]!, reason);
+        this.o.log.error({ reservation: ids[0], reason }, 'an expired reservation could not be settled: recorded and skipped; the others go on');
+        return 0;
+      }
+      const mid = Math.ceil(ids.length / 2);
+      return (await this.expireIsolated(ids.slice(0, mid))) + (await this.expireIsolated(ids.slice(mid)));
+    }
+  }
+
+  /**
+   * One transaction's expiry. Lock order: reservations, tenants (id order), jobs, pgboss.job,
+   * sched_queues, ledger, windows (inside sluice_settle, last).
+   */
+  private async expire(tx: postgres.TransactionSql, ids: readonly string[]): Promise<number> {
+    const { boss, retryLimit } = this.o;
+    const expired = await lockExpiredReservations(tx, ids);
+    if (expired.length === 0) return 0;
+    await lockTenants(tx, expired.map((r) => r.tenantId));
+    const { release, fail } = lostAttemptFates(expired, retryLimit ?? Infinity);
+    const jobs = await releaseLostJobs(tx, release.map((r) => ({ jobId: r.jobId, attempt: r.attempt })));
+    const byQueue = new Map<string, { tenantId: string; jobClass: JobClass; jobs: typeof jobs }>();
+    for (const j of jobs) {
+      const queue = queueName(j.tenantId, j.priority);
+      const g = byQueue.get(queue) ?? { tenantId: j.tenantId, jobClass: j.priority, jobs: [] };
+      g.jobs.push(j);
+      byQueue.set(queue, g);
+    }
+    // Queue key order (tenant id, class), as every multi-row writer of sched_queues takes them
+    // (releaseLostJobs' depth trigger has locked these rows already, in that order).
+    for (const [queue, g] of [...byQueue].sort(([, a], [, b]) => compareQueueKeys(a, b))) {
+      await reinsertJobs(boss, tx, queue, g.jobs.map((j) => ({ id: j.id, data: { tenantId: j.tenantId, api: j.api, params: j.params } })));
+      await markQueuesReady(tx, g.tenantId, [g.jobClass]);
+    }
+    // Past the attempt limit: FAILED with its own code, its result stored and pg-boss acked with it.
+    const failed = await finishJobs(tx, fail.map((r) => ({
+      id: r.jobId,
+      attempt: r.attempt,
+      state: 'FAILED' as const,
+      queue: queueName(r.tenantId, r.jobClass),
+      result: { data: null, errorCode: ATTEMPT_LOST_CODE, errorMessage: attemptLostMessage(r.attempt), httpStatus: null, attempts: r.attempt },
+    })));
+    if (failed.size > 0) this.o.log.warn({ jobs: [...failed].slice(0, 20), count: failed.size }, 'jobs whose attempts kept being lost (their worker died or never settled) failed with ATTEMPT_LOST');
+    // Never marked sent: refunded (nothing went upstream); sent: the timeout rule (ledger.ts).
+    await settleReservations(tx, expired.map((r) => ({ id: r.id, ...expirySettlement(r.credits, r.sent, this.o.timeoutBilling) })));
+    await publishJobEvents(tx, [
+      ...jobs.map((j) => ({ jobId: j.id, tenantId: j.tenantId, state: 'QUEUED' as const })),
+      ...fail.filter((r) => failed.has(r.jobId)).map((r) => ({ jobId: r.jobId, tenantId: r.tenantId, state: 'FAILED' as const })),
+    ]);
+    return expired.length;
   }
 
   /** Quota-blocked tenants whose next job now fits: one short transaction each. */

@@ -218,11 +218,16 @@ export async function refreshLeases(sql: Tx, ids: readonly string[], leaseSecond
  * node is never marked, and its expiry refunds it. Rows are not locked
  * against a settlement: a mark waits for a sweep holding the row, then finds
  * it settled and leaves it out.
+ *
+ * `riders` are among `ids` but ride on another attempt's call (a batch's duplicate inputs: only the
+ * item's first attempt is sent and billed). They are fenced the same way (returned when still open)
+ * but not marked: if their node dies, their expiry refunds them, and only the attempt that went
+ * upstream is billed by the timeout rule.
  */
-export async function markSent(sql: Tx, ids: readonly string[]): Promise<Set<string>> {
+export async function markSent(sql: Tx, ids: readonly string[], riders: readonly string[] = []): Promise<Set<string>> {
   if (ids.length === 0) return new Set();
   const rows = await sql`
-    update reservations set sent_at = now()
+    update reservations set sent_at = case when id = any(${riders as string[]}::uuid[]) then sent_at else now() end
     where id = any(${ids as string[]}::uuid[]) and settled_at is null
     returning id`;
   return new Set(rows.map((r) => r.id as string));
@@ -233,22 +238,61 @@ export interface ExpiredReservation {
   jobId: string;
   attempt: number;
   tenantId: string;
+  /** The job's class (its pg-boss queue, with the tenant). */
+  jobClass: JobClass;
   credits: number;
   /** Its node marked it sent before calling (markSent); unmarked ones are refunded. */
   sent: boolean;
 }
 
 /**
- * Open reservations whose attempt lease expired (the one liveness
- * authority), locked; rows another sweeper holds are skipped. In a short
- * transaction, `limit` at a time.
+ * Open reservations whose attempt lease expired (the one liveness authority), up to `limit`, in id
+ * order, without locking: the sweeper locks them by id (lockExpiredReservations), so a batch whose
+ * settlement fails can be split and retried by halves. One whose expiry failed on its own is left
+ * out until `retrySeconds` after its failure (recordExpiryFailure).
  */
-export async function lockExpiredReservations(tx: Tx, limit: number): Promise<ExpiredReservation[]> {
-  const rows = await tx`
-    select id, job_id, attempt, tenant_id, credits, sent_at is not null as sent from reservations
+export async function expiredReservationIds(sql: Tx, limit: number, retrySeconds: number): Promise<string[]> {
+  const rows = await sql`
+    select id from reservations
     where settled_at is null and lease_expires_at < clock_timestamp()
-    order by id limit ${limit} for update skip locked`;
-  return rows.map((r) => ({ id: r.id as string, jobId: r.job_id as string, attempt: r.attempt as number, tenantId: r.tenant_id as string, credits: r.credits as number, sent: r.sent as boolean }));
+      and (expiry_failed_at is null or expiry_failed_at < now() - make_interval(secs => ${retrySeconds}))
+    order by id limit ${limit}`;
+  return rows.map((r) => r.id as string);
+}
+
+/**
+ * These reservations, locked, while still open and expired; rows another sweeper holds are skipped.
+ * In a short transaction.
+ */
+export async function lockExpiredReservations(tx: Tx, ids: readonly string[]): Promise<ExpiredReservation[]> {
+  if (ids.length === 0) return [];
+  const rows = await tx`
+    select r.id, r.job_id, r.attempt, r.tenant_id, j.priority, r.credits, r.sent_at is not null as sent
+    from reservations r join jobs j on j.id = r.job_id
+    where r.id = any(${ids as string[]}::uuid[]) and r.settled_at is null and r.lease_expires_at < clock_timestamp()
+    order by r.id for update of r skip locked`;
+  return rows.map((r) => ({
+    id: r.id as string,
+    jobId: r.job_id as string,
+    attempt: r.attempt as number,
+    tenantId: r.tenant_id as string,
+    jobClass: r.priority as JobClass,
+    credits: r.credits as number,
+    sent: r.sent as boolean,
+  }));
+}
+
+/** An expiry that failed alone: why and when, so the sweep skips it for a while and an alert names it. */
+export async function recordExpiryFailure(sql: Tx, id: string, reason: string): Promise<void> {
+  await sql`update reservations set expiry_error = ${reason.slice(0, 500)}, expiry_failed_at = now() where id = ${id} and settled_at is null`;
+}
+
+/** Open reservations whose expiry failed on its own (the alert's facts): how many, and the first few ids. */
+export async function failedExpiries(sql: Tx, limit = 5): Promise<{ count: number; ids: string[] }> {
+  const rows = await sql`
+    select id, count(*) over ()::int as n from reservations
+    where settled_at is null and expiry_failed_at is not null order by id limit ${limit}`;
+  return { count: (rows[0]?.n as number | undefined) ?? 0, ids: rows.map((r) => r.id as string) };
 }
 
 /** Retention: one batch of settled reservations older than `seconds` (rows another pass holds are skipped). Returns how many went. */

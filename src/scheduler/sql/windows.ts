@@ -43,6 +43,19 @@ export async function pauseWindow(sql: Tx, window: string, seconds: number, reas
     where w.name = ${window}`;
 }
 
+/** The provider asked this window for a pause beyond RETRY_AFTER_MAX_SECONDS (it was capped): kept for the alert naming it. */
+export async function recordCappedAsk(sql: Tx, window: string, askedSeconds: number): Promise<void> {
+  await sql`update windows set capped_ask_seconds = ${askedSeconds}, capped_ask_at = now() where name = ${window}`;
+}
+
+/** Windows whose provider asked for a capped pause within the last `seconds` (the alert's facts). */
+export async function recentCappedAsks(sql: Tx, seconds: number): Promise<Array<{ window: string; askedSeconds: number }>> {
+  const rows = await sql`
+    select name, capped_ask_seconds from windows
+    where capped_ask_at > now() - make_interval(secs => ${seconds}) order by name`;
+  return rows.map((r) => ({ window: r.name as string, askedSeconds: r.capped_ask_seconds as number }));
+}
+
 /** An unusable key (401/403): its window stops until an admin resumes it; other windows carry on. */
 export async function stopWindow(sql: Tx, window: string, reason: string): Promise<void> {
   // Far in the future rather than 'infinity', which JavaScript Dates cannot hold.
