@@ -19,6 +19,7 @@ import { checkGetRequest, codedEmptyError, useInputHardening } from './http/inpu
 import { operationRefusal, useOperationAuth } from './graphql/auth-plugin.ts';
 import { WS_CLOSE, WsConnections } from './http/ws-auth.ts';
 import { useInputErrorCodes } from './graphql/input-errors-plugin.ts';
+import { isCallerError } from './graphql/caller-errors.ts';
 import { authenticate, connectionAuthorization, type Context, type Services } from './graphql/context.ts';
 import { schema } from './graphql/schema.ts';
 import { DEFAULT_QUERY_LIMITS, hardeningPlugins, type QueryLimits } from './http/hardening.ts';
@@ -75,7 +76,8 @@ function maskError(log: Logger, error: unknown, message: string, isDev?: boolean
       },
     });
   }
-  if (!(error instanceof GraphQLError) || error.originalError) log.error({ err: original }, 'unexpected error in a resolver');
+  // A caller's mistake is answered with its code, not logged: only what nobody meant to throw is an error.
+  if (!isCallerError(error)) log.error({ err: original }, 'unexpected error in a resolver');
   return yogaMaskError(error, message, isDev);
 }
 

@@ -98,7 +98,8 @@ describe('named API keys and scopes', () => {
     const unknownScope = await create({ name: 'x', scopes: ['ADMIN'] }, acme.apiKey);
     assert.ok(unknownScope.body.errors?.[0]?.extensions?.code, 'an unknown scope is refused with a code');
     const badId = await t.gql('mutation { revokeApiKey(id: "nope") { id } }', {}, acme.apiKey);
-    assert.equal(badId.body.errors[0].extensions.code, 'NOT_FOUND');
+    assert.equal(badId.body.errors[0].extensions.code, 'BAD_USER_INPUT', 'an id that is not a UUID is the caller\'s mistake');
+    assert.equal(badId.body.errors[0].extensions.field, 'id');
     const noSuchTenant = await create({ tenantId: '00000000-0000-0000-0000-000000000000', name: 'x', scopes: ['READ'] });
     assert.equal(noSuchTenant.body.errors[0].extensions.code, 'NOT_FOUND');
   });

@@ -68,7 +68,7 @@ describe('retryJob and finding jobs', () => {
     assert.equal(await countJobs(a.apiKey), before);
   });
 
-  test("another tenant's job is NOT_FOUND (its existence is not revealed), as is an unknown or malformed id", async () => {
+  test("another tenant's job is NOT_FOUND (its existence is not revealed), as is an unknown id; a malformed one is BAD_USER_INPUT", async () => {
     const before = await countJobs(a.apiKey);
     const other = await t.gql(RETRY, { id: failedId }, b.apiKey);
     assert.equal(other.body.errors?.[0]?.extensions?.code, 'NOT_FOUND');
@@ -77,7 +77,7 @@ describe('retryJob and finding jobs', () => {
     const unknown = await t.gql(RETRY, { id: '00000000-0000-4000-8000-000000000000' }, a.apiKey);
     assert.equal(unknown.body.errors?.[0]?.extensions?.code, 'NOT_FOUND');
     const malformed = await t.gql(RETRY, { id: 'nope' }, a.apiKey);
-    assert.equal(malformed.body.errors?.[0]?.extensions?.code, 'NOT_FOUND');
+    assert.equal(malformed.body.errors?.[0]?.extensions?.code, 'BAD_USER_INPUT');
     const anonymous = await t.gql(RETRY, { id: failedId }, null);
     assert.equal(anonymous.status, 401);
   });

@@ -397,7 +397,7 @@ describe('completion webhooks (WEBHOOK_ALLOW_PRIVATE=true, a real receiver)', ()
     // The admin names a tenant that exists.
     assert.equal(await code(LIST, {}), 'BAD_USER_INPUT');
     assert.equal(await code(LIST, { t: '00000000-0000-4000-8000-000000000000' }), 'NOT_FOUND');
-    assert.equal(await code(ADMIN_DELIVERIES, { t: 'nope' }), 'NOT_FOUND');
+    assert.equal(await code(ADMIN_DELIVERIES, { t: 'nope' }), 'BAD_USER_INPUT', 'an id that is not a UUID');
     assert.equal(await code(UPDATE, { i: { id: '00000000-0000-4000-8000-000000000000', enabled: true } }), 'NOT_FOUND');
   });
 
@@ -409,7 +409,7 @@ describe('completion webhooks (WEBHOOK_ALLOW_PRIVATE=true, a real receiver)', ()
     assert.equal(await code(CREATE, { i: { url: 'https://u:p@example.com/x', events: ALL_EVENTS } }), 'BAD_WEBHOOK_URL');
     assert.equal(await code(CREATE, { i: { url: 'https://example.com/x', events: [] } }), 'BAD_USER_INPUT');
     assert.ok(await code(CREATE, { i: { url: 'https://example.com/x', events: ['JOB_EXPLODED'] } }), 'an unknown event is refused');
-    assert.equal(await code(UPDATE, { i: { id: 'nope', enabled: true } }), 'NOT_FOUND');
+    assert.equal(await code(UPDATE, { i: { id: 'nope', enabled: true } }), 'BAD_USER_INPUT', 'an id that is not a UUID');
     assert.equal(await code(UPDATE, { i: { id: '00000000-0000-4000-8000-000000000000', enabled: true } }), 'NOT_FOUND');
     assert.equal(await code(DELIVERIES, { after: 'garbage' }), 'BAD_USER_INPUT');
     assert.equal(await code(DELIVERIES, { first: 501 }), 'BAD_USER_INPUT');

@@ -1,92 +1,148 @@
 /**
- * Operation-level authorization. Every root field declares a role (see
- * `role()` in builder.ts); before anything executes, the operation's root
- * fields are checked against the caller. A refused operation runs nothing, so
- * a caller never gets partial data: 401 UNAUTHENTICATED for a missing or wrong
- * credential, 403 FORBIDDEN for a field of the other role, or for a tenant
- * key without a scope the operation needs (SUBMIT for mutations, READ for
- * queries and subscriptions, unless the field says otherwise: `role()`).
+ * Operation-level authorization. Every root field declares who may call it and
+ * the key scopes it needs (`role()` in builder.ts), and fields below the root
+ * that carry a job's input or output declare the scopes they need
+ * (`needs()`). Before anything executes, the whole operation is walked (its
+ * fragments included) and checked against the caller. A refused operation runs
+ * nothing, so a caller never gets partial data: 401 UNAUTHENTICATED for a
+ * missing or wrong credential, 403 FORBIDDEN for a field of the other role, or
+ * for a tenant key without a scope a selected field needs (the message names
+ * the field and the scope).
+ *
+ * A root field without a declaration is the admin's only: forgetting one never
+ * opens a field to tenants (and test/scope-table.test.ts fails on it).
  */
-import { GraphQLError, Kind, type DocumentNode, type FragmentDefinitionNode, type GraphQLSchema, type SelectionSetNode } from 'graphql';
+import {
+  GraphQLError,
+  Kind,
+  TypeInfo,
+  visit,
+  visitWithTypeInfo,
+  type ASTNode,
+  type DocumentNode,
+  type FragmentDefinitionNode,
+  type GraphQLField,
+  type GraphQLSchema,
+  type OperationDefinitionNode,
+} from 'graphql';
 import type { Plugin } from 'graphql-yoga';
 import type { Auth, Context, Role } from './context.ts';
+import type { FieldAccess } from './builder.ts';
 import { missingScopes, type Scope } from '../tenants/api-keys.ts';
 
-function rootFieldNames(document: DocumentNode, operationName: string | null | undefined): { type: 'query' | 'mutation' | 'subscription'; fields: string[] } | null {
-  const operations = document.definitions.filter((d) => d.kind === Kind.OPERATION_DEFINITION);
-  const op = operationName ? operations.find((o) => o.name?.value === operationName) : operations.length === 1 ? operations[0] : undefined;
+/** What one selected field asks of the caller: `Type.field`, its role (root fields) and the key scopes it needs. */
+export interface Requirement {
+  field: string;
+  role?: Role;
+  scopes: readonly Scope[];
+}
+
+function refusal(code: 'UNAUTHENTICATED' | 'FORBIDDEN', message: string, extra: Record<string, unknown> = {}): GraphQLError {
+  return new GraphQLError(message, { extensions: { code, ...extra, http: { status: code === 'UNAUTHENTICATED' ? 401 : 403 } } });
+}
+
+/**
+ * A field's declaration, or null when it has none. Introspection's root fields (`__schema`,
+ * `__type`, `__typename`) are public so GraphiQL can load the docs.
+ */
+export function declaredAccess(field: Pick<GraphQLField<unknown, unknown>, 'name' | 'extensions'>, root: boolean): FieldAccess | null {
+  if (root && field.name.startsWith('__')) return { role: 'public', scopes: [] };
+  const access = (field.extensions as { access?: Partial<FieldAccess> } | null | undefined)?.access;
+  if (!access || !Array.isArray(access.scopes)) return null;
+  if (root && !access.role) return null;
+  return { ...(access.role ? { role: access.role } : {}), scopes: access.scopes };
+}
+
+/** A root field's access: its declaration, else the admin's only (never open by omission). */
+export function rootAccess(field: Pick<GraphQLField<unknown, unknown>, 'name' | 'extensions'>): FieldAccess & { role: Role } {
+  const access = declaredAccess(field, true);
+  return access?.role ? { role: access.role, scopes: access.scopes } : { role: 'admin', scopes: [] };
+}
+
+function selectedOperation(document: DocumentNode, operationName: string | null | undefined): OperationDefinitionNode | null {
+  const operations = document.definitions.filter((d): d is OperationDefinitionNode => d.kind === Kind.OPERATION_DEFINITION);
+  return (operationName ? operations.find((o) => o.name?.value === operationName) : operations.length === 1 ? operations[0] : undefined) ?? null;
+}
+
+/**
+ * What the operation's selected fields ask of the caller: every root field (with its role) and
+ * every field below that declares scopes, each once, through the fragments the operation uses.
+ * Null when the document names no runnable operation (graphql-js reports that itself). Pure.
+ */
+export function operationRequirements(schema: GraphQLSchema, document: DocumentNode, operationName?: string | null): Requirement[] | null {
+  const op = selectedOperation(document, operationName);
   if (!op) return null;
-  const fragments = new Map(
-    document.definitions.filter((d): d is FragmentDefinitionNode => d.kind === Kind.FRAGMENT_DEFINITION).map((f) => [f.name.value, f]),
-  );
-  const fields: string[] = [];
-  const seen = new Set<string>();
-  const walk = (set: SelectionSetNode) => {
-    for (const sel of set.selections) {
-      if (sel.kind === Kind.FIELD) fields.push(sel.name.value);
-      else if (sel.kind === Kind.INLINE_FRAGMENT) walk(sel.selectionSet);
-      else if (!seen.has(sel.name.value)) {
-        seen.add(sel.name.value);
-        const frag = fragments.get(sel.name.value);
-        if (frag) walk(frag.selectionSet);
-      }
-    }
-  };
-  walk(op.selectionSet);
-  return { type: op.operation, fields };
+  const rootType = schema.getRootType(op.operation);
+  if (!rootType) return null;
+  const fragments = new Map(document.definitions.filter((d): d is FragmentDefinitionNode => d.kind === Kind.FRAGMENT_DEFINITION).map((f) => [f.name.value, f]));
+  // The fragments the operation reaches, each walked once (however often it is spread).
+  const reached = new Set<string>();
+  const pending: ASTNode[] = [op];
+  const found = new Map<string, Requirement>();
+  const typeInfo = new TypeInfo(schema);
+  while (pending.length > 0) {
+    const node = pending.pop()!;
+    visit(
+      node,
+      visitWithTypeInfo(typeInfo, {
+        FragmentSpread(spread) {
+          const name = spread.name.value;
+          if (reached.has(name) || !fragments.has(name)) return;
+          reached.add(name);
+          pending.push(fragments.get(name)!);
+        },
+        Field() {
+          const def = typeInfo.getFieldDef();
+          const parent = typeInfo.getParentType();
+          if (!def || !parent) return; // unknown fields are validation's to report
+          const coordinate = `${parent.name}.${def.name}`;
+          if (found.has(coordinate)) return;
+          if (parent === rootType) {
+            const access = rootAccess(def);
+            found.set(coordinate, { field: coordinate, role: access.role, scopes: access.scopes });
+            return;
+          }
+          const access = declaredAccess(def, false);
+          if (access && access.scopes.length > 0) found.set(coordinate, { field: coordinate, scopes: access.scopes });
+        },
+      }),
+    );
+  }
+  return [...found.values()];
 }
 
-function refusal(code: 'UNAUTHENTICATED' | 'FORBIDDEN', message: string): GraphQLError {
-  return new GraphQLError(message, { extensions: { code, http: { status: code === 'UNAUTHENTICATED' ? 401 : 403 } } });
-}
-
-/** The refusal for this caller and these root fields (and the key scopes they need), or null when allowed. Pure. */
-export function authorize(auth: Auth, roles: readonly Role[], scopes: readonly Scope[] = []): GraphQLError | null {
+/** The refusal of these requirements for this caller, or null when allowed. Pure. */
+export function refusalFor(auth: Auth, requirements: readonly Requirement[]): GraphQLError | null {
   if (auth.kind === 'invalid') return refusal('UNAUTHENTICATED', 'invalid credential: send Authorization: Bearer <api key>');
-  for (const r of roles) {
-    if (r === 'public') continue;
+  for (const { role: r } of requirements) {
+    if (r === undefined || r === 'public') continue;
     if (auth.kind === 'anonymous') return refusal('UNAUTHENTICATED', 'missing credential: send Authorization: Bearer <api key>');
     if (r === 'tenantOrAdmin') continue;
     if (r !== auth.kind) {
       return refusal('FORBIDDEN', r === 'admin' ? 'this operation needs the admin token' : 'this operation needs a tenant API key');
     }
   }
-  if (auth.kind === 'tenant') {
-    const missing = missingScopes(auth.key, scopes);
-    if (missing.length > 0) return refusal('FORBIDDEN', `this API key lacks the ${missing.join(' and ')} scope${missing.length > 1 ? 's' : ''} this operation needs`);
-  }
-  return null;
+  if (auth.kind !== 'tenant') return null;
+  const lacking = requirements.map((q) => ({ field: q.field, missing: missingScopes(auth.key, q.scopes) })).filter((x) => x.missing.length > 0);
+  if (lacking.length === 0) return null;
+  const missing = [...new Set(lacking.flatMap((x) => x.missing))];
+  const detail = lacking.map((x) => `${x.field} needs ${x.missing.join(' and ')}`).join('; ');
+  return refusal('FORBIDDEN', `this API key lacks the ${missing.join(' and ')} scope${missing.length > 1 ? 's' : ''} this operation needs (${detail})`, {
+    missingScopes: missing,
+    fields: lacking.map((x) => x.field),
+  });
 }
 
-function rootFields(schema: GraphQLSchema, type: 'query' | 'mutation' | 'subscription') {
-  const root = type === 'query' ? schema.getQueryType() : type === 'mutation' ? schema.getMutationType() : schema.getSubscriptionType();
-  return root?.getFields() ?? {};
-}
-
-export function rolesOf(schema: GraphQLSchema, type: 'query' | 'mutation' | 'subscription', fields: readonly string[]): Role[] {
-  const defs = rootFields(schema, type);
-  // Introspection (__schema, __type, __typename) is public so GraphiQL can load the docs.
-  return fields.map((name) => (name.startsWith('__') ? 'public' : ((defs[name]?.extensions as { role?: Role } | undefined)?.role ?? 'admin')));
-}
-
-/** The key scopes these root fields need: the field's own (`role(r, scopes)`), else SUBMIT for a mutation and READ otherwise. */
-export function scopesOf(schema: GraphQLSchema, type: 'query' | 'mutation' | 'subscription', fields: readonly string[]): Scope[] {
-  const defs = rootFields(schema, type);
-  const needed = new Set<Scope>();
-  for (const name of fields) {
-    if (name.startsWith('__')) continue;
-    const ext = defs[name]?.extensions as { role?: Role; scopes?: readonly Scope[] } | undefined;
-    if (ext?.role === 'public') continue;
-    for (const s of ext?.scopes ?? [type === 'mutation' ? 'SUBMIT' : 'READ']) needed.add(s);
-  }
-  return [...needed];
+/** The refusal for this caller and these root fields' roles and scopes, or null when allowed. Pure. */
+export function authorize(auth: Auth, roles: readonly Role[], scopes: readonly Scope[] = []): GraphQLError | null {
+  return refusalFor(auth, [...roles.map((role, i) => ({ field: `field ${i + 1}`, role, scopes: [] })), { field: 'the operation', scopes }]);
 }
 
 /** The refusal of this operation for its context's caller, or null (graphql-ws also uses it to close the connection). */
 export function operationRefusal(args: { schema: GraphQLSchema; document: DocumentNode; operationName?: string | null | undefined; contextValue: unknown }): GraphQLError | null {
-  const op = rootFieldNames(args.document, args.operationName);
-  if (!op) return null; // graphql-js reports the missing operation itself
-  return authorize((args.contextValue as Context).auth, rolesOf(args.schema, op.type, op.fields), scopesOf(args.schema, op.type, op.fields));
+  const requirements = operationRequirements(args.schema, args.document, args.operationName);
+  if (!requirements) return null; // graphql-js reports the missing operation itself
+  return refusalFor((args.contextValue as Context).auth, requirements);
 }
 
 export function useOperationAuth(): Plugin<Context> {

@@ -29,9 +29,32 @@ export const builder = new SchemaBuilder<SchemaTypes>({
 });
 
 /**
- * Root fields declare who may call them, and which scopes a tenant key needs
- * for them (default: SUBMIT for a mutation, READ for a query or subscription).
- * The auth plugin reads this before execution and refuses the whole
- * operation, so a caller never gets partial data.
+ * Who may call a root field and which key scopes it needs: declared on every root field of
+ * Query, Mutation and Subscription, with `role()`. There is no default: the auth plugin
+ * (auth-plugin.ts) treats a root field without a declaration as the admin's only, and
+ * test/scope-table.test.ts fails on one. The README's scope table is printed from these.
  */
-export const role = (r: Role, scopes?: readonly Scope[]) => ({ extensions: scopes ? { role: r, scopes } : { role: r } });
+export interface FieldAccess {
+  /** Root fields only: who may call it. */
+  role?: Role;
+  /** Every one of these a tenant key must hold (none: any tenant key). The admin token holds all. */
+  scopes: readonly Scope[];
+}
+
+/**
+ * A root field's declaration: `role('tenant', ['READ'])`. Admin-only and public fields name no
+ * scopes (scopes are what a tenant key holds): `role('admin')`, `role('public')`. The plugin
+ * reads it before execution and refuses the whole operation, so a caller never gets partial data.
+ */
+export function role(r: 'admin' | 'public'): { extensions: { access: FieldAccess } };
+export function role(r: 'tenant' | 'tenantOrAdmin', scopes: readonly Scope[]): { extensions: { access: FieldAccess } };
+export function role(r: Role, scopes: readonly Scope[] = []): { extensions: { access: FieldAccess } } {
+  return { extensions: { access: { role: r, scopes } } };
+}
+
+/**
+ * The scopes a tenant key needs to select a field below the root: a job's params and result, what
+ * the provider answered. The plugin walks the whole operation (fragments included) and refuses it
+ * up front, naming the field, when the key lacks one; the admin token sees every field.
+ */
+export const needs = (scopes: readonly Scope[]): { extensions: { access: FieldAccess } } => ({ extensions: { access: { scopes } } });

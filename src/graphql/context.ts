@@ -123,11 +123,11 @@ export function tenantOf(ctx: Context): TenantRecord {
 export function tenantInScope(ctx: Context, tenantId: string | number | null | undefined, what: string): string {
   if (ctx.auth.kind === 'tenant') {
     const own = ctx.auth.tenant.id;
-    if (tenantId !== null && tenantId !== undefined && String(tenantId).toLowerCase() !== own) {
+    if (tenantId !== null && tenantId !== undefined && asId(tenantId, 'tenant', 'tenantId') !== own) {
       throw new SluiceError('FORBIDDEN', `a tenant key reaches only its own ${what}: leave tenantId out`, { field: 'tenantId' });
     }
     return own;
   }
   if (tenantId === null || tenantId === undefined) throw new SluiceError('BAD_USER_INPUT', 'the admin token names the tenant: tenantId', { field: 'tenantId' });
-  return asId(tenantId, 'tenant');
+  return asId(tenantId, 'tenant', 'tenantId');
 }

@@ -310,3 +310,26 @@ export function useRequestBudget(): Plugin {
     },
   };
 }
+
+/** A refusal of a plain HTTP route (not GraphQL) as the route sends it: status, coded JSON body, headers. */
+export interface RouteRefusal {
+  status: number;
+  body: { errors: Array<{ message: string; extensions: Record<string, unknown> }> };
+  headers: Record<string, string>;
+}
+
+/**
+ * The same budget for the plain HTTP routes a tenant key reads (GET /usage.csv, GET /usage/events):
+ * a fixed `cost` per request, charged like an operation (no refund: the route's cost is what it
+ * reads). Granted: the RateLimit headers its answer carries. Refused: 429 THROTTLED with
+ * Retry-After (or 400 QUERY_TOO_COSTLY when the cost is over the bucket), the body GraphQL would
+ * carry. Nothing is charged without a budget (REQUEST_BUDGET_ENABLED=false) or for the admin token.
+ */
+export async function chargeRoute(budget: RequestBudget | undefined, tenant: TenantRecord | null, cost: number): Promise<{ headers: Record<string, string>; refused: RouteRefusal | null }> {
+  if (!budget || !tenant) return { headers: {}, refused: null };
+  const s = await budget.charge(tenant, cost);
+  if (s.granted) return { headers: rateLimitHeaders(s), refused: null };
+  const error = throttledError(s, { http: true });
+  const { http, ...extensions } = error.extensions as { http?: { status: number; headers?: Record<string, string> } } & Record<string, unknown>;
+  return { headers: {}, refused: { status: http?.status ?? 429, body: { errors: [{ message: error.message, extensions }] }, headers: http?.headers ?? {} } };
+}

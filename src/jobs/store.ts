@@ -14,6 +14,7 @@ import type { ValidJob } from './validate.ts';
 import type { ResultRecord } from '../dispatch/retry.ts';
 import { BOSS_QUEUE_DEFAULTS } from '../queue/insert.ts';
 import { FAIR_RANK_MAX } from '../scheduler/fair-keys.ts';
+import { isUuid } from '../uuid.ts';
 
 export const JOB_STATES = ['QUEUED', 'WAITING_QUOTA', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'] as const;
 export type JobState = (typeof JOB_STATES)[number];
@@ -272,7 +273,7 @@ export async function cancelQueuedJobs(tx: Tx, tenantId: string, ids: readonly s
  * index, which Postgres 18 skip-scans.
  */
 export async function findJobs(sql: Tx, text: string, limit: number): Promise<JobRow[]> {
-  const id = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(text) ? text : null;
+  const id = isUuid(text) ? text : null;
   const rows = await sql.unsafe(
     `select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id
      where ($1::uuid is not null and j.id = $1::uuid) or j.idempotency_key = $2

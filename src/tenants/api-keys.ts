@@ -7,9 +7,15 @@
 import { SluiceError } from '../errors.ts';
 import type { TenantRecord } from './policy.ts';
 
-/** SUBMIT: submit and cancel jobs. READ: queries and subscriptions. */
+/** SUBMIT: submit, cancel and retry jobs. READ: queries, subscriptions, and what jobs carry (params, results). */
 export const SCOPES = ['SUBMIT', 'READ'] as const;
 export type Scope = (typeof SCOPES)[number];
+
+/**
+ * Managing keys and webhook endpoints needs both scopes: a new key could do everything, and an
+ * endpoint receives every job's params and result, so a narrower key must not create or redirect one.
+ */
+export const MANAGE: readonly Scope[] = ['SUBMIT', 'READ'];
 
 /** What a presented key carries besides its tenant (cached with it). */
 export interface KeyGrant {
@@ -80,4 +86,28 @@ export function checkNewKey(input: { name: string; scopes: readonly string[]; ex
     throw new SluiceError('BAD_USER_INPUT', 'expiresAt must be in the future', { field: 'expiresAt' });
   }
   return { name, scopes: SCOPES.filter((s) => scopes.includes(s)), expiresAt };
+}
+
+/**
+ * What a new key made with a tenant key may be: never more than its maker. Its scopes must be
+ * among the maker's (FORBIDDEN otherwise: a key cannot grant what it lacks), and it ends no later
+ * than the maker does: a key requested without an end, or with a later one, is given the maker's
+ * (`expiresAtShortened` says so). For a key in a rotation's overlap that is the overlap's end, so a
+ * leaked key cannot outlive the rotation meant to evict it. `maker` null: the admin token, which is
+ * not bounded. Pure.
+ */
+export function boundByMaker(
+  key: { scopes: readonly Scope[]; expiresAt: Date | null },
+  maker: Pick<KeyGrant, 'scopes' | 'expiresAtMs'> | null,
+  now: Date,
+): { expiresAt: Date | null; expiresAtShortened: boolean } {
+  if (maker === null) return { expiresAt: key.expiresAt, expiresAtShortened: false };
+  const missing = missingScopes({ id: '', scopes: maker.scopes, expiresAtMs: null }, key.scopes);
+  if (missing.length > 0) {
+    throw new SluiceError('FORBIDDEN', `a key cannot grant a scope it lacks: this key has no ${missing.join(' or ')} scope`, { field: 'scopes', missingScopes: missing });
+  }
+  if (maker.expiresAtMs === null) return { expiresAt: key.expiresAt, expiresAtShortened: false };
+  if (maker.expiresAtMs <= now.getTime()) throw new SluiceError('UNAUTHENTICATED', 'this API key has expired');
+  if (key.expiresAt !== null && key.expiresAt.getTime() <= maker.expiresAtMs) return { expiresAt: key.expiresAt, expiresAtShortened: false };
+  return { expiresAt: new Date(maker.expiresAtMs), expiresAtShortened: true };
 }

@@ -10,7 +10,7 @@ import { SluiceError } from '../errors.ts';
 import { generateSecret, hashSecret, TENANT_KEY_PREFIX } from './keys.ts';
 import type { TenantRecord } from './policy.ts';
 import { AUTH_CHANNEL, authNoticePayload } from './auth-notice.ts';
-import { MAX_LIVE_KEYS, rotationExpiry, type ApiKeyRecord, type KeyHolder, type Scope } from './api-keys.ts';
+import { boundByMaker, MAX_LIVE_KEYS, rotationExpiry, type ApiKeyRecord, type KeyHolder, type Scope } from './api-keys.ts';
 // The bound the scheduler reads the backlogged shares at: the admin API keeps every tenant's sum there.
 import { RESERVED_MAX } from '../scheduler/lease.ts';
 
@@ -175,6 +175,9 @@ export class TenantStore {
     if (!tenant) throw new SluiceError('NOT_FOUND', `no tenant with id ${tenantId}`);
     const apiKey = generateSecret(TENANT_KEY_PREFIX);
     const key = await this.db.transaction(async (tx) => {
+      // The tenant's row first, as createKey locks it: a key made during a rotation is either seen
+      // here (and given the overlap's end) or made after it (and bounded by its maker's new expiry).
+      await tx.select({ id: tenants.id }).from(tenants).where(eq(tenants.id, tenantId)).for('update');
       const live = await tx
         .select({ id: tenantApiKeys.id, expiresAt: tenantApiKeys.expiresAt })
         .from(tenantApiKeys)
@@ -197,27 +200,49 @@ export class TenantStore {
     return { tenant, apiKey, key };
   }
 
-  /** A new named key for the tenant; its secret is returned once and stored as a hash. */
-  async createKey(tenantId: string, input: { name: string; scopes: Scope[]; expiresAt: Date | null }): Promise<{ key: ApiKeyRecord; secret: string }> {
+  /**
+   * A new named key for the tenant; its secret is returned once and stored as a hash. `makerKeyId`:
+   * the tenant key asking (null: the admin token). The new key is bounded by that key as the
+   * database has it now, not as a cache remembers it (boundByMaker): a rotation that just gave it
+   * an expiry, or a revocation, counts at once.
+   */
+  async createKey(
+    tenantId: string,
+    input: { name: string; scopes: Scope[]; expiresAt: Date | null },
+    makerKeyId: string | null = null,
+  ): Promise<{ key: ApiKeyRecord; secret: string; expiresAtShortened: boolean }> {
     const secret = generateSecret(TENANT_KEY_PREFIX);
+    let expiresAtShortened = false;
     const key = await this.db.transaction(async (tx) => {
-      // The tenant's row, locked: concurrent creations count the live keys one after the other.
+      // The tenant's row, locked: concurrent creations count the live keys one after the other (and
+      // a rotation, which locks it too, is wholly before or after).
       const [tenant] = await tx.select({ id: tenants.id }).from(tenants).where(eq(tenants.id, tenantId)).for('update');
       if (!tenant) throw new SluiceError('NOT_FOUND', `no tenant with id ${tenantId}`);
+      let expiresAt = input.expiresAt;
+      if (makerKeyId !== null) {
+        const [maker] = await tx
+          .select({ scopes: tenantApiKeys.scopes, expiresAt: tenantApiKeys.expiresAt })
+          .from(tenantApiKeys)
+          .where(and(eq(tenantApiKeys.id, makerKeyId), eq(tenantApiKeys.tenantId, tenantId), keyIsLive()));
+        if (!maker) throw new SluiceError('UNAUTHENTICATED', 'this API key was revoked or has expired');
+        const bound = boundByMaker(input, { scopes: maker.scopes as Scope[], expiresAtMs: maker.expiresAt?.getTime() ?? null }, new Date());
+        expiresAt = bound.expiresAt;
+        expiresAtShortened = bound.expiresAtShortened;
+      }
       const [{ live }] = (await tx.select({ live: sql<number>`count(*)::int` }).from(tenantApiKeys).where(and(eq(tenantApiKeys.tenantId, tenantId), keyIsLive()))) as [{ live: number }];
       if (live >= MAX_LIVE_KEYS) {
         throw new SluiceError('BAD_USER_INPUT', `a tenant has at most ${MAX_LIVE_KEYS} live keys: revoke one first`, { field: 'name', maxKeys: MAX_LIVE_KEYS });
       }
       const [row] = await tx
         .insert(tenantApiKeys)
-        .values({ tenantId, name: input.name, scopes: input.scopes, expiresAt: input.expiresAt, keyHash: hashSecret(secret), keyPrefix: secret.slice(0, 10) })
+        .values({ tenantId, name: input.name, scopes: input.scopes, expiresAt, keyHash: hashSecret(secret), keyPrefix: secret.slice(0, 10) })
         .returning();
       // Every node forgets the keys it saw unknown: the new key may be one of them.
       await notifyAuth(tx, tenantId);
       return toKeyRecord(row!);
     });
     this.authChanged(tenantId);
-    return { key, secret };
+    return { key, secret, expiresAtShortened };
   }
 
   /** The tenant's keys, oldest first, revoked and expired ones included (never a secret). */

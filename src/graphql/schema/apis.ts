@@ -13,7 +13,7 @@ const ApiRef = builder.objectRef<ApiSpec>('Api').implement({
 
 builder.queryFields((t) => ({
   apis: t.field({
-    ...role('tenant'),
+    ...role('tenant', ['READ']),
     type: [ApiRef],
     description: 'The APIs Sluice can call, with their credit costs.',
     resolve: (_r, _a, ctx) => [...ctx.services.catalog.values()],

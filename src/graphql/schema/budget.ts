@@ -17,7 +17,7 @@ const RateLimitRef = builder.objectRef<BudgetState>('RateLimit').implement({
 
 builder.queryFields((t) => ({
   rateLimit: t.field({
-    ...role('tenant'),
+    ...role('tenant', []),
     type: RateLimitRef,
     nullable: true,
     description: 'Your request budget after this operation was charged; null when budgets are off.',

@@ -1,10 +1,9 @@
-import { GraphQLError } from 'graphql';
 import { FINAL_STATES, JOB_STATES, countJobs, findJobs, finishedSince, getJob, listJobs, retriedFrom, type JobRow } from '../../jobs/store.ts';
 import { RESYNC } from '../../events/bus.ts';
 import { isTransientOutage } from '../../db/availability.ts';
 import { CLASSES } from '../../config/classes.ts';
 import { SluiceError } from '../../errors.ts';
-import { builder, role } from '../builder.ts';
+import { builder, needs, role } from '../builder.ts';
 import { tenantOf } from '../context.ts';
 import { asId } from '../ids.ts';
 import { pageArgs, pageOf } from '../pages.ts';
@@ -30,27 +29,36 @@ export function queueStatusOf(ctx: Context, tenant: TenantRecord): Promise<Queue
   return perRequest(ctx, `queueStatus:${tenant.id}`, () => tenantQueueStatus(ctx.services, tenant));
 }
 
+/**
+ * What a job carries in and out (its params, its result, the provider's error text, the caller's own
+ * keys) needs READ: a SUBMIT-only key that submits, cancels or retries gets ids and states, not data
+ * (the auth plugin refuses an operation selecting these without it).
+ */
+const JOB_DATA = needs(['READ']);
+
 export const JobRef = builder.objectRef<JobRow>('Job').implement({
   fields: (t) => ({
     id: t.exposeID('id'),
     api: t.exposeString('api'),
-    params: t.field({ type: 'JSON', resolve: (j) => j.params }),
+    params: t.field({ ...JOB_DATA, type: 'JSON', description: 'The params it was submitted with (needs READ).', resolve: (j) => j.params }),
     priority: t.field({ type: PriorityEnum, resolve: (j) => j.priority }),
     state: t.field({ type: JobStateEnum, resolve: (j) => j.state }),
-    result: t.field({ type: 'JSON', nullable: true, description: "The upstream `data` of a SUCCEEDED job.", resolve: (j) => (j.state === 'SUCCEEDED' ? j.result : null) }),
+    result: t.field({ ...JOB_DATA, type: 'JSON', nullable: true, description: "The upstream `data` of a SUCCEEDED job (needs READ).", resolve: (j) => (j.state === 'SUCCEEDED' ? j.result : null) }),
     error: t.field({
+      ...JOB_DATA,
       type: JobError,
       nullable: true,
-      description: 'Why the job FAILED, or the last retryable error of a job waiting to retry.',
+      description: "Why the job FAILED, or the last retryable error of a job waiting to retry; its message may quote the provider's answer (needs READ).",
       resolve: (j) => (j.errorCode && j.state !== 'SUCCEEDED' ? { code: j.errorCode, message: j.errorMessage ?? j.errorCode } : null),
     }),
     httpStatus: t.int({ nullable: true, resolve: (j) => j.httpStatus }),
     creditsBilled: t.int({ resolve: (j) => j.creditsBilled }),
     attempts: t.exposeInt('attempts'),
-    idempotencyKey: t.exposeString('idempotencyKey', { nullable: true }),
+    idempotencyKey: t.exposeString('idempotencyKey', { ...JOB_DATA, nullable: true, description: 'The idempotency key it was submitted with (needs READ).' }),
     fairnessKey: t.string({
+      ...JOB_DATA,
       nullable: true,
-      description: 'The fairness key it was submitted with; null: the default key (every job without one shares it).',
+      description: 'The fairness key it was submitted with; null: the default key (every job without one shares it). Needs READ.',
       resolve: (j) => j.fairnessKey ?? null,
     }),
     retryOf: t.id({
@@ -171,20 +179,16 @@ async function readThroughOutage<T>(read: () => Promise<T>): Promise<T> {
 
 builder.queryFields((t) => ({
   job: t.field({
-    ...role('tenant'),
+    ...role('tenant', ['READ']),
     type: JobRef,
     nullable: true,
-    description: 'One of your jobs; null when no job of yours has this id.',
+    description: 'One of your jobs; null when no job of yours has this id (an id that is not a UUID is BAD_USER_INPUT).',
     args: { id: t.arg.id({ required: true }) },
-    resolve: async (_r, { id }, ctx) => {
-      const s = String(id);
-      if (!/^[0-9a-f-]{36}$/i.test(s)) return null;
-      return getJob(ctx.services.sql, tenantOf(ctx).id, s);
-    },
+    resolve: (_r, { id }, ctx) => getJob(ctx.services.sql, tenantOf(ctx).id, asId(id, 'job')),
   }),
   jobs: t.connection(
     {
-      ...role('tenant'),
+      ...role('tenant', ['READ']),
       type: JobRef,
       description: 'Your jobs, newest first.',
       args: { filter: t.arg({ type: JobFilter }) },
@@ -203,7 +207,7 @@ builder.queryFields((t) => ({
       type: JobRef,
       description: "One tenant's jobs, newest first (admin; the console's tenant page).",
       args: { tenantId: t.arg.id({ required: true }), filter: t.arg({ type: JobFilter }) },
-      resolve: (_r, args, ctx) => jobsPage(ctx, asId(args.tenantId, 'tenant'), args),
+      resolve: (_r, args, ctx) => jobsPage(ctx, asId(args.tenantId, 'tenant', 'tenantId'), args),
     },
     { name: 'TenantJobConnection', fields: (c) => ({ totalCount: c.int({ description: 'Jobs matching the filter.', resolve: (conn) => (conn as unknown as { count: () => Promise<number> }).count() }) }) },
   ),
@@ -244,7 +248,7 @@ async function jobsPage(
 
 builder.mutationFields((t) => ({
   submitJob: t.field({
-    ...role('tenant'),
+    ...role('tenant', ['SUBMIT']),
     type: SubmitJobPayload,
     description: 'Queues one job and answers at once with state QUEUED.',
     args: { input: t.arg({ type: JobInput, required: true }) },
@@ -254,7 +258,7 @@ builder.mutationFields((t) => ({
     },
   }),
   submitJobs: t.field({
-    ...role('tenant'),
+    ...role('tenant', ['SUBMIT']),
     type: SubmitJobsPayload,
     description: 'Queues many jobs, accepted whole or refused whole; answers in input order.',
     args: { input: t.arg({ type: SubmitJobsInput, required: true }) },
@@ -268,7 +272,7 @@ builder.mutationFields((t) => ({
     },
   }),
   retryJob: t.field({
-    ...role('tenantOrAdmin'),
+    ...role('tenantOrAdmin', ['SUBMIT']),
     type: JobRef,
     description:
       "Submits a FAILED or CANCELLED job again as a new job (same api, params and class; Job.retryOf names the original). A tenant retries its own jobs; the admin any tenant's.",
@@ -286,14 +290,14 @@ builder.mutationFields((t) => ({
     },
   }),
   cancelJob: t.field({
-    ...role('tenant'),
+    ...role('tenant', ['SUBMIT']),
     type: JobRef,
     description: 'Cancels one of your QUEUED jobs.',
     args: { id: t.arg.id({ required: true }) },
     resolve: (_r, { id }, ctx) => ctx.services.jobs.cancel(tenantOf(ctx).id, asId(id, 'job')),
   }),
   cancelJobs: t.field({
-    ...role('tenant'),
+    ...role('tenant', ['SUBMIT']),
     type: CancelJobsPayload,
     description: `Cancels your waiting jobs (QUEUED, WAITING_QUOTA) that match the filter, the oldest \`limit\` (1 to ${MAX_CANCEL_JOBS}, default ${MAX_CANCEL_JOBS}) per call; \`more\` says whether matching waiting jobs remain. Running and finished jobs are left as they are.`,
     args: { filter: t.arg({ type: JobFilter, required: true }), limit: t.arg.int({ defaultValue: MAX_CANCEL_JOBS }) },
@@ -310,7 +314,7 @@ builder.mutationFields((t) => ({
 
 builder.subscriptionFields((t) => ({
   jobUpdated: t.field({
-    ...role('tenant'),
+    ...role('tenant', ['READ']),
     type: JobRef,
     description: 'Every state change of one of your jobs; completes after a final state.',
     args: { id: t.arg.id({ required: true }) },
@@ -321,7 +325,7 @@ builder.subscriptionFields((t) => ({
       const events = ctx.services.bus.subscribe((e) => e.jobId === jobId && e.tenantId === tenantId, { resync: true, socket: ctx.socket });
       try {
         const current = await getJob(ctx.services.sql, tenantId, jobId);
-        if (!current) throw new GraphQLError(`no job with id ${jobId}`, { extensions: { code: 'NOT_FOUND' } });
+        if (!current) throw new SluiceError('NOT_FOUND', `no job with id ${jobId}`);
         // The state it is in now, then every change after it.
         yield current;
         let last = current.state;
@@ -355,7 +359,7 @@ builder.subscriptionFields((t) => ({
     resolve: (job) => job,
   }),
   jobsCompleted: t.field({
-    ...role('tenant'),
+    ...role('tenant', ['READ']),
     type: JobRef,
     description: 'Every job of yours that reaches SUCCEEDED, FAILED or CANCELLED.',
     subscribe: async function* (_r, _a, ctx) {

@@ -1,18 +1,16 @@
 /**
  * Named API keys: `createApiKey`, `apiKeys`, `revokeApiKey`. A tenant manages
  * its own keys (with a key holding both scopes: a read-only dashboard key
- * cannot mint itself a SUBMIT key); the admin manages any tenant's, naming it
- * with `tenantId`. `rotateTenantKey` (schema/tenants.ts) issues a key and gives
- * the old ones an expiry.
+ * cannot mint itself a SUBMIT key), and a key it makes never outlives or
+ * outranks the key that made it (tenants/api-keys.ts boundByMaker); the admin
+ * manages any tenant's, naming it with `tenantId`, unbounded. `rotateTenantKey`
+ * (schema/tenants.ts) issues a key and gives the old ones an expiry.
  */
 import { SluiceError } from '../../errors.ts';
-import { checkNewKey, SCOPES, type ApiKeyRecord } from '../../tenants/api-keys.ts';
+import { checkNewKey, MANAGE, SCOPES, type ApiKeyRecord } from '../../tenants/api-keys.ts';
 import { builder, role } from '../builder.ts';
 import { tenantInScope, type Context } from '../context.ts';
 import { asId } from '../ids.ts';
-
-/** Managing keys needs a key that may do everything a new key could. */
-const MANAGE = ['SUBMIT', 'READ'] as const;
 
 export const ApiKeyScopeEnum = builder.enumType('ApiKeyScope', {
   values: {
@@ -44,16 +42,23 @@ const CreateApiKeyInput = builder.inputType('CreateApiKeyInput', {
   fields: (t) => ({
     name: t.string({ required: true, description: '1 to 100 characters, e.g. "dashboard".' }),
     scopes: t.field({ type: [ApiKeyScopeEnum], required: true, description: 'At least one.' }),
-    expiresAt: t.field({ type: 'DateTime', description: 'In the future; left out: the key works until revoked.' }),
+    expiresAt: t.field({
+      type: 'DateTime',
+      description: "In the future; left out: the key works until revoked. Made with a tenant key, it is at most that key's own expiry (see CreatedApiKey.expiresAtShortened).",
+    }),
     tenantId: t.id({ description: 'The admin names the tenant; a tenant key leaves it out (its own tenant).' }),
   }),
 });
 
-const CreatedApiKey = builder.objectRef<{ key: ApiKeyRecord; secret: string }>('CreatedApiKey').implement({
+const CreatedApiKey = builder.objectRef<{ key: ApiKeyRecord; secret: string; expiresAtShortened: boolean }>('CreatedApiKey').implement({
   description: 'A new key and its secret. The secret is shown only here, once; Sluice stores only its hash.',
   fields: (t) => ({
     key: t.field({ type: ApiKeyRef, resolve: (x) => x.key }),
     secret: t.exposeString('secret', { description: 'Send it as Authorization: Bearer <secret>.' }),
+    expiresAtShortened: t.exposeBoolean('expiresAtShortened', {
+      description:
+        "True when the key was given an earlier expiresAt than asked for: a key made with a tenant key ends no later than that key (for a key in a rotation's overlap, the overlap's end), so a key asked for without an end, or with a later one, gets the maker's. Keys the admin token makes are not bounded.",
+    }),
   }),
 });
 
@@ -78,11 +83,13 @@ builder.mutationFields((t) => ({
   createApiKey: t.field({
     ...role('tenantOrAdmin', MANAGE),
     type: CreatedApiKey,
-    description: 'A new named key with scopes, and optionally an expiry. A tenant key needs both scopes to create keys.',
+    description:
+      "A new named key with scopes, and optionally an expiry. A tenant key needs both scopes to create keys, and the key it makes never outlives it: its expiresAt is at most the maker's (expiresAtShortened says when it was cut).",
     args: { input: t.arg({ type: CreateApiKeyInput, required: true }) },
     resolve: (_r, { input }, ctx) => {
       const tenantId = keysTenant(ctx, input.tenantId);
-      return ctx.services.tenants.createKey(tenantId, checkNewKey({ name: input.name, scopes: input.scopes, expiresAt: input.expiresAt }, new Date()));
+      const checked = checkNewKey({ name: input.name, scopes: input.scopes, expiresAt: input.expiresAt }, new Date());
+      return ctx.services.tenants.createKey(tenantId, checked, ctx.auth.kind === 'tenant' ? ctx.auth.key.id : null);
     },
   }),
   revokeApiKey: t.field({

@@ -84,12 +84,12 @@ const TenantUsageRef = builder.objectRef<{ usage: Usage; queues: QueueStatus[] }
 });
 
 builder.queryFields((t) => ({
-  me: t.field({ ...role('tenant'), type: MeRef, description: 'The calling tenant.', resolve: (_r, _a, ctx) => tenantOf(ctx) }),
+  me: t.field({ ...role('tenant', ['READ']), type: MeRef, description: 'The calling tenant.', resolve: (_r, _a, ctx) => tenantOf(ctx) }),
 }));
 
 builder.subscriptionFields((t) => ({
   tenantUsage: t.field({
-    ...role('tenant'),
+    ...role('tenant', ['READ']),
     type: TenantUsageRef,
     description: 'Your usage and queues, pushed when they change, at most once a second.',
     subscribe: (_r, _a, ctx) => {

@@ -170,7 +170,7 @@ builder.mutationFields((t) => ({
     type: TenantRef,
     args: { input: t.arg({ type: UpdateTenantInput, required: true }) },
     resolve: async (_r, { input }, ctx) => {
-      const tenant = await ctx.services.tenants.update(asId(input.id, 'tenant'), {
+      const tenant = await ctx.services.tenants.update(asId(input.id, 'tenant', 'input.id'), {
         name: input.name === null || input.name === undefined ? undefined : checkName(input.name),
         tier: input.tier ?? undefined,
         weight: checkLimit('weight', input.weight, 1),

@@ -86,7 +86,7 @@ builder.queryFields((t) => ({
       granularity: t.arg({ type: GranularityEnum, defaultValue: 'DAY' }),
       groupBy: t.arg({ type: [UsageGroupEnum], defaultValue: [] }),
     },
-    resolve: (_r, args, ctx) => read(ctx, asId(args.tenantId, 'tenant'), args),
+    resolve: (_r, args, ctx) => read(ctx, asId(args.tenantId, 'tenant', 'tenantId'), args),
   }),
 }));
 
@@ -144,10 +144,10 @@ builder.queryFields((t) => ({
 /** Whose usage events: a tenant key its own (tenantId left out or its own); the admin everyone's, or the tenant named. */
 export function usageEventsTenant(ctx: Pick<Context, 'auth'>, tenantId: string | number | null | undefined): string | null {
   if (ctx.auth.kind === 'tenant') {
-    if (tenantId !== null && tenantId !== undefined && String(tenantId).toLowerCase() !== ctx.auth.tenant.id) {
+    if (tenantId !== null && tenantId !== undefined && asId(tenantId, 'tenant', 'tenantId') !== ctx.auth.tenant.id) {
       throw new SluiceError('FORBIDDEN', "a tenant key reads only its own usage events: leave tenantId out", { field: 'tenantId' });
     }
     return ctx.auth.tenant.id;
   }
-  return tenantId === null || tenantId === undefined || tenantId === '' ? null : asId(tenantId, 'tenant');
+  return tenantId === null || tenantId === undefined || tenantId === '' ? null : asId(tenantId, 'tenant', 'tenantId');
 }

@@ -9,6 +9,7 @@ import { SluiceError } from '../../errors.ts';
 import { DELIVERY_STATUSES, WEBHOOK_EVENTS, urlRefusal } from '../../webhooks/policy.ts';
 import { newWebhookSecret } from '../../webhooks/signature.ts';
 import { deleteEndpoint, endpointBacklogs, insertEndpoint, listDeliveries, listEndpoints, rotateSecret, updateEndpoint, type DeliveryRow, type EndpointRow } from '../../webhooks/store.ts';
+import { MANAGE } from '../../tenants/api-keys.ts';
 import { builder, role } from '../builder.ts';
 import { tenantInScope, tenantOf, type Context } from '../context.ts';
 import { asId } from '../ids.ts';
@@ -141,7 +142,7 @@ async function hooksTenant(ctx: Context, tenantId: string | number | null | unde
 
 builder.queryFields((t) => ({
   webhookEndpoints: t.field({
-    ...role('tenantOrAdmin'),
+    ...role('tenantOrAdmin', ['READ']),
     type: [EndpointRef],
     description: "Your webhook endpoints, oldest first. The admin names the tenant with tenantId.",
     args: { tenantId: t.arg.id() },
@@ -149,7 +150,7 @@ builder.queryFields((t) => ({
   }),
   webhookDeliveries: t.connection(
     {
-      ...role('tenantOrAdmin'),
+      ...role('tenantOrAdmin', ['READ']),
       type: DeliveryRef,
       description: "Your endpoints' deliveries, newest first. The admin names the tenant with tenantId.",
       args: { tenantId: t.arg.id(), filter: t.arg({ type: DeliveryFilter }) },
@@ -157,14 +158,8 @@ builder.queryFields((t) => ({
         const tenantId = await hooksTenant(ctx, args.tenantId);
         const { first, after } = pageArgs(args, 'delivery');
         const f = args.filter;
-        // An id that is no UUID matches nothing of yours: an empty page, not an error.
-        const uuidOr = (v: string | number | null | undefined, what: string) => (v === null || v === undefined ? undefined : asId(v, what));
-        let filter;
-        try {
-          filter = { endpointId: uuidOr(f?.endpointId, 'webhook endpoint'), status: f?.status ?? undefined, jobId: uuidOr(f?.jobId, 'job') };
-        } catch {
-          return pageOf([], first, after);
-        }
+        const uuidOr = (v: string | number | null | undefined, what: string, field: string) => (v === null || v === undefined ? undefined : asId(v, what, field));
+        const filter = { endpointId: uuidOr(f?.endpointId, 'webhook endpoint', 'filter.endpointId'), status: f?.status ?? undefined, jobId: uuidOr(f?.jobId, 'job', 'filter.jobId') };
         return pageOf(await listDeliveries(ctx.services.sql, tenantId, filter, first + 1, after), first, after);
       },
     },
@@ -174,7 +169,7 @@ builder.queryFields((t) => ({
 
 builder.mutationFields((t) => ({
   createWebhookEndpoint: t.field({
-    ...role('tenant'),
+    ...role('tenant', MANAGE),
     type: EndpointWithSecret,
     description: "Your jobs' chosen final states are POSTed to url, signed per Standard Webhooks with the secret returned here (once).",
     args: { input: t.arg({ type: CreateInput, required: true }) },
@@ -191,7 +186,7 @@ builder.mutationFields((t) => ({
     },
   }),
   updateWebhookEndpoint: t.field({
-    ...role('tenantOrAdmin'),
+    ...role('tenantOrAdmin', MANAGE),
     type: EndpointRef,
     description: "Changes an endpoint of yours. The admin may enable or disable any tenant's endpoint (only enabled): an operator re-enabling one that failed.",
     args: { input: t.arg({ type: UpdateInput, required: true }) },
@@ -202,7 +197,7 @@ builder.mutationFields((t) => ({
       }
       // The admin reaches any tenant's endpoint by its id; a tenant only its own.
       const tenantId = admin ? null : tenantOf(ctx).id;
-      const id = asId(input.id, 'webhook endpoint');
+      const id = asId(input.id, 'webhook endpoint', 'input.id');
       const change = {
         url: input.url === null || input.url === undefined ? undefined : checkUrl(ctx, input.url),
         events: input.events === null || input.events === undefined ? undefined : checkEvents(input.events),
@@ -214,7 +209,7 @@ builder.mutationFields((t) => ({
     },
   }),
   deleteWebhookEndpoint: t.field({
-    ...role('tenant'),
+    ...role('tenant', MANAGE),
     type: 'ID',
     description: 'Deletes the endpoint and its deliveries (waiting ones are not sent); returns its id.',
     args: { id: t.arg.id({ required: true }) },
@@ -225,7 +220,7 @@ builder.mutationFields((t) => ({
     },
   }),
   rotateWebhookSecret: t.field({
-    ...role('tenant'),
+    ...role('tenant', MANAGE),
     type: EndpointWithSecret,
     description:
       'A new signing secret (shown once). For WEBHOOK_SECRET_OVERLAP_SECONDS (default a day) deliveries carry two signatures, the new and the old, so receivers can switch without missing one.',
