@@ -2,6 +2,7 @@
  * Owns the settings table, and the admin token that lives there.
  */
 import type { Sql } from './client.ts';
+import { randomBytes } from 'node:crypto';
 import { ADMIN_TOKEN_PREFIX, generateSecret, hashSecret } from '../tenants/keys.ts';
 
 const ADMIN_TOKEN_HASH = 'admin_token_hash';
@@ -34,4 +35,23 @@ export async function resolveAdminToken(
   if (inserted.length > 0) return { hash: inserted[0]!.value as string, generated: token };
   const [row] = await sql`select value from settings where key = ${ADMIN_TOKEN_HASH}`;
   return { hash: row!.value as string, generated: null };
+}
+
+const KEY_CHECKSUM_SECRET = 'key_checksum_secret';
+
+/**
+ * The secret tenant keys' checksums are made with (tenants/keys.ts): made once
+ * on first start and kept in the settings table, the same for every process of
+ * the installation (the insert is race-safe: every process reads the one that
+ * won). Read once at start.
+ */
+export async function resolveKeyChecksumSecret(sql: Sql): Promise<string> {
+  const candidate = randomBytes(32).toString('base64url');
+  const inserted = await sql`
+    insert into settings (key, value) values (${KEY_CHECKSUM_SECRET}, ${candidate})
+    on conflict (key) do nothing
+    returning value`;
+  if (inserted.length > 0) return inserted[0]!.value as string;
+  const [row] = await sql`select value from settings where key = ${KEY_CHECKSUM_SECRET}`;
+  return row!.value as string;
 }
