@@ -38,18 +38,29 @@ export function bodyPending(req: { complete: boolean; headers: Record<string, st
 /**
  * Sends a refusal with `answer`, then drains the request's body within `bound`
  * (see above). With no body pending it only answers (keep-alive as usual).
+ *
+ * With a body pending the answer says `connection: close` (the client must not
+ * send another request on a socket that is about to close), and the close is a
+ * lingering one: Node would destroy the socket as soon as the answer is flushed
+ * (`destroySoon`), resetting a client still uploading; here the answer is
+ * followed by a FIN only (the server's sockets are half-open), the body is read
+ * and thrown away until it ends or the bound is reached, and only then is the
+ * socket destroyed.
  */
 export function refuseReadably(req: IncomingMessage, res: ServerResponse, answer: (res: ServerResponse) => void, bound: DrainBound): void {
   if (!bodyPending(req)) {
     answer(res);
     return;
   }
+  const socket = req.socket;
   let read = 0;
   let timer: NodeJS.Timeout | undefined;
-  const socket = req.socket;
-  const cut = () => {
+  const finish = () => {
     clearTimeout(timer);
     req.removeListener('data', onData);
+  };
+  const cut = () => {
+    finish();
     req.pause();
     setTimeout(() => socket.destroy(), LINGER_MS).unref();
   };
@@ -57,11 +68,20 @@ export function refuseReadably(req: IncomingMessage, res: ServerResponse, answer
     read += chunk.length;
     if (read > bound.maxBytes) cut();
   };
+  // Node calls destroySoon once a `connection: close` answer is flushed: end our side, keep reading.
+  (socket as { destroySoon?: () => void }).destroySoon = () => {
+    if (socket.writable) socket.end();
+  };
   req.on('data', onData);
   req.resume(); // a reader that stopped at its limit paused it
-  req.once('end', () => clearTimeout(timer));
-  req.once('error', () => clearTimeout(timer));
+  req.once('end', () => {
+    finish();
+    socket.end();
+    setTimeout(() => socket.destroy(), LINGER_MS).unref();
+  });
+  req.once('error', finish);
   timer = setTimeout(cut, bound.maxMs);
   timer.unref();
+  res.setHeader('connection', 'close');
   answer(res);
 }
