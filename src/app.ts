@@ -12,7 +12,7 @@ import { ConfigError, type Env } from './config/env.ts';
 import { connect, connectDedicated, connectDirect, databaseTargets, ensureDatabase, poolSizes, sessionTimeouts, timeoutStatements } from './db/client.ts';
 import { startEmbeddedPostgres, type EmbeddedDatabase } from './db/embedded.ts';
 import { runMigrations, shippedMigrations } from './db/migrate.ts';
-import { resolveAdminToken } from './db/settings.ts';
+import { resolveAdminToken, resolveKeyChecksumSecret } from './db/settings.ts';
 import { Dispatcher } from './dispatch/dispatcher.ts';
 import { Breakers } from './dispatch/breakers.ts';
 import { createMetrics } from './metrics.ts';
@@ -31,6 +31,7 @@ import type { ProviderClient } from './provider/types.ts';
 import { BossMaintenance, TENANT_QUEUE_RETENTION_SECONDS, alignTenantQueues, ensureTenantQueues, startBoss } from './queue/boss.ts';
 import { createOpsServer, metricsRefused, type OpsOptions } from './http/ops.ts';
 import { applyTimeouts, isLoopbackHost } from './http/front-door.ts';
+import { parseTrustProxy } from './http/client-address.ts';
 import { SubscriptionRegistry } from './events/subscriptions.ts';
 import { Retention } from './retention/retention.ts';
 import type { Worker } from 'node:worker_threads';
@@ -208,6 +209,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     const admin = await resolveAdminToken(sql, env.SLUICE_ADMIN_TOKEN);
     // Webhook signing secrets are stored sealed: the keys, and the start's pass over older rows.
     const webhookKeys = await webhookSecretKeys(sql, env, log);
+    const keyChecksumSecret = await resolveKeyChecksumSecret(sql);
     const bus = new EventBus({ maxBuffer: env.SUBSCRIPTION_BUFFER_MAX });
     // Job events feed GraphQL subscriptions only. A worker serves none, so it does not LISTEN for
     // them: every event would otherwise be sent to and parsed by every worker (bench dispatch: the
@@ -224,7 +226,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     };
     // Tenant keys, cached per process; the sluice_auth notice (sent in the changing transaction) and
     // the changing process itself invalidate them (tenants/key-cache.ts).
-    const tenantStore = new TenantStore(db, { authChanged: (id) => apiKeys.invalidate(id) });
+    const tenantStore = new TenantStore(db, { keyChecksumSecret, authChanged: (id) => apiKeys.invalidate(id) });
     const apiKeys = new KeyCache({ ttlMs: env.AUTH_CACHE_TTL_MS, negativeTtlMs: env.AUTH_NEGATIVE_CACHE_MS, load: (hash) => tenantStore.byKeyHash(hash), loadMany: (hashes) => tenantStore.byKeyHashes(hashes) });
     await apiKeys.start(direct);
     cleanups.push(() => apiKeys.stop());
@@ -254,6 +256,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       catalog,
       windows: windowSpecs,
       adminTokenHash: admin.hash,
+      keyChecksumSecret,
       queuePolicy,
       lifecycle: { sql, boss, authChanged: (id) => apiKeys.invalidate(id) },
       agePromiseSeconds: parseClassNumbers(env.CLASS_AGE_PROMISE_SECONDS),
@@ -334,6 +337,9 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         authFailuresPerMinute: env.AUTH_FAILURES_PER_MINUTE,
         httpTimeouts: { headersMs: env.HTTP_HEADERS_TIMEOUT_MS, requestMs: env.HTTP_REQUEST_TIMEOUT_MS, keepAliveMs: env.HTTP_KEEP_ALIVE_TIMEOUT_MS },
         graphiql,
+        trustProxy: parseTrustProxy(env.TRUST_PROXY),
+        trustProxyHeader: env.TRUST_PROXY_HEADER,
+        introspection: env.INTROSPECTION ?? (env.NODE_ENV === 'development' ? 'public' : 'keys'),
       });
       // Revoked keys lose their open subscriptions on every node (http/ws-auth.ts).
       await connections.start(direct, (err) => log.warn({ err }, 'could not re-validate graphql-ws connections'));

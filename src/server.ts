@@ -25,16 +25,20 @@ import { schema } from './graphql/schema.ts';
 import { DEFAULT_QUERY_LIMITS, hardeningPlugins, type QueryLimits } from './http/hardening.ts';
 import type { Metrics } from './metrics.ts';
 import { serveOps, type OpsOptions } from './http/ops.ts';
-import { USAGE_CSV_PATH, serveUsageCsv } from './http/usage-csv.ts';
-import { USAGE_EVENTS_PATH, serveUsageEvents } from './http/usage-events.ts';
+import { serveUsageCsv } from './http/usage-csv.ts';
+import { serveUsageEvents } from './http/usage-events.ts';
 import { useSubscriptionsOverWsOnly, type SubscriptionRegistry } from './events/subscriptions.ts';
 import { renderSluiceGraphiQL, useGraphiQLHeaders } from './http/graphiql.ts';
 import { AuthFailureBudget, CONNECTIONS_CHECK_MS, admit, applyTimeouts, limitSocketPayload, type HttpTimeouts } from './http/front-door.ts';
+import { clientAddress, forwardedEntries, type ForwardedHeader, type TrustProxy } from './http/client-address.ts';
+import { GRAPHQL_PATH, methodNotAllowed, notFound, route } from './http/routes.ts';
+import { drainBound, refuseReadably } from './http/refusal.ts';
+import { useIntrospectionPolicy, type IntrospectionMode } from './http/introspection.ts';
 import { useAdminAudit } from './http/audit.ts';
 import { serveConsole } from './http/console.ts';
 import { chargeOperation, throttledError, useRequestBudget } from './http/budget.ts';
 
-export const GRAPHQL_PATH = '/graphql';
+export { GRAPHQL_PATH };
 
 export interface ServerOptions {
   services: Services;
@@ -57,6 +61,17 @@ export interface ServerOptions {
   httpTimeouts?: HttpTimeouts;
   /** GraphiQL at GET /graphql (GRAPHIQL); default off. */
   graphiql?: boolean;
+  /** TRUST_PROXY and TRUST_PROXY_HEADER: whose word on the client's address is believed (http/client-address.ts); default: nobody's. */
+  trustProxy?: TrustProxy;
+  trustProxyHeader?: ForwardedHeader;
+  /** INTROSPECTION (http/introspection.ts); default `public` in development, `keys` otherwise. */
+  introspection?: IntrospectionMode;
+}
+
+/** The client's address: the socket's peer, or what the trusted proxies in front of it say. */
+export function requestAddress(req: IncomingMessage, trust: TrustProxy | undefined, header: ForwardedHeader | undefined): string {
+  if (!trust || trust.kind === 'none') return clientAddress(req.socket.remoteAddress, [], { kind: 'none' });
+  return clientAddress(req.socket.remoteAddress, forwardedEntries(req.headers, header ?? 'x-forwarded-for'), trust);
 }
 
 /** SluiceError → a GraphQL error with its code; anything else is logged and masked (no stack traces outside development). */
@@ -98,7 +113,7 @@ export function createGraphQL(opts: Omit<ServerOptions, 'ops'>): YogaServerInsta
       return {
         auth: auth ?? (await authenticate(opts.services, authorization)),
         services: opts.services,
-        address: address ?? req?.socket.remoteAddress ?? null,
+        address: address ?? (req ? requestAddress(req, opts.trustProxy, opts.trustProxyHeader) : null),
         ...(gate ? { gate } : {}),
         ...(socket ? { socket } : {}),
       };
@@ -107,6 +122,7 @@ export function createGraphQL(opts: Omit<ServerOptions, 'ops'>): YogaServerInsta
       useSubscriptionsOverWsOnly(), // SSE is off: before the operation's authorization, so any caller learns where subscriptions are
       useGraphiQLHeaders(),
       ...hardeningPlugins(opts.limits ?? DEFAULT_QUERY_LIMITS), // front door: CSRF, then query limits (before auth, before execution)
+      useIntrospectionPolicy(opts.introspection ?? (opts.development ? 'public' : 'keys')), // before auth: an anonymous __schema runs nothing
       useOperationAuth(),
       useRequestBudget(), // after the credential is checked: tenants pay for what they run (http/budget.ts)
       useInputHardening(),
@@ -118,7 +134,7 @@ export function createGraphQL(opts: Omit<ServerOptions, 'ops'>): YogaServerInsta
 }
 
 function tooLarge(res: ServerResponse, max: number, unauthenticated = false): void {
-  res.writeHead(413, { 'content-type': 'application/json', connection: 'close' });
+  res.writeHead(413, { 'content-type': 'application/json' });
   const message = unauthenticated ? `request body is larger than ${max} bytes, the limit without an API key: send Authorization: Bearer <api key>` : `request body is larger than ${max} bytes`;
   res.end(JSON.stringify({ errors: [{ message, extensions: { code: 'BODY_TOO_LARGE', maxBytes: max } }] }));
 }
@@ -148,60 +164,97 @@ async function withDeadline<T>(pending: Promise<T>, ms: number, gate: CommitGate
   }
 }
 
-/** Reads a request body, refusing past `max` bytes without buffering the excess. */
-async function readBody(req: IncomingMessage, max: number): Promise<Buffer | null> {
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req) {
-    size += (chunk as Buffer).length;
-    if (size > max) return null;
-    chunks.push(chunk as Buffer);
-  }
-  return Buffer.concat(chunks);
+/**
+ * Reads a request body, refusing past `max` bytes without buffering the excess.
+ * It stops listening there but does not destroy the request (an async iterator
+ * broken out of would, and the socket with it): the refusal is answered and the
+ * rest drained by refuseReadably.
+ */
+function readBody(req: IncomingMessage, max: number): Promise<Buffer | null> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const done = (v: Buffer | null) => {
+      req.removeListener('data', onData);
+      req.removeListener('end', onEnd);
+      req.removeListener('error', onError);
+      resolve(v);
+    };
+    const onData = (chunk: Buffer) => {
+      size += chunk.length;
+      if (size > max) {
+        req.pause();
+        done(null);
+      } else chunks.push(chunk);
+    };
+    const onEnd = () => done(Buffer.concat(chunks));
+    const onError = (err: Error) => {
+      req.removeListener('data', onData);
+      req.removeListener('end', onEnd);
+      reject(err);
+    };
+    req.on('data', onData);
+    req.once('end', onEnd);
+    req.once('error', onError);
+  });
 }
 
 export function createHttpServer(opts: ServerOptions): { server: Server; yoga: ReturnType<typeof createGraphQL>; closeSubscriptions(): Promise<void>; connections: WsConnections } {
   const yoga = createGraphQL(opts);
   const budget = new AuthFailureBudget({ perMinute: opts.authFailuresPerMinute ?? 20 });
   const unauthenticatedMax = opts.unauthenticatedMaxBodyBytes ?? 64 * 1024;
-  const addressOf = (req: IncomingMessage) => req.socket.remoteAddress ?? 'unknown';
+  const addressOf = (req: IncomingMessage) => requestAddress(req, opts.trustProxy, opts.trustProxyHeader);
+  /** A refusal sent before the body was read: answered first, the body drained within bounds (http/refusal.ts). */
+  const refuse = (req: IncomingMessage, res: ServerResponse, status: number, error: { message: string; extensions: Record<string, unknown> }, headers: Record<string, string> = {}, limit = unauthenticatedMax) =>
+    refuseReadably(req, res, (r) => sendErrors(r, status, error, headers), drainBound(limit));
 
   // Node enforces headersTimeout and requestTimeout when it checks its connections: every second, not its default 30.
   const server = createServer({ connectionsCheckingInterval: CONNECTIONS_CHECK_MS }, async (req, res) => {
     try {
       const url = new URL(req.url ?? '/', 'http://localhost');
-      if (await serveOps(req, res, opts.ops)) return;
-      const guarded = url.pathname === GRAPHQL_PATH || url.pathname === USAGE_CSV_PATH || url.pathname === USAGE_EVENTS_PATH;
+      // One front door: a path or method nobody documented is refused from the request line (http/routes.ts).
+      const door0 = route(req.method, url.pathname);
+      if (door0.kind === 'not-found') return refuse(req, res, 404, notFound(req.method, url.pathname));
+      if (door0.kind === 'method-not-allowed') return refuse(req, res, 405, methodNotAllowed(req.method, url.pathname, door0.allow), { allow: door0.allow.join(', ') });
+      if (door0.kind === 'ops') {
+        if (await serveOps(req, res, opts.ops)) return;
+        return refuse(req, res, 404, notFound(req.method, url.pathname));
+      }
+      if (door0.kind === 'console') {
+        await serveConsole(req, res, url.pathname);
+        return;
+      }
+      if (door0.kind === 'root') {
+        res.writeHead(302, { location: GRAPHQL_PATH }).end();
+        return;
+      }
       // The key is checked from the headers, before any body is read (http/front-door.ts).
       // Its lookup counts against the request deadline like any other wait on the database.
       const startedAt = Date.now();
       const deadlineMs = opts.requestTimeoutMs ?? 30_000;
-      const door = guarded
-        ? await withDeadline(
-            admit(
-              { authorization: req.headers.authorization, address: addressOf(req) },
-              { budget, authenticate: (a) => authenticate(opts.services, a), maxBodyBytes: opts.maxBodyBytes, unauthenticatedMaxBodyBytes: unauthenticatedMax },
-            ),
-            deadlineMs,
-            new CommitGate(),
-          )
-        : undefined;
-      if (door === null) return timedOut(res, deadlineMs);
-      if (door && !door.admitted) return sendErrors(res, door.status, door.error, { ...door.headers, connection: 'close' });
-      const maxBody = door?.admitted ? door.maxBodyBytes : unauthenticatedMax;
-      if (url.pathname === USAGE_CSV_PATH && req.method === 'GET') return await serveUsageCsv(req, res, opts.services);
-      if (url.pathname === USAGE_EVENTS_PATH && req.method === 'GET') return await serveUsageEvents(req, res, opts.services);
-      if (await serveConsole(req, res, url.pathname)) return;
-      if (url.pathname === '/' && req.method === 'GET') {
-        res.writeHead(302, { location: GRAPHQL_PATH }).end();
-        return;
+      const door = await withDeadline(
+        admit(
+          { authorization: req.headers.authorization, address: addressOf(req) },
+          { budget, authenticate: (a) => authenticate(opts.services, a), maxBodyBytes: opts.maxBodyBytes, unauthenticatedMaxBodyBytes: unauthenticatedMax },
+        ),
+        deadlineMs,
+        new CommitGate(),
+      );
+      if (door === null) {
+        const e = databaseUnavailable(`the request waited ${deadlineMs} ms for the database`);
+        return refuse(req, res, 503, { message: e.message, extensions: { code: e.code, ...e.extensions } }, e.httpHeaders);
       }
+      if (!door.admitted) return refuse(req, res, door.status, door.error, door.headers);
+      const maxBody = door.maxBodyBytes;
+      if (door0.kind === 'usage-csv') return await serveUsageCsv(req, res, opts.services);
+      if (door0.kind === 'usage-events') return await serveUsageEvents(req, res, opts.services);
       let body: Buffer | undefined;
       if (req.method !== 'GET' && req.method !== 'HEAD') {
         const declared = Number(req.headers['content-length'] ?? 0);
-        if (declared > maxBody) return tooLarge(res, maxBody, maxBody < opts.maxBodyBytes);
+        const refuseTooLarge = () => refuseReadably(req, res, (r) => tooLarge(r, maxBody, maxBody < opts.maxBodyBytes), drainBound(maxBody));
+        if (declared > maxBody) return refuseTooLarge();
         const read = await readBody(req, maxBody);
-        if (read === null) return tooLarge(res, maxBody, maxBody < opts.maxBodyBytes);
+        if (read === null) return refuseTooLarge();
         body = read;
       }
       if (req.method === 'GET' && url.pathname === GRAPHQL_PATH) {
@@ -220,7 +273,7 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
           headers,
           ...(body ? { body: new Uint8Array(body) } : {}),
         }),
-        { gate, address: addressOf(req), ...(door?.admitted ? { auth: door.auth } : {}) },
+        { gate, address: addressOf(req), auth: door.auth },
       ));
       const response = await withDeadline(pending, Math.max(1, deadlineMs - (Date.now() - startedAt)), gate);
       if (response === null) {
@@ -258,13 +311,13 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
   const connections = new WsConnections((authorization) => authenticate(opts.services, authorization, { fresh: true }));
   const wss = new WebSocketServer({
     server,
-    path: GRAPHQL_PATH,
     maxPayload: opts.maxBodyBytes,
-    // An address past its failed-authentication budget is refused at the upgrade, before any key lookup.
+    // Upgrades are taken on /graphql only (the one front door). No address is refused here: the
+    // credential is judged at connection_init, so others' failures never lock out a valid key.
     verifyClient: (info, done) => {
-      const wait = budget.retryAfter(addressOf(info.req));
-      if (wait === null) done(true);
-      else done(false, 429, `Too Many Requests: too many failed authentications from this address, retry in ${wait} s`, { 'retry-after': String(wait) });
+      const pathname = new URL(info.req.url ?? '/', 'http://localhost').pathname;
+      if (pathname === GRAPHQL_PATH) done(true);
+      else done(false, 404, `Not Found: graphql-ws is served at ${GRAPHQL_PATH}`);
     },
   });
   // Until its connection_init is accepted, a socket reads small messages only (ws's maxPayload is per server).
@@ -288,7 +341,16 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
           return false;
         }
         if (auth.kind !== 'admin' && auth.kind !== 'tenant') {
-          if (auth.kind === 'invalid') budget.fail(addressOf(ctx.extra.request));
+          if (auth.kind === 'invalid') {
+            // Counted against the caller's address; past its budget, the close says when to try again.
+            const address = addressOf(ctx.extra.request);
+            const wait = budget.retryAfter(address);
+            budget.fail(address);
+            if (wait !== null) {
+              socket.close(WS_CLOSE.tooManyAuthFailures, `TOO_MANY_AUTH_FAILURES: retry in ${wait} s`);
+              return false;
+            }
+          }
           socket.close(WS_CLOSE.unauthorized, auth.kind === 'anonymous' ? 'missing credential: send connectionParams.authorization = "Bearer <api key>"' : 'unknown or revoked API key');
           return false;
         }

@@ -33,8 +33,11 @@ describe('auth, isolation and errors (API role only: jobs stay queued)', () => {
     assert.equal(raw.status, 401);
   });
 
-  test('introspection is public so GraphiQL can load the docs', async () => {
-    const r = await t.gql(`{ __schema { queryType { name } } }`, {}, null);
+  test('introspection needs a key outside development (INTROSPECTION=keys): GraphiQL loads the docs with the key in its Headers tab', async () => {
+    const anonymous = await t.gql(`{ __schema { queryType { name } } }`, {}, null);
+    assert.equal(anonymous.status, 401);
+    assert.equal(anonymous.body.errors[0].extensions.code, 'UNAUTHENTICATED');
+    const r = await t.gql(`{ __schema { queryType { name } } }`, {}, a.apiKey);
     assert.equal(r.status, 200);
     assert.equal(r.body.data.__schema.queryType.name, 'Query');
   });

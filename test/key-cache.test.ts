@@ -36,6 +36,10 @@ describe('API-key cache: every process forgets a changed tenant at once (NOTIFY 
   let b: NodeProcess;
   let tenant: { id: string; apiKey: string };
   // A rotation with no overlap ends the old key at once: what the rotation test below checks travels to the other process.
+  // Made-up keys of the shape issued before checksums: those are looked up (a forged checksum never is).
+  const QUIET = `slc_${'planted_quietly'.padEnd(43, 'q')}`;
+  const LOUD = `slc_${'planted_loudly'.padEnd(43, 'l')}`;
+  const NOT_YET = `slc_${'not_a_key_yet'.padEnd(43, 'n')}`;
   const env = () => ({ DATABASE_URL: db.url, AUTH_CACHE_TTL_MS: '600000', AUTH_NEGATIVE_CACHE_MS: '600000', DB_POOL_MAX: '4', KEY_ROTATION_OVERLAP_SECONDS: '0' });
 
   before(async () => {
@@ -60,15 +64,15 @@ describe('API-key cache: every process forgets a changed tenant at once (NOTIFY 
         });
       };
       // Made live without the notice: B still answers from its negative cache (the cache is on).
-      assert.equal((await post(b.url!, 'slc_planted_quietly', ME)).status, 401);
-      await plant('slc_planted_quietly', false);
-      assert.equal((await post(b.url!, 'slc_planted_quietly', ME)).status, 401);
+      assert.equal((await post(b.url!, QUIET, ME)).status, 401);
+      await plant(QUIET, false);
+      assert.equal((await post(b.url!, QUIET, ME)).status, 401);
       // Made live with the notice createTenant and rotateTenantKey send: B forgets every unknown key.
-      assert.equal((await post(b.url!, 'slc_planted_loudly', ME)).status, 401);
-      await plant('slc_planted_loudly', true);
-      await eventually(async () => (await post(b.url!, 'slc_planted_loudly', ME)).status === 200, 5_000, 20);
-      assert.equal((await post(b.url!, 'slc_planted_quietly', ME)).status, 200, 'the notice dropped every unknown key');
-      await sql`update tenant_api_keys set revoked_at = now() where key_hash in ${sql([hashSecret('slc_planted_quietly'), hashSecret('slc_planted_loudly')])}`;
+      assert.equal((await post(b.url!, LOUD, ME)).status, 401);
+      await plant(LOUD, true);
+      await eventually(async () => (await post(b.url!, LOUD, ME)).status === 200, 5_000, 20);
+      assert.equal((await post(b.url!, QUIET, ME)).status, 200, 'the notice dropped every unknown key');
+      await sql`update tenant_api_keys set revoked_at = now() where key_hash in ${sql([hashSecret(QUIET), hashSecret(LOUD)])}`;
     } finally {
       await sql.end();
     }
@@ -89,7 +93,7 @@ describe('API-key cache: every process forgets a changed tenant at once (NOTIFY 
 
   test('a key created on one process works at once on the other (a made-up key seen unknown first)', async () => {
     // B is asked before the tenant exists... (a made-up key), then right after creation with the real one.
-    const unknown = await post(b.url!, 'slc_not_a_key_yet', ME);
+    const unknown = await post(b.url!, NOT_YET, ME);
     assert.equal(unknown.status, 401);
     const r = await post(a.url!, ADMIN_TOKEN, 'mutation($i: CreateTenantInput!) { createTenant(input: $i) { tenant { id } apiKey } }', { i: { name: 'fresh', tier: 'PRO' } });
     const created = await post(b.url!, r.body.data.createTenant.apiKey, ME);

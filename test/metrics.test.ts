@@ -169,7 +169,7 @@ describe('metrics', () => {
   test('GraphQL requests are counted per operation type, errors per code, with a duration histogram', async () => {
     const metrics = createMetrics({ defaultMetrics: false });
     // Only introspection and refusals: nothing here reaches a resolver that would use services.
-    const yoga = createGraphQL({ services: {} as Services, maxBodyBytes: 1 << 20, log: createLogger('silent'), development: false, metrics });
+    const yoga = createGraphQL({ services: {} as Services, maxBodyBytes: 1 << 20, log: createLogger('silent'), development: false, metrics, introspection: 'public' });
     const ask = (init: RequestInit) => yoga.fetch('http://localhost/graphql', init);
     const json = (query: string) => ask({ method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ query }) });
     assert.equal((await json('{ __typename }')).status, 200);
@@ -222,7 +222,7 @@ describe('metrics', () => {
       assert.equal(value(f, 'sluice_queue_depth', { class: 'BULK' }), 1200);
       assert.ok(f.has('process_resident_memory_bytes'));
       assert.equal(value(f, 'sluice_graphql_requests_total', { operation: 'query', transport: 'ws' }), 1);
-      assert.equal((await fetch(`${base}/metrics`, { method: 'POST' })).status, 404);
+      assert.equal((await fetch(`${base}/metrics`, { method: 'POST' })).status, 405, 'a documented path, a method it does not take');
     } finally {
       await new Promise<void>((resolve) => server.close(() => resolve()));
     }

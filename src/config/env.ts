@@ -6,6 +6,7 @@
 import { z } from 'zod';
 import { PLAN_NAMES } from './plans.ts';
 import { parseClassNumbers } from './classes.ts';
+import { parseTrustProxy } from '../http/client-address.ts';
 
 const int = (def: number, min = 0) => z.coerce.number().int().min(min).default(def);
 const bool = (def: boolean) =>
@@ -284,6 +285,31 @@ export const envSchema = z.object({
   UNAUTHENTICATED_MAX_BODY_BYTES: int(64 * 1024, 1024),
   /** Failed authentications one client address may make per minute; past it, 429 with Retry-After. */
   AUTH_FAILURES_PER_MINUTE: int(20, 1),
+  /**
+   * Which proxies in front of Sluice are trusted to say who the client is (src/http/client-address.ts):
+   * empty or `false` (the default) trusts none and the socket's peer is the client; a number trusts that
+   * many hops (1: one load balancer); a list of IPs, CIDRs and the names loopback, private, linklocal
+   * trusts those addresses (`10.0.0.0/8,192.168.0.0/16`). The client's address keys the failed-auth
+   * budget and the audit log.
+   */
+  TRUST_PROXY: z
+    .string()
+    .default('')
+    .superRefine((v, ctx) => {
+      try {
+        parseTrustProxy(v);
+      } catch (err) {
+        ctx.addIssue({ code: 'custom', message: (err as Error).message });
+      }
+    }),
+  /** The header trusted proxies write the client's address into: `x-forwarded-for` (default) or RFC 7239 `forwarded`. Only this one is read. */
+  TRUST_PROXY_HEADER: z.enum(['x-forwarded-for', 'forwarded']).default('x-forwarded-for'),
+  /**
+   * Who may introspect the schema (__schema, __type): `public` (anyone), `keys` (a tenant key or the admin
+   * token; charged to the tenant's request budget), `off` (nobody). Default: `public` with
+   * NODE_ENV=development, `keys` otherwise.
+   */
+  INTROSPECTION: z.enum(['public', 'keys', 'off']).optional(),
   /** Unknown keys are remembered this long per process (0 = never): repeated guesses do not reach Postgres. */
   AUTH_NEGATIVE_CACHE_MS: int(2_000, 0),
   /** Node's server timeouts: all request headers within, the whole request within, an idle keep-alive connection closed after. */

@@ -2,6 +2,7 @@
  * Owns the settings table, and the admin token that lives there.
  */
 import type { Sql } from './client.ts';
+import { randomBytes } from 'node:crypto';
 import { ADMIN_TOKEN_PREFIX, generateSecret, hashSecret } from '../tenants/keys.ts';
 
 const ADMIN_TOKEN_HASH = 'admin_token_hash';
@@ -43,3 +44,14 @@ export async function settingOrInsert(sql: Sql, key: string, value: string): Pro
   return (await readSetting(sql, key))!;
 }
 
+const KEY_CHECKSUM_SECRET = 'key_checksum_secret';
+
+/**
+ * The secret tenant keys' checksums are made with (tenants/keys.ts): made once
+ * on first start and kept in the settings table, the same for every process of
+ * the installation (the insert is race-safe: every process reads the one that
+ * won). Read once at start.
+ */
+export async function resolveKeyChecksumSecret(sql: Sql): Promise<string> {
+  return settingOrInsert(sql, KEY_CHECKSUM_SECRET, randomBytes(32).toString('base64url'));
+}

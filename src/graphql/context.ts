@@ -7,7 +7,7 @@ import type { ApiCatalog } from '../config/apis.ts';
 import type { Sql } from '../db/client.ts';
 import type { EventBus, SubscriberSocket } from '../events/bus.ts';
 import type { JobService } from '../jobs/service.ts';
-import { bearerToken, hashSecret, sameHash } from '../tenants/keys.ts';
+import { bearerToken, hashSecret, sameHash, tenantKeyShape } from '../tenants/keys.ts';
 import type { TenantRecord } from '../tenants/policy.ts';
 import type { TenantStore } from '../tenants/store.ts';
 import type { KeyCache } from '../tenants/key-cache.ts';
@@ -49,6 +49,8 @@ export interface Services {
   /** The windows (keys) and the classes they carry. */
   windows: readonly WindowSpec[];
   adminTokenHash: string;
+  /** The installation's key checksum secret (tenants/keys.ts): a token with a wrong checksum is refused without a lookup. */
+  keyChecksumSecret: string;
   queuePolicy: { retryLimit: number; retryDelaySeconds: number; expireInSeconds: number };
   /** What suspendTenant, resumeTenant and deleteTenant need (pg-boss to drop queues). */
   lifecycle: LifecycleDeps;
@@ -74,7 +76,7 @@ export interface Context {
   socket?: SubscriberSocket;
   /** The operation's charge to its tenant's request budget, once it is priced (src/http/budget.ts). */
   budget?: BudgetState;
-  /** The client's address (the socket's peer), for the audit log; null when unknown. */
+  /** The client's address (the socket's peer, or what trusted proxies say: TRUST_PROXY), for the audit log; null when unknown. */
   address?: string | null;
 }
 
@@ -102,6 +104,8 @@ export async function authenticate(services: Services, authorization: string | n
   if (!token) return { kind: 'invalid' };
   const hash = hashSecret(token); // once per request: the admin check and the key lookup share it
   if (sameHash(hash, services.adminTokenHash)) return { kind: 'admin' };
+  // A forged checksum or a token of no key's shape is refused here: it never costs a database read.
+  if (tenantKeyShape(token, services.keyChecksumSecret) === 'forged') return { kind: 'invalid' };
   const holder = await services.apiKeys.lookup(hash, opts);
   // The cache keeps a key until its entry expires; the key's own expiry is checked on every use.
   if (!holder || !keyLive(holder.key, Date.now())) return { kind: 'invalid' };

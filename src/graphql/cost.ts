@@ -14,8 +14,10 @@
  *   (READ_STATEMENTS). Reads are memoised per request (src/graphql/memo.ts),
  *   so each is counted once per operation however many objects share it: a
  *   page's `waitReason` reads the queue status once, not once per job.
- * Introspection costs 1 and is not walked. Admin operations are never priced
- * (the budget is for tenants).
+ * Introspection is not walked: each `__schema` costs INTROSPECTION_PRICES.__schema
+ * (the whole schema: hundreds of objects) and each `__type` its price, every alias
+ * on its own, so 30 aliases of `__schema` cost 30 times one. Admin operations are
+ * never priced (the budget is for tenants).
  */
 import {
   getArgumentValues,
@@ -63,6 +65,13 @@ export const READ_STATEMENTS = {
   webhookChange: 2,
 } as const;
 export type ReadName = keyof typeof READ_STATEMENTS;
+
+/**
+ * Introspection fields, by name: `__schema` answers about 300 types, fields and
+ * arguments (GraphiQL's full query is 0.1 MB); `__type` one type. Any other `__`
+ * field (there is none but `__typename`, free) costs 1.
+ */
+export const INTROSPECTION_PRICES: Readonly<Record<string, number>> = { __schema: 100, __type: 5 };
 
 export interface FieldPrice {
   /** The memoised reads this field needs. */
@@ -175,7 +184,7 @@ function walk(w: Walk, typeName: string, set: SelectionSetNode, multiplier: numb
     if (name === '__typename') continue;
     const key = node.alias?.value ?? name;
     if (name.startsWith('__')) {
-      w.extra += 1;
+      w.extra += multiplier * (INTROSPECTION_PRICES[name] ?? 1);
       continue;
     }
     const field = parent.getFields()[name];

@@ -56,13 +56,39 @@ export function consoleFile(pathname: string): string | null {
 }
 
 /**
- * Nothing on these pages may load from, or talk to, another origin. The only
- * inline script is index.html's import map, allowed by its hash.
+ * The Host header as a CSP host-source, or null when it is not a plain host
+ * name or IP literal with an optional port (anything else could smuggle
+ * another source or directive into the policy). Pure.
  */
-export function contentSecurityPolicy(html: string | null): string {
+export function cspHost(host: string | undefined): string | null {
+  if (!host) return null;
+  const h = host.trim().toLowerCase();
+  const name = /^(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*(?::\d{1,5})?$/;
+  const v6 = /^\[[0-9a-f:.]+\](?::\d{1,5})?$/;
+  return h.length <= 255 && (name.test(h) || v6.test(h)) ? h : null;
+}
+
+/**
+ * Nothing on these pages may load from, or talk to, another origin. The only
+ * inline script is index.html's import map, allowed by its hash. The page's
+ * graphql-ws socket goes to its own host (console/api.js): 'self' covers
+ * ws:/wss: of the same origin in CSP Level 3 browsers (Chromium, Firefox),
+ * and the host is named with ws:// and wss:// as well for browsers that read
+ * 'self' as http(s) only; never `ws:`/`wss:` alone, which would let the page
+ * open a socket to any host.
+ */
+export function contentSecurityPolicy(html: string | null, host?: string): string {
   const map = html ? /<script type="importmap">([\s\S]*?)<\/script>/.exec(html)?.[1] : undefined;
   const scripts = map === undefined ? "'self'" : `'self' 'sha256-${createHash('sha256').update(map).digest('base64')}'`;
-  return `default-src 'self'; script-src ${scripts}; connect-src 'self' ws: wss:; img-src 'self' data:; style-src 'self' 'unsafe-inline'; base-uri 'none'; frame-ancestors 'none'; form-action 'none'`;
+  const own = cspHost(host);
+  const connect = own ? `'self' ws://${own} wss://${own}` : "'self'";
+  return `default-src 'self'; script-src ${scripts}; connect-src ${connect}; img-src 'self' data:; style-src 'self' 'unsafe-inline'; base-uri 'none'; frame-ancestors 'none'; form-action 'none'`;
+}
+
+/** The coded 404 of a path under /console that names no file. */
+function notFound(res: ServerResponse, pathname: string): void {
+  const body = JSON.stringify({ errors: [{ message: `no console file at ${pathname.slice(0, 200)}`, extensions: { code: 'NOT_FOUND' } }] });
+  res.writeHead(404, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(body) }).end(body);
 }
 
 /** Serves a /console request; false when the path is not the console's. */
@@ -74,21 +100,21 @@ export async function serveConsole(req: IncomingMessage, res: ServerResponse, pa
   }
   const file = consoleFile(pathname);
   if (!file || (req.method !== 'GET' && req.method !== 'HEAD')) {
-    res.writeHead(404, { 'content-type': 'text/plain' }).end('not found');
+    notFound(res, pathname);
     return true;
   }
   let body: Buffer;
   try {
     body = await readFile(file);
   } catch {
-    res.writeHead(404, { 'content-type': 'text/plain' }).end('not found');
+    notFound(res, pathname);
     return true;
   }
   res.writeHead(200, {
     'content-type': TYPES[path.extname(file)] ?? 'application/octet-stream',
     'content-length': body.length,
     'cache-control': 'no-cache',
-    'content-security-policy': contentSecurityPolicy(file.endsWith('.html') ? body.toString('utf8') : null),
+    'content-security-policy': contentSecurityPolicy(file.endsWith('.html') ? body.toString('utf8') : null, req.headers.host),
     'x-content-type-options': 'nosniff',
     'referrer-policy': 'no-referrer',
   });

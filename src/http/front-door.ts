@@ -8,12 +8,16 @@
  *  - A graphql-ws socket reads messages of at most the same small size until its
  *    connection_init is accepted (`limitSocketPayload`).
  *  - Failed authentications are counted per client address
- *    (AUTH_FAILURES_PER_MINUTE): past the budget, a credentialed request from
- *    that address is answered 429 with Retry-After before any key lookup or
- *    hashing, and a WebSocket upgrade is refused with 429. Requests without a
- *    credential are not failures (public fields, GraphiQL's introspection).
- *    The address is the socket's peer: behind a proxy every client shares the
- *    proxy's budget, so keep it in line with what the proxy forwards.
+ *    (AUTH_FAILURES_PER_MINUTE; the address as seen through the proxies
+ *    TRUST_PROXY trusts, http/client-address.ts). The budget punishes only the
+ *    failing caller: a credential that authenticates is always served, whatever
+ *    others did from its address; past the budget, a failing credential is
+ *    answered 429 TOO_MANY_AUTH_FAILURES with Retry-After instead of 401 (over
+ *    graphql-ws: closed 4429 at connection_init). What makes the budget cheap is
+ *    the key's checksum (tenants/keys.ts): a forged or malformed token is
+ *    refused without a database lookup, under or over budget; only keys of the
+ *    shape issued before checksums are looked up (through the key cache and its
+ *    negative cache). Requests without a credential are not failures.
  */
 import type { Server } from 'node:http';
 
@@ -144,27 +148,35 @@ export type Admission<A> =
   | { admitted: false; status: 401 | 429; error: { message: string; extensions: Record<string, unknown> }; headers: Record<string, string> };
 
 /**
- * The front door of one HTTP request, from its headers alone: a credential is
- * looked up (after the address's budget allows it), a wrong one is refused 401
- * and counted, and the body limit follows from who is calling.
+ * What a failed authentication is answered, given the address's budget before
+ * this failure: 401, or 429 with Retry-After once the address is past it. Pure.
+ */
+export function failedAuthRefusal(retryAfterSeconds: number | null): Exclude<Admission<never>, { admitted: true }> {
+  if (retryAfterSeconds !== null) return { admitted: false, status: 429, error: tooManyFailures(retryAfterSeconds), headers: { 'retry-after': String(retryAfterSeconds) } };
+  return {
+    admitted: false,
+    status: 401,
+    error: { message: 'invalid credential: send Authorization: Bearer <api key>', extensions: { code: 'UNAUTHENTICATED' } },
+    headers: { 'www-authenticate': 'Bearer' },
+  };
+}
+
+/**
+ * The front door of one HTTP request, from its headers alone: the credential
+ * is checked (a forged or malformed one without any lookup: `authenticate`),
+ * one that authenticates is admitted whatever the address's budget, a failing
+ * one is counted and refused (401, or 429 past the budget), and the body limit
+ * follows from who is calling.
  */
 export async function admit<A extends { kind: string }>(
   req: { authorization: string | undefined; address: string },
   o: { budget: AuthFailureBudget; authenticate: (authorization: string | undefined) => Promise<A>; maxBodyBytes: number; unauthenticatedMaxBodyBytes: number },
 ): Promise<Admission<A>> {
-  if (req.authorization) {
-    const wait = o.budget.retryAfter(req.address);
-    if (wait !== null) return { admitted: false, status: 429, error: tooManyFailures(wait), headers: { 'retry-after': String(wait) } };
-  }
   const auth = await o.authenticate(req.authorization);
   if (auth.kind === 'invalid') {
+    const wait = o.budget.retryAfter(req.address);
     o.budget.fail(req.address);
-    return {
-      admitted: false,
-      status: 401,
-      error: { message: 'invalid credential: send Authorization: Bearer <api key>', extensions: { code: 'UNAUTHENTICATED' } },
-      headers: { 'www-authenticate': 'Bearer' },
-    };
+    return failedAuthRefusal(wait);
   }
   return { admitted: true, auth, maxBodyBytes: auth.kind === 'anonymous' ? Math.min(o.unauthenticatedMaxBodyBytes, o.maxBodyBytes) : o.maxBodyBytes };
 }

@@ -6,14 +6,18 @@
  *         within a second of a key being revoked on any node;
  *   1009  a message too big: before connection_init is accepted, more than
  *         UNAUTHENTICATED_MAX_BODY_BYTES; after, more than MAX_BODY_BYTES;
+ *   4429  TOO_MANY_AUTH_FAILURES: a failing credential from an address past
+ *         AUTH_FAILURES_PER_MINUTE; the reason says when to retry
+ *         ("TOO_MANY_AUTH_FAILURES: retry in 42 s"). A valid key from the same
+ *         address still connects;
  *   1013  the database is unreachable right now: try again later;
  *   1001  the server is stopping.
  * Close codes are for the connection itself. A forbidden operation (a tenant
  * key asking for an admin field, or the reverse) is refused alone: an `error`
  * message with extensions.code FORBIDDEN for that operation id, and the
  * connection and its other operations carry on (4403 is no longer sent).
- * An address past its failed-authentication budget is refused at the upgrade
- * with HTTP 429 and Retry-After (http/front-door.ts).
+ * The WebSocket upgrade itself is refused only off /graphql (404); failed
+ * authentications are judged per credential at connection_init (http/front-door.ts).
  *
  * Revocation contract: whoever revokes or deletes keys sends
  * `pg_notify('sluice_auth', '{"tenantId":"<id>"}')` in the same transaction
@@ -32,6 +36,7 @@ import { AUTH_CHANNEL, parseAuthNotice } from '../tenants/auth-notice.ts';
 
 export const WS_CLOSE = {
   unauthorized: 4401,
+  tooManyAuthFailures: 4429,
   tryAgainLater: 1013,
   goingAway: 1001,
 } as const;

@@ -7,7 +7,7 @@ import type { Db, Tx } from '../db/client.ts';
 import { tenantApiKeys, tenants } from '../db/schema.ts';
 import type { TierName } from '../config/tiers.ts';
 import { SluiceError } from '../errors.ts';
-import { generateSecret, hashSecret, TENANT_KEY_PREFIX } from './keys.ts';
+import { generateTenantKey, hashSecret } from './keys.ts';
 import type { TenantRecord } from './policy.ts';
 import { AUTH_CHANNEL, authNoticePayload } from './auth-notice.ts';
 import { boundByMaker, MAX_LIVE_KEYS, rotationExpiry, type ApiKeyRecord, type KeyHolder, type Scope } from './api-keys.ts';
@@ -135,14 +135,17 @@ export class TenantStore {
   private readonly db: Db;
   /** Called after a commit that changed a tenant's keys or record (the process's own key cache forgets it at once). */
   private readonly authChanged: (tenantId: string) => void;
-  constructor(db: Db, opts: { authChanged?: (tenantId: string) => void } = {}) {
+  /** The installation's key checksum secret (db/settings.ts): every key minted here carries its checksum. */
+  private readonly keyChecksumSecret: string;
+  constructor(db: Db, opts: { keyChecksumSecret: string; authChanged?: (tenantId: string) => void }) {
     this.db = db;
+    this.keyChecksumSecret = opts.keyChecksumSecret;
     this.authChanged = opts.authChanged ?? (() => {});
   }
 
   /** Creates a tenant and its first API key; the key is returned once and stored as a hash. */
   async create(input: { name: string; tier: TierName; reservedShare?: number | null | undefined }): Promise<{ tenant: TenantRecord; apiKey: string }> {
-    const apiKey = generateSecret(TENANT_KEY_PREFIX);
+    const apiKey = generateTenantKey(this.keyChecksumSecret);
     const id = randomUUID();
     const reservedShare = input.reservedShare ? input.reservedShare : null;
     try {
@@ -173,7 +176,7 @@ export class TenantStore {
   async rotateKey(tenantId: string, overlapSeconds: number): Promise<{ tenant: TenantRecord; apiKey: string; key: ApiKeyRecord }> {
     const tenant = await this.get(tenantId);
     if (!tenant) throw new SluiceError('NOT_FOUND', `no tenant with id ${tenantId}`);
-    const apiKey = generateSecret(TENANT_KEY_PREFIX);
+    const apiKey = generateTenantKey(this.keyChecksumSecret);
     const key = await this.db.transaction(async (tx) => {
       // The tenant's row first, as createKey locks it: a key made during a rotation is either seen
       // here (and given the overlap's end) or made after it (and bounded by its maker's new expiry).
@@ -211,7 +214,7 @@ export class TenantStore {
     input: { name: string; scopes: Scope[]; expiresAt: Date | null },
     makerKeyId: string | null = null,
   ): Promise<{ key: ApiKeyRecord; secret: string; expiresAtShortened: boolean }> {
-    const secret = generateSecret(TENANT_KEY_PREFIX);
+    const secret = generateTenantKey(this.keyChecksumSecret);
     let expiresAtShortened = false;
     const key = await this.db.transaction(async (tx) => {
       // The tenant's row, locked: concurrent creations count the live keys one after the other (and
