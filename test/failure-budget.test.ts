@@ -10,13 +10,11 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { request } from 'node:http';
-import { Writable } from 'node:stream';
-import { pino } from 'pino';
 import postgres from 'postgres';
 import WebSocket from 'ws';
-import type { Logger } from '../src/log.ts';
 import { hashSecret } from '../src/tenants/keys.ts';
 import { ADMIN_TOKEN, collect, startTestApp, type TestApp } from './helpers/app.ts';
+import { capturingLogger } from './helpers/log.ts';
 
 const CHECKSUMMED = /^slc_[A-Za-z0-9_-]{43}_[A-Za-z0-9_-]{8}$/;
 
@@ -73,17 +71,6 @@ async function slowUpload(url: string, headers: Record<string, string>, total: n
     const e = err as { cause?: { code?: string }; message: string };
     return { status: 0, headers: null, body: { error: e.cause?.code ?? e.message }, brokeBeforeAnswer: true };
   }
-}
-
-function capturingLogger(): { log: Logger; lines: Record<string, unknown>[] } {
-  const lines: Record<string, unknown>[] = [];
-  const stream = new Writable({
-    write(chunk, _enc, done) {
-      for (const l of String(chunk).split('\n')) if (l.trim()) lines.push(JSON.parse(l));
-      done();
-    },
-  });
-  return { log: pino({ level: 'info' }, stream) as unknown as Logger, lines };
 }
 
 describe('behind one trusted proxy (TRUST_PROXY=1): the failing caller alone waits', () => {

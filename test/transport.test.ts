@@ -13,27 +13,13 @@ import assert from 'node:assert/strict';
 import { EventEmitter } from 'node:events';
 import { request } from 'node:http';
 import { connect } from 'node:net';
-import { Writable } from 'node:stream';
-import { pino } from 'pino';
-import type { Logger } from '../src/log.ts';
 import WebSocket from 'ws';
 import { ConfigError, loadEnv } from '../src/config/env.ts';
 import { AuthFailureBudget, authRetryAfter, isLoopbackHost, limitSocketPayload, recordFailure } from '../src/http/front-door.ts';
 import { auditedTenantId } from '../src/http/audit.ts';
 import { metricsRefused } from '../src/http/ops.ts';
 import { ADMIN_TOKEN, eventually, startTestApp, type TestApp } from './helpers/app.ts';
-
-/** Log lines a test app wrote, parsed. */
-function capturingLogger(): { log: Logger; lines: Record<string, unknown>[] } {
-  const lines: Record<string, unknown>[] = [];
-  const stream = new Writable({
-    write(chunk, _enc, done) {
-      for (const l of String(chunk).split('\n')) if (l.trim()) lines.push(JSON.parse(l));
-      done();
-    },
-  });
-  return { log: pino({ level: 'info' }, stream) as unknown as Logger, lines };
-}
+import { capturingLogger } from './helpers/log.ts';
 
 /** A request whose headers are sent and whose declared body never comes: the answer must not need it. */
 function headersOnly(url: string, headers: Record<string, string>): Promise<{ status: number; body: any; headers: Record<string, unknown> }> {
