@@ -252,9 +252,13 @@ export const envSchema = z.object({
   WEBHOOK_IDLE_SOCKET_TIMEOUT_MS: int(4_000, 100),
   /** Sockets one sender (per worker process) holds open across all hosts, idle ones included; per host it is WEBHOOK_ENDPOINT_CONCURRENCY. */
   WEBHOOK_MAX_SOCKETS: int(128, 1),
-  /** Per-tenant delivery budget of each sender: deliveries a second (0 = no rate limit), the burst a quiet tenant may send at once, and deliveries in flight. */
-  WEBHOOK_TENANT_DELIVERIES_PER_SECOND: z.coerce.number().min(0).default(50),
-  WEBHOOK_TENANT_DELIVERY_BURST: int(100, 1),
+  /**
+   * Per-tenant delivery budget of each sender: deliveries a second (0 = no rate limit), the burst a
+   * quiet tenant may send at once, and deliveries in flight. The burst covers a normal batch's
+   * completions (a thousand jobs finishing together go out at once); the rate bounds a flood.
+   */
+  WEBHOOK_TENANT_DELIVERIES_PER_SECOND: z.coerce.number().min(0).default(200),
+  WEBHOOK_TENANT_DELIVERY_BURST: int(1_000, 1),
   WEBHOOK_TENANT_CONCURRENCY: int(32, 1),
   /**
    * The key that encrypts webhook signing secrets at rest (AES-256-GCM; 32 bytes, base64 or hex).
