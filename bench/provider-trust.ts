@@ -207,6 +207,7 @@ async function cappedAsk(pg: BenchPostgres, cap: number, durationS: number) {
       succeededAfterFirstPause,
       rateLimited429: samples[samples.length - 1]!.r429,
       calls: samples[samples.length - 1]!.calls,
+      timeline: samples.map((s) => [s.t, s.succeeded, s.calls, s.r429, s.ratePerMinute, s.reason, s.pausedForS]),
     };
   } finally {
     await r.close();
