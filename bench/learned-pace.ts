@@ -10,9 +10,6 @@
  *
  * Target: ≥ 85 % of the real paced rate over the last 40 s with at most a handful (5) of 429s.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { createServer } from 'node:net';
-import { fileURLToPath } from 'node:url';
 import postgres from 'postgres';
 import type { FlagReader } from './lib/args.ts';
 import { createTenant, gql, SUBMIT_JOBS } from './lib/gql.ts';
@@ -20,6 +17,7 @@ import { progress } from './lib/log.ts';
 import { freshDatabase, type BenchPostgres } from './lib/pg.ts';
 import { ADMIN_TOKEN, parseEnvFlag, startSluiceFor } from './lib/sluice.ts';
 import { check, round, sleep } from './lib/stats.ts';
+import { simulatorKeyStats, startStandaloneSimulator } from './lib/standalone-simulator.ts';
 
 export const description = 'configured at twice the real window, against a standalone simulator: completions/s over the last 40 s of 60 vs the real paced rate, 429s; learned pace vs configured pace';
 
@@ -38,71 +36,10 @@ interface Options {
   mode: 'child' | 'inproc';
 }
 
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const port = (s.address() as { port: number }).port;
-      s.close(() => resolve(port));
-    });
-  });
-}
-
-/** The standalone simulator: `node src/simulator/main.ts` with SIMULATOR_* settings, as an operator starts it. */
-async function startStandaloneSimulator(o: Options): Promise<{ url: string; adminUrl: string; child: ChildProcess; stop(): Promise<void> }> {
-  const port = await freePort();
-  const env: Record<string, string> = {
-    PATH: process.env.PATH ?? '',
-    SIMULATOR_PORT: String(port),
-    SIMULATOR_API_KEY: API_KEY,
-    SIMULATOR_PLAN: 'PRO',
-    SIMULATOR_RATE_PER_MINUTE: String(o.realPerMinute),
-    SIMULATOR_COOLDOWN_SECONDS: String(o.cooldownS),
-    SIMULATOR_LATENCY_MS: String(o.latencyMs),
-    SIMULATOR_SEED: '25',
-  };
-  const main = fileURLToPath(new URL('../src/simulator/main.ts', import.meta.url));
-  const child = spawn(process.execPath, [...process.execArgv, main], { env, stdio: ['ignore', 'pipe', 'pipe'] });
-  child.stderr!.on('data', (d: Buffer) => process.stderr.write(d));
-  const started = await new Promise<{ url: string; adminUrl: string }>((resolve, reject) => {
-    let buf = '';
-    child.once('exit', (code) => reject(new Error(`the simulator exited with ${code} before it was ready`)));
-    child.stdout!.on('data', (d: Buffer) => {
-      buf += d.toString();
-      for (const line of buf.split('\n').slice(0, -1)) {
-        try {
-          const j = JSON.parse(line) as { url?: string; adminUrl?: string };
-          if (j.url && j.adminUrl) resolve({ url: j.url, adminUrl: j.adminUrl });
-        } catch {
-          /* not a log line */
-        }
-      }
-      buf = buf.slice(buf.lastIndexOf('\n') + 1);
-    });
-  });
-  return {
-    ...started,
-    child,
-    stop: () =>
-      new Promise<void>((resolve) => {
-        if (child.exitCode !== null || child.signalCode !== null) return resolve();
-        child.once('exit', () => resolve());
-        child.kill('SIGTERM');
-      }),
-  };
-}
-
-async function simStats(adminUrl: string): Promise<{ rateLimited: number; billedCalls: number; calls: number }> {
-  const s = (await (await fetch(`${adminUrl}/stats`)).json()) as { keys: Record<string, { rateLimited: number; billedCalls: number; calls: number }> };
-  const k = s.keys[API_KEY]!;
-  return { rateLimited: k.rateLimited, billedCalls: k.billedCalls, calls: k.calls };
-}
-
 async function phase(pg: BenchPostgres, o: Options, learn: boolean) {
   const label = learn ? 'learned' : 'configured';
   const db = await freshDatabase(pg.adminUrl, `pace${label}`);
-  const sim = await startStandaloneSimulator(o);
+  const sim = await startStandaloneSimulator({ apiKey: API_KEY, ratePerMinute: o.realPerMinute, cooldownS: o.cooldownS, latencyMs: o.latencyMs });
   const sluice = await startSluiceFor(
     {
       DATABASE_URL: db.url,
@@ -137,7 +74,7 @@ async function phase(pg: BenchPostgres, o: Options, learn: boolean) {
       at = Math.round((Date.now() - t0) / 1000);
       const [[done], stats, [w]] = await Promise.all([
         sql`select count(*)::int as n from jobs where state = 'SUCCEEDED'`,
-        simStats(sim.adminUrl),
+        simulatorKeyStats(sim.adminUrl, API_KEY),
         sql`select rate_per_minute, pace_reason, paused_until > now() as paused from windows where name = 'primary'`,
       ]);
       timeline.push([at, done!.n as number, stats.rateLimited, w!.rate_per_minute as number | null, w!.paused ? 'PAUSED' : (w!.pace_reason as string | null)]);
@@ -147,7 +84,7 @@ async function phase(pg: BenchPostgres, o: Options, learn: boolean) {
     const from = new Date(end - o.measureS * 1000);
     const [[window], stats] = await Promise.all([
       sql`select count(*)::int as n from jobs where state = 'SUCCEEDED' and finished_at >= ${from} and finished_at <= ${new Date(end)}`,
-      simStats(sim.adminUrl),
+      simulatorKeyStats(sim.adminUrl, API_KEY),
     ]);
     const perSecond = (window!.n as number) / o.measureS;
     const realPaced = (o.realPerMinute * o.paceFraction) / 60;

@@ -29,6 +29,7 @@ import * as maintenance from './maintenance.ts';
 import * as chaos from './chaos.ts';
 import * as noisyNeighbor from './noisy-neighbor.ts';
 import * as learnedPace from './learned-pace.ts';
+import * as providerTrust from './provider-trust.ts';
 import * as webhooks from './webhooks.ts';
 import * as reservedShare from './reserved-share.ts';
 
@@ -52,6 +53,7 @@ const BENCHMARKS: Record<string, Benchmark> = {
   chaos,
   'noisy-neighbor': noisyNeighbor,
   'learned-pace': learnedPace,
+  'provider-trust': providerTrust,
   webhooks,
   'reserved-share': reservedShare,
 };

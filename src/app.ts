@@ -50,6 +50,7 @@ import { ensureClasses, oldestQueuedAgeByClass, oldestWaitByClass } from './sche
 import { foldRunning, tenantDepths } from './scheduler/sql/queues.ts';
 import { syncTenant, unscheduledTenantIds } from './scheduler/sql/tenants.ts';
 import { readWindows, recentCappedAsks, reportWindowLatency, upsertWindows } from './scheduler/sql/windows.ts';
+import { SLOW_START_IDLE_MS, slowStartRate } from './scheduler/learned-pace.ts';
 import { failedExpiries } from './scheduler/sql/reservations.ts';
 import { recentAttemptLost } from './jobs/store.ts';
 import { Sweeper } from './scheduler/sweeper.ts';
@@ -203,7 +204,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       })(),
     });
     await ensureClasses(sql);
-    await upsertWindows(sql, windowSpecs, env.PACE_LEARN);
+    await upsertWindows(sql, windowSpecs, env.PACE_LEARN ? { start: slowStartRate(1, { start: env.PACE_START, min: env.PACE_MIN }), idleMs: SLOW_START_IDLE_MS } : null);
 
     // 3. Shared services.
     const admin = await resolveAdminToken(sql, env.SLUICE_ADMIN_TOKEN);
@@ -406,7 +407,15 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         ...(env.PACE_LEARN
           ? {
               pace: {
-                rules: { fraction: env.PACE_FRACTION, step: env.PACE_STEP, stepMs: env.PACE_STEP_MS, decrease: env.PACE_DECREASE, min: env.PACE_MIN },
+                rules: {
+                  fraction: env.PACE_FRACTION,
+                  step: env.PACE_STEP,
+                  stepMs: env.PACE_STEP_MS,
+                  decrease: env.PACE_DECREASE,
+                  min: env.PACE_MIN,
+                  start: env.PACE_START,
+                  startStepMs: env.PACE_SAMPLE_MS,
+                },
                 sampleMs: env.PACE_SAMPLE_MS,
               },
             }

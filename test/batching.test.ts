@@ -245,6 +245,8 @@ describe('fair share with one tenant batching', () => {
       INITIAL_LATENCY_MS: '150',
       BATCH_DISABLED_APIS: 'dnslookup',
       SWEEP_INTERVAL_MS: '200',
+      // The split is judged over the first seconds: the window opens at its configured rate.
+      PACE_START: '1',
     });
     sql = postgres(t.databaseUrl, { max: 2, onnotice: () => {} });
   });

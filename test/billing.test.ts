@@ -265,8 +265,8 @@ describe('the sent mark costs one statement per lease', () => {
         const r = await api.gql(SUBMIT_MANY, { i: { jobs: mine.map((email) => ({ api: 'emailvalidator', params: { email } })) } }, tenant.apiKey);
         assert.ok(r.body.data, JSON.stringify(r.body.errors));
       }
-      // Queued before the worker starts, with a large pool: leases take several jobs each.
-      const worker = await startTestApp(workerEnv(sim, api.databaseUrl, { INITIAL_LATENCY_MS: '1000', LEASE_MAX: '5' }));
+      // Queued before the worker starts, with a large pool and a full bucket (no slow start): leases take several jobs each.
+      const worker = await startTestApp(workerEnv(sim, api.databaseUrl, { INITIAL_LATENCY_MS: '1000', LEASE_MAX: '5', PACE_START: '1' }));
       await eventually(async () => {
         const [r] = await sql`select count(*)::int as n from jobs where state <> 'SUCCEEDED'`;
         return r!.n === 0;

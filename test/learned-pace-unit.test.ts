@@ -7,41 +7,72 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
-import { DRAIN_NOISE, DRAIN_SPAN_MS, bucketLow, burstFor, otherTraffic, paceCeiling, planPace, rateAfterRateLimit, type PaceDecision, type PaceRules } from '../src/scheduler/learned-pace.ts';
+import { BUCKET_HALF_LIFE_MS, DRAIN_NOISE, DRAIN_SPAN_MS, bucketLow, burstFor, decayedBucketSize, otherTraffic, paceCeiling, planPace, rateAfterRateLimit, slowStartRate, type PaceDecision, type PaceRules } from '../src/scheduler/learned-pace.ts';
 
-const RULES: PaceRules = { fraction: 0.9, step: 0.05, stepMs: 2000, decrease: 0.5, min: 0.05 };
+const RULES: PaceRules = { fraction: 0.9, step: 0.05, stepMs: 2000, decrease: 0.5, min: 0.05, start: 0.1, startStepMs: 1000 };
 const SEED = 20261204;
 const run = (numRuns: number) => ({ seed: SEED, numRuns });
-const none = { limit: null, otherPerMinute: null, low: false };
+const none = { limit: null, otherPerMinute: null, low: false, confirmed: true };
 
 describe('learned pace: examples', () => {
   test('a stated window below the configured rate lowers the pace to it × fraction at once', () => {
-    assert.deepEqual(planPace({ configured: 1080, current: 1080, sinceChangeMs: null }, { ...none, limit: 600 }, RULES), { kind: 'lower', rate: 540, reason: 'LIMIT' });
+    assert.deepEqual(planPace({ configured: 1080, current: 1080, sinceChangeMs: null, starting: false }, { ...none, limit: 600 }, RULES), { kind: 'lower', rate: 540, reason: 'LIMIT' });
   });
 
   test('a stated window above the configured rate changes nothing at the configured rate', () => {
-    assert.deepEqual(planPace({ configured: 1080, current: 1080, sinceChangeMs: 10_000 }, { ...none, limit: 6000 }, RULES), { kind: 'hold' });
+    assert.deepEqual(planPace({ configured: 1080, current: 1080, sinceChangeMs: 10_000, starting: false }, { ...none, limit: 6000 }, RULES), { kind: 'hold' });
   });
 
   test('below what the answers allow, the pace climbs one step once the last change is PACE_STEP_MS old', () => {
-    assert.deepEqual(planPace({ configured: 1080, current: 540, sinceChangeMs: 2000 }, { ...none, limit: 1200 }, RULES), { kind: 'raise', rate: 594 });
-    assert.deepEqual(planPace({ configured: 1080, current: 540, sinceChangeMs: 1999 }, { ...none, limit: 1200 }, RULES), { kind: 'hold' });
+    assert.deepEqual(planPace({ configured: 1080, current: 540, sinceChangeMs: 2000, starting: false }, { ...none, limit: 1200 }, RULES), { kind: 'raise', rate: 594, reason: 'CLIMB' });
+    assert.deepEqual(planPace({ configured: 1080, current: 540, sinceChangeMs: 1999, starting: false }, { ...none, limit: 1200 }, RULES), { kind: 'hold' });
     // The last step stops at the ceiling: the stated window × fraction, or the configuration.
-    assert.deepEqual(planPace({ configured: 1080, current: 1050, sinceChangeMs: 5000 }, { ...none, limit: 1200 }, RULES), { kind: 'raise', rate: 1080 });
-    assert.deepEqual(planPace({ configured: 1080, current: 500, sinceChangeMs: 5000 }, { ...none, limit: 600 }, RULES), { kind: 'raise', rate: 540 });
+    assert.deepEqual(planPace({ configured: 1080, current: 1050, sinceChangeMs: 5000, starting: false }, { ...none, limit: 1200 }, RULES), { kind: 'raise', rate: 1080, reason: 'CLIMB' });
+    assert.deepEqual(planPace({ configured: 1080, current: 500, sinceChangeMs: 5000, starting: false }, { ...none, limit: 600 }, RULES), { kind: 'raise', rate: 540, reason: 'CLIMB' });
   });
 
   test('a low provider bucket holds the climb', () => {
-    assert.deepEqual(planPace({ configured: 1080, current: 540, sinceChangeMs: 5000 }, { limit: 1200, otherPerMinute: null, low: true }, RULES), { kind: 'hold' });
+    assert.deepEqual(planPace({ configured: 1080, current: 540, sinceChangeMs: 5000, starting: false }, { limit: 1200, otherPerMinute: null, low: true, confirmed: true }, RULES), { kind: 'hold' });
   });
 
   test('others draining the key lower the pace to what they leave × fraction; noise does not', () => {
-    assert.deepEqual(planPace({ configured: 1080, current: 1080, sinceChangeMs: null }, { limit: 1200, otherPerMinute: 400, low: true }, RULES), { kind: 'lower', rate: 720, reason: 'DRAIN' });
-    assert.deepEqual(planPace({ configured: 1080, current: 1080, sinceChangeMs: null }, { limit: 1200, otherPerMinute: 1200 * DRAIN_NOISE, low: true }, RULES), { kind: 'hold' });
+    assert.deepEqual(planPace({ configured: 1080, current: 1080, sinceChangeMs: null, starting: false }, { limit: 1200, otherPerMinute: 400, low: true, confirmed: true }, RULES), { kind: 'lower', rate: 720, reason: 'DRAIN' });
+    assert.deepEqual(planPace({ configured: 1080, current: 1080, sinceChangeMs: null, starting: false }, { limit: 1200, otherPerMinute: 1200 * DRAIN_NOISE, low: true, confirmed: true }, RULES), { kind: 'hold' });
     // The estimate alone, with the provider's bucket not low, is not enough (headers lag by the latency).
-    assert.deepEqual(planPace({ configured: 1080, current: 1080, sinceChangeMs: null }, { limit: 1200, otherPerMinute: 400, low: false }, RULES), { kind: 'hold' });
+    assert.deepEqual(planPace({ configured: 1080, current: 1080, sinceChangeMs: null, starting: false }, { limit: 1200, otherPerMinute: 400, low: false, confirmed: true }, RULES), { kind: 'hold' });
     // Already below what others leave: no climb either while they drain.
-    assert.deepEqual(planPace({ configured: 1080, current: 600, sinceChangeMs: 60_000 }, { limit: 1200, otherPerMinute: 400, low: true }, RULES), { kind: 'hold' });
+    assert.deepEqual(planPace({ configured: 1080, current: 600, sinceChangeMs: 60_000, starting: false }, { limit: 1200, otherPerMinute: 400, low: true, confirmed: true }, RULES), { kind: 'hold' });
+  });
+
+  test('answers without rate-limit headers still confirm the room: the pace climbs back after a 429; no confirming answer, no climb', () => {
+    assert.deepEqual(planPace({ configured: 1080, current: 540, sinceChangeMs: 2000, starting: false }, none, RULES), { kind: 'raise', rate: 594, reason: 'CLIMB' });
+    assert.deepEqual(planPace({ configured: 1080, current: 540, sinceChangeMs: 2000, starting: false }, { ...none, confirmed: false }, RULES), { kind: 'hold' });
+  });
+
+  test('a slow start begins at PACE_START and doubles once per sample until the ceiling, which ends it', () => {
+    assert.equal(slowStartRate(1080, RULES), 108);
+    assert.equal(slowStartRate(1080, { ...RULES, start: 0.01 }), 54, 'never below the floor');
+    const starting = { configured: 1080, sinceChangeMs: 1000, starting: true };
+    assert.deepEqual(planPace({ ...starting, current: 108 }, none, RULES), { kind: 'raise', rate: 216, reason: 'START' });
+    assert.deepEqual(planPace({ ...starting, current: 108, sinceChangeMs: 999 }, none, RULES), { kind: 'hold' }, 'one doubling per sample, however many nodes sample');
+    assert.deepEqual(planPace({ ...starting, current: 864 }, none, RULES), { kind: 'raise', rate: 1080, reason: 'CLIMB' });
+    // A stated window caps the start where it is learned: no burst past it.
+    assert.deepEqual(planPace({ ...starting, current: 432 }, { ...none, limit: 600 }, RULES), { kind: 'raise', rate: 540, reason: 'CLIMB' });
+    assert.deepEqual(planPace({ ...starting, current: 540 }, { ...none, limit: 600 }, RULES), { kind: 'raise', rate: 540, reason: 'CLIMB' }, 'at the ceiling: the start ends without a change of rate');
+    assert.deepEqual(planPace({ ...starting, current: 108 }, { ...none, low: true }, RULES), { kind: 'hold' }, 'a low provider bucket holds the start');
+    assert.deepEqual(planPace({ ...starting, current: 108 }, { ...none, confirmed: false }, RULES), { kind: 'hold' }, 'nothing confirmed, no doubling');
+    // A probe (the floor after a capped pause) doubles the same way once a call comes back.
+    assert.deepEqual(planPace({ ...starting, current: 54 }, none, RULES), { kind: 'raise', rate: 108, reason: 'START' });
+  });
+
+  test("the provider's bucket estimate decays: one inflated remaining is forgotten within minutes", () => {
+    assert.equal(decayedBucketSize(null, 30, 0), 30);
+    assert.equal(decayedBucketSize(300, null, BUCKET_HALF_LIFE_MS), 150);
+    assert.equal(decayedBucketSize(300, 30, 4 * BUCKET_HALF_LIFE_MS), 30, 'never below what this sample saw');
+    assert.equal(decayedBucketSize(30, 40, 1000), 40, 'a higher remaining raises it at once');
+    let estimate: number | null = 600; // one answer said 600 where the bucket holds 30
+    for (let s = 0; s < 180; s++) estimate = decayedBucketSize(estimate, 20, 1000);
+    assert.ok(estimate! < 30 && bucketLow(4, estimate), `after 3 minutes a remaining of 4 (of 20) reads as low again (estimate ${estimate})`);
   });
 
   test('a rate-limit 429 halves the pace, never below PACE_MIN of the configuration', () => {
@@ -76,6 +107,8 @@ const rulesArb = fc.record({
   stepMs: fc.integer({ min: 0, max: 10_000 }),
   decrease: fc.double({ min: 0.1, max: 0.9, noNaN: true }),
   min: fc.double({ min: 0.01, max: 0.5, noNaN: true }),
+  start: fc.double({ min: 0.01, max: 1, noNaN: true }),
+  startStepMs: fc.integer({ min: 0, max: 5_000 }),
 });
 
 describe('learned pace: properties', () => {
@@ -92,7 +125,7 @@ describe('learned pace: properties', () => {
         (r, configured, share, limit, other, low, since) => {
           const floor = configured * r.min;
           const current = floor + (configured - floor) * share;
-          const d: PaceDecision = planPace({ configured, current, sinceChangeMs: since }, { limit, otherPerMinute: other, low }, r);
+          const d: PaceDecision = planPace({ configured, current, sinceChangeMs: since, starting: false }, { limit, otherPerMinute: other, low, confirmed: true }, r);
           if (d.kind === 'hold') return;
           assert.ok(d.rate >= floor - 1e-9 && d.rate <= configured + 1e-9, `rate ${d.rate} within [${floor}, ${configured}]`);
           if (d.kind === 'lower') assert.ok(d.rate < current, 'a lowering lowers');
@@ -128,7 +161,7 @@ describe('learned pace: properties', () => {
           const target = paceCeiling(configured, limit, r);
           // Samples a second apart until nothing changes (bounded: each step is at least one PACE_STEP).
           for (let i = 0; i < Math.ceil(1 / r.step) + 2 + Math.ceil(r.stepMs / 1000) * (Math.ceil(1 / r.step) + 2); i++) {
-            const d = planPace({ configured, current, sinceChangeMs: sinceChange }, { limit, otherPerMinute: null, low: false }, r);
+            const d = planPace({ configured, current, sinceChangeMs: sinceChange, starting: false }, { limit, otherPerMinute: null, low: false, confirmed: true }, r);
             if (d.kind === 'hold') {
               sinceChange = sinceChange === null ? null : sinceChange + 1000;
               continue;

@@ -3,7 +3,10 @@
  * real window. The provider's answers state the real window, so the shared rate comes down to
  * it × PACE_FRACTION and the 429s stop; when the real window grows past the configuration the rate
  * climbs back step by step and never above the configured rate. `system { windows }` and
- * /metrics show both rates.
+ * /metrics show both rates. A new window starts slowly, so the stated window is learned before a
+ * burst at the configured rate trips the provider. A provider that states no window at all is
+ * found by its 429s (multiplicative decrease, additive increase on any other answer), and a
+ * retry-after beyond RETRY_AFTER_MAX_SECONDS ends in a single probe call at the floor rate.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -56,19 +59,24 @@ describe('a pace learned from the provider', () => {
     }
   };
 
-  test('configured at twice the real window: the learned rate comes down to it × PACE_FRACTION and the 429s stop', async () => {
+  test('configured at twice the real window: a slow start finds it before a burst trips the provider, and the 429s never come', async () => {
     const start = await primary();
     assert.equal(start.configuredRatePerMinute, 2160, 'configured: 2,400 × 0.9');
+    assert.equal(start.paceReason, 'START', 'a new window starts slowly');
+    assert.ok(Math.abs(start.ratePerMinute - 216) < 1e-6, `at PACE_START (0.1) of the configured rate (${start.ratePerMinute})`);
+    assert.ok(start.burst <= 11, `with its burst scaled down (${start.burst})`);
+    const r0 = rateLimited();
     await submit(1500, 'a');
 
     const lowered = await eventually(async () => {
       const w = await primary();
-      return w.ratePerMinute <= 1080 + 1e-6 ? w : null;
+      return w.paceReason !== 'START' && w.ratePerMinute <= 1080 + 1e-6 ? w : null;
     }, 30_000, 50);
     assert.equal(lowered.configuredRatePerMinute, 2160, 'the configuration is unchanged');
     assert.equal(lowered.observedLimitPerMinute, 1200, "the provider's stated window");
-    assert.ok(['LIMIT', 'RATE_LIMITED'].includes(lowered.paceReason), `lowered for the stated window or a 429 (got ${lowered.paceReason})`);
+    assert.ok(['LIMIT', 'CLIMB'].includes(lowered.paceReason), `the start ended at the stated window (got ${lowered.paceReason})`);
     assert.ok(lowered.burst <= 60, `the burst scales with the rate (${lowered.burst})`);
+    assert.equal(rateLimited() - r0, 0, 'the start learned the window before any 429');
 
     // Past any pause the first calls caused, the next 300 calls get no 429.
     await eventually(async () => {
@@ -111,5 +119,82 @@ describe('a pace learned from the provider', () => {
     }
     await new Promise((r) => setTimeout(r, 1000));
     assert.equal((await primary()).ratePerMinute, 2160, 'it stays at the configured rate');
+  });
+});
+
+describe('a provider that never states its window', () => {
+  let sim: Simulator;
+  let t: TestApp;
+  let sql: postgres.Sql;
+  let tenant: { id: string; apiKey: string };
+  const windowRow = async () => {
+    const [w] = await sql`select rate_per_minute, burst, pace_reason, greatest(0, extract(epoch from (paused_until - now())))::float8 as paused_for, capped_ask_seconds from windows where name = 'primary'`;
+    return { rate: w!.rate_per_minute as number, burst: w!.burst as number, reason: w!.pace_reason as string | null, pausedFor: w!.paused_for as number, asked: w!.capped_ask_seconds as number | null };
+  };
+
+  before(async () => {
+    // 1,200/min with no x-rate-limit-* headers and a 429 that says only retry-after: 1; Sluice is told 2,400/min.
+    sim = await startSimulator({ plan: 'PRO', ratePerMinute: 1200, cooldownSeconds: 1, latencyMs: 20, latencyP95Ms: 20, seed: 11, concurrentCalls: 50, conditions: { rateLimitHeaders: false } });
+    t = await startTestApp({
+      APIVERVE_API_KEY: sim.apiKey,
+      APIVERVE_BASE_URL: sim.url,
+      APIVERVE_RATE_PER_MINUTE: '2400',
+      APIVERVE_CONCURRENT_CALLS: '50',
+      BATCH_MAX: '1',
+      INITIAL_LATENCY_MS: '20',
+      PACE_SAMPLE_MS: '200',
+      PACE_STEP_MS: '500',
+      RETRY_AFTER_MAX_SECONDS: '2',
+    });
+    sql = postgres(t.databaseUrl, { max: 2, onnotice: () => {} });
+    tenant = await t.createTenant('headless', 'ENTERPRISE');
+    const jobs = Array.from({ length: 3000 }, (_, k) => ({ api: 'dnslookup', params: { domain: `h${k}.example` } }));
+    for (let i = 0; i < jobs.length; i += 500) {
+      const r = await t.gql(`mutation($i: SubmitJobsInput!) { submitJobs(input: $i) { jobs { id } } }`, { i: { jobs: jobs.slice(i, i + 500) } }, tenant.apiKey);
+      assert.ok(r.body.data, JSON.stringify(r.body.errors));
+    }
+  });
+  after(async () => {
+    await sql.end();
+    await t.stop();
+    await sim.stop();
+  });
+
+  test('a 429 halves the pace, answers without headers climb it back, and once the window rises the rate reaches the configuration', async () => {
+    const halved = await eventually(async () => {
+      const w = await windowRow();
+      return w.reason === 'RATE_LIMITED' ? w : null;
+    }, 30_000, 20);
+    assert.ok(halved.rate < 2160, `lowered by the 429 (${halved.rate})`);
+    assert.ok(sim.stats().keys[sim.apiKey]!.rateLimited > 0, 'the provider did answer 429');
+    // No header ever confirms the lower rate: the answers that are not 429s climb it again.
+    const climbed = await eventually(async () => {
+      const w = await windowRow();
+      return w.reason === 'CLIMB' && w.rate > halved.rate ? w : null;
+    }, 30_000, 20);
+    assert.ok(climbed.rate > halved.rate);
+    sim.setConditions({ ratePerMinute: 60_000 });
+    await eventually(async () => ((await windowRow()).rate >= 2160 - 1e-6 ? true : null), 60_000, 50);
+  });
+
+  test('a retry-after of 999999999 pauses for RETRY_AFTER_MAX_SECONDS at most, then one probe call at the floor decides, then a slow start', async () => {
+    sim.setConditions({ ratePerMinute: 600, rateLimitRetryAfterSeconds: 999_999_999 });
+    let longest = 0;
+    const probe = await eventually(async () => {
+      const w = await windowRow();
+      longest = Math.max(longest, w.pausedFor);
+      return w.reason === 'PROBE' ? w : null;
+    }, 30_000, 10);
+    assert.equal(probe.asked, 999_999_999, 'the ask is kept for the alert');
+    assert.ok(probe.pausedFor <= 2 + 0.5, `paused for the cap, not for decades (${probe.pausedFor} s)`);
+    assert.equal(probe.burst, 1, 'a bucket of one: a single call when the pause ends');
+    assert.ok(Math.abs(probe.rate - 108) < 1e-6, `at the floor, PACE_MIN × 2,160 (${probe.rate})`);
+    // The probe answers (the provider's bucket refilled during the pause): the window starts slowly.
+    await eventually(async () => {
+      const w = await windowRow();
+      longest = Math.max(longest, w.pausedFor);
+      return w.reason === 'START' ? true : null;
+    }, 30_000, 10);
+    assert.ok(longest <= 2 + 0.5, `no pause longer than the cap was ever set (${longest} s)`);
   });
 });

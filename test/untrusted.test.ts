@@ -78,6 +78,8 @@ describe('bad answers from the upstream, single calls and batches', () => {
       MAX_RESULT_BYTES: String(64 * 1024),
       // The bystander's calls one by one, so every batch item the simulator counts is the victim's.
       BATCH_DISABLED_APIS: 'exchangerate',
+      // Batches are judged from the first call: the window opens at its configured rate.
+      PACE_START: '1',
     });
     sql = postgres(t.databaseUrl, { max: 2, onnotice: () => {} });
     victim = await t.createTenant('victim', 'PRO');

@@ -112,6 +112,9 @@ export const envSchema = z.object({
    * lowered to the stated window × PACE_FRACTION (or what others on the key leave), × PACE_DECREASE
    * on a rate-limit 429, never below PACE_MIN of the configured rate, and climbing back by
    * PACE_STEP of it every PACE_STEP_MS, never above it. Each node folds its answers every PACE_SAMPLE_MS.
+   * A window starts slowly (a first start, a changed configuration, a start after a minute without
+   * a lease): at PACE_START of the configured rate, doubling each sample while answers confirm the
+   * room (1 = no slow start).
    */
   PACE_LEARN: bool(true),
   PACE_SAMPLE_MS: int(1_000, 50),
@@ -119,6 +122,7 @@ export const envSchema = z.object({
   PACE_STEP_MS: int(2_000, 0),
   PACE_DECREASE: z.coerce.number().gt(0).max(1).default(0.5),
   PACE_MIN: z.coerce.number().gt(0).max(1).default(0.05),
+  PACE_START: z.coerce.number().gt(0).max(1).default(0.1),
   /** Class-to-window map, e.g. `INTERACTIVE=sub1,BULK=sub2`; default: INTERACTIVE on sub1 when a sub-key exists. */
   CLASS_WINDOWS: z.string().default(''),
   /** Starvation guard: a lower class waiting longer than this is served anyway (`STANDARD=30,BULK=120`). */

@@ -15,7 +15,7 @@
 import type { Logger } from 'pino';
 import type { Sql } from '../db/client.ts';
 import type { CallOutcome } from '../provider/types.ts';
-import { DRAIN_SPAN_MS, bucketLow, burstFor, otherTraffic, planPace, type PaceRules } from '../scheduler/learned-pace.ts';
+import { DRAIN_SPAN_MS, bucketLow, burstFor, decayedBucketSize, otherTraffic, planPace, type PaceRules } from '../scheduler/learned-pace.ts';
 import { tokensAt } from '../scheduler/pacer.ts';
 import { changePace, readWindows, recordObservedLimit } from '../scheduler/sql/windows.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
@@ -42,9 +42,15 @@ interface WindowMemory {
   limit: number | null;
   /** The newest answer's remaining. */
   last: Remaining | null;
+  /** Answers with rate-limit headers this sample. */
   answers: number;
-  /** The highest remaining ever stated: the provider's bucket size as far as it shows. */
+  /** Answers this sample that confirm the room (learned-pace.ts PaceEvidence.confirmed), headers or not. */
+  confirmed: number;
+  /** The highest remaining stated this sample. */
+  seenMax: number | null;
+  /** The provider's bucket size as far as it shows (decayedBucketSize), and when it was last decayed. */
   bucketSize: number | null;
+  bucketAt: number;
   /**
    * The span others' traffic is measured over (DRAIN_SPAN_MS or more): the remaining at its start
    * and what Sluice's leases took since. Restarted wherever Sluice's spend cannot be known.
@@ -67,7 +73,7 @@ export class PaceLearner {
   constructor(options: PaceLearnerOptions) {
     this.options = options;
     for (const w of options.windows) {
-      this.memory.set(w.name, { limit: null, last: null, answers: 0, bucketSize: null, drain: null, prevBucket: null, rate: w.pacedPerMinute });
+      this.memory.set(w.name, { limit: null, last: null, answers: 0, confirmed: 0, seenMax: null, bucketSize: null, bucketAt: 0, drain: null, prevBucket: null, rate: w.pacedPerMinute });
     }
   }
 
@@ -85,11 +91,13 @@ export class PaceLearner {
     await this.running;
   }
 
-  /** One answer on a window (a batch call is one answer): its headers join the window's sample. */
+  /** One answer on a window (a batch call is one answer): it joins the window's sample, with its headers if any. */
   observe(w: WindowSpec, outcome: CallOutcome): void {
     const status = outcome.status;
     const m = this.memory.get(w.name);
     if (!status || !m || w.pacedPerMinute === null) return;
+    // A 429 is the settler's (pauseWindow); a failing provider says nothing about the room.
+    if (outcome.kind !== 'rate_limited' && outcome.kind !== 'server_error' && outcome.kind !== 'credits_exhausted') m.confirmed++;
     const limit = status.rateLimitLimit;
     const remaining = status.rateLimitRemaining;
     if (limit === null && remaining === null) return;
@@ -98,7 +106,7 @@ export class PaceLearner {
     if (remaining !== null) {
       const at = status.observedAt.getTime();
       if (!m.last || at >= m.last.at) m.last = { remaining, at, limit };
-      m.bucketSize = Math.max(m.bucketSize ?? 0, remaining);
+      m.seenMax = Math.max(m.seenMax ?? 0, remaining);
     }
     // A stated window below the rate in use: lower now, not at the next sample.
     if (limit !== null && m.rate !== null && limit * this.options.rules.fraction < m.rate - 1e-6) this.sample();
@@ -130,11 +138,17 @@ export class PaceLearner {
   private async sampleWindow(w: WindowSpec): Promise<void> {
     const { sql, rules, log } = this.options;
     const m = this.memory.get(w.name)!;
-    if (m.answers === 0) return;
+    if (m.answers === 0 && m.confirmed === 0) return;
     const limit = m.limit;
     const last = m.last;
+    const confirmed = m.confirmed > 0;
+    const at = Date.now();
+    m.bucketSize = decayedBucketSize(m.bucketSize, m.seenMax, m.bucketSize === null ? 0 : at - m.bucketAt);
+    m.bucketAt = at;
     m.limit = null;
     m.answers = 0;
+    m.confirmed = 0;
+    m.seenMax = null;
     const [row] = await readWindows(sql, [w.name]);
     if (!row || row.ratePerMinute === null || row.configuredRatePerMinute === null || row.configuredBurst === null) return;
     const now = row.dbNow;
@@ -159,8 +173,13 @@ export class PaceLearner {
     }
     log.trace({ window: w.name, own, others, limit, remaining: last?.remaining ?? null, bucketSize: m.bucketSize, tokens, burst: row.burst, rate: row.ratePerMinute }, 'learned pace: sample');
     const decision = planPace(
-      { configured: row.configuredRatePerMinute, current: row.ratePerMinute, sinceChangeMs: row.pacedAt === null ? null : now - row.pacedAt },
-      { limit, otherPerMinute: others, low: bucketLow(last?.remaining ?? null, m.bucketSize) },
+      {
+        configured: row.configuredRatePerMinute,
+        current: row.ratePerMinute,
+        sinceChangeMs: row.pacedAt === null ? null : now - row.pacedAt,
+        starting: row.paceReason === 'START' || row.paceReason === 'PROBE',
+      },
+      { limit, otherPerMinute: others, low: bucketLow(last?.remaining ?? null, m.bucketSize), confirmed },
       rules,
     );
     m.prevBucket = paused ? null : { tokens, at: now, rate: row.ratePerMinute, pacedAt: row.pacedAt };
@@ -172,7 +191,7 @@ export class PaceLearner {
     const change = {
       rate: decision.rate,
       burst: burstFor(row.configuredBurst, row.configuredRatePerMinute, decision.rate),
-      reason: decision.kind === 'raise' ? ('CLIMB' as const) : decision.reason,
+      reason: decision.reason,
       observedLimit: limit,
     };
     const changed = await changePace(sql, w.name, change, decision.kind === 'raise' ? row.ratePerMinute : null);
@@ -181,7 +200,7 @@ export class PaceLearner {
     m.prevBucket = null;
     const fields = { window: w.name, from: row.ratePerMinute, to: decision.rate, reason: change.reason, statedLimit: limit, othersPerMinute: others, configured: row.configuredRatePerMinute };
     // A lowering is news (the provider is not what the plan says); each step of a climb is not.
-    if (change.reason === 'CLIMB') log.debug(fields, 'learned pace: window rate climbs');
+    if (decision.kind === 'raise') log.debug(fields, 'learned pace: window rate climbs');
     else log.info(fields, 'learned pace: window rate lowered');
   }
 }

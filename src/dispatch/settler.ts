@@ -419,7 +419,8 @@ export class Settler {
     const { log } = this.options;
     switch (outcome.kind) {
       case 'rate_limited':
-        await pauseWindow(tx, window.name, Math.max(1, outcome.retryAfterSeconds ?? 1), 'RATE_LIMITED', this.options.rateLimitPace);
+        // An ask beyond the cap was capped: the window reopens with one probe call, not a burst.
+        await pauseWindow(tx, window.name, Math.max(1, outcome.retryAfterSeconds ?? 1), 'RATE_LIMITED', this.options.rateLimitPace, outcome.askedRetryAfterSeconds !== undefined);
         if (outcome.askedRetryAfterSeconds !== undefined) {
           await recordCappedAsk(tx, window.name, outcome.askedRetryAfterSeconds);
           log.warn({ window: window.name, askedSeconds: outcome.askedRetryAfterSeconds, pausedSeconds: outcome.retryAfterSeconds }, 'the provider asked for a pause beyond RETRY_AFTER_MAX_SECONDS: capped');

@@ -365,12 +365,19 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
     return refill(k.window.bucket, now, rateCfg()).tokens;
   }
 
+  /** The retry-after a rate-limit 429 states: the real wait, or what a misbehaving provider asks instead. */
+  function asked(realSeconds: number): number {
+    return cond.rateLimitRetryAfterSeconds ?? realSeconds;
+  }
+
   function headersFor(k: KeyState | null, now: number, remaining?: number | null, retryAfter?: number): Record<string, string> {
     const h: Record<string, string> = { 'content-type': 'application/json; charset=utf-8' };
     if (k) {
       const rem = remaining !== undefined ? remaining : tokensNow(k, now);
-      h[HEADER.rateLimitLimit] = cond.ratePerMinute === null ? 'unlimited' : String(cond.ratePerMinute);
-      h[HEADER.rateLimitRemaining] = rem === null ? 'unlimited' : String(Math.max(0, Math.floor(rem)));
+      if (cond.rateLimitHeaders) {
+        h[HEADER.rateLimitLimit] = cond.ratePerMinute === null ? 'unlimited' : String(cond.ratePerMinute);
+        h[HEADER.rateLimitRemaining] = rem === null ? 'unlimited' : String(Math.max(0, Math.floor(rem)));
+      }
       h[HEADER.remainingCredits] = String(credits.balance);
       h[HEADER.maxCredits] = String(credits.max);
       h[HEADER.creditsUsed] = String(credits.used);
@@ -379,7 +386,7 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
     }
     if (retryAfter !== undefined) {
       h[HEADER.retryAfter] = String(retryAfter);
-      h[HEADER.rateLimitReset] = String(retryAfter);
+      if (cond.rateLimitHeaders) h[HEADER.rateLimitReset] = String(retryAfter);
     }
     return h;
   }
@@ -447,7 +454,7 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
       k.stats.callsInCooldown += n;
       k.stats.rateLimited += n;
       return {
-        reply: reply(k, now, 429, errorBody(MESSAGES.rateLimited(cond.ratePerMinute ?? 0)), { remaining: 0, retryAfter: cd.retryAfterSeconds }),
+        reply: reply(k, now, 429, errorBody(MESSAGES.rateLimited(cond.ratePerMinute ?? 0)), { remaining: 0, retryAfter: asked(cd.retryAfterSeconds) }),
       };
     }
     if (accountInFlight >= cond.concurrentCalls) {
@@ -518,7 +525,7 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
       k.window = t.window;
       if (!t.ok) {
         k.stats.rateLimited += 1;
-        return reply(k, now, 429, errorBody(MESSAGES.rateLimited(cond.ratePerMinute ?? 0)), { slot, remaining: 0, retryAfter: t.retryAfterSeconds });
+        return reply(k, now, 429, errorBody(MESSAGES.rateLimited(cond.ratePerMinute ?? 0)), { slot, remaining: 0, retryAfter: asked(t.retryAfterSeconds) });
       }
       const remaining = t.remaining;
       const d = draws(api);
@@ -572,7 +579,7 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
         let r: BatchResultWire;
         if (i >= t.granted) {
           k.stats.rateLimited += 1;
-          r = { id: item.id, status: 429, retryAfter: t.retryAfterSeconds[i - t.granted] ?? 1, error: MESSAGES.rateLimited(cond.ratePerMinute ?? 0) };
+          r = { id: item.id, status: 429, retryAfter: asked(t.retryAfterSeconds[i - t.granted] ?? 1), error: MESSAGES.rateLimited(cond.ratePerMinute ?? 0) };
         } else if (!canSpend(credits)) {
           k.stats.creditsExhausted += 1;
           r = { id: item.id, status: 402, error: MESSAGES.credits };

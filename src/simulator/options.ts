@@ -87,6 +87,10 @@ export interface Conditions extends FaultSpec {
   creditsExhaustedMode: '429' | '402' | '403';
   /** Whether batch items refused for want of tokens also start the key's cooldown. */
   batchOverflowTripsCooldown: boolean;
+  /** Whether answers state the window (`x-rate-limit-limit`, `-remaining`, `-reset`); false = a provider that never says. */
+  rateLimitHeaders: boolean;
+  /** A rate-limit 429 asks for this many seconds instead of the real wait (a provider asking too much); null = the real wait. */
+  rateLimitRetryAfterSeconds: number | null;
 }
 
 /** A change of conditions: any subset; `apis.<api>: null` clears that API's overrides. */
@@ -171,6 +175,8 @@ export function initialConditions(opts: SimulatorOptions): Conditions {
     deactivatedKeyStatus: opts.deactivatedKeyStatus ?? 401,
     creditsExhaustedMode: opts.creditsExhaustedMode ?? '429',
     batchOverflowTripsCooldown: false,
+    rateLimitHeaders: true,
+    rateLimitRetryAfterSeconds: null,
   };
   return opts.conditions ? applyConditionsPatch(base, opts.conditions) : base;
 }
@@ -248,6 +254,8 @@ export const conditionsPatchSchema = z
     deactivatedKeyStatus: z.union([z.literal(401), z.literal(403)]),
     creditsExhaustedMode: z.enum(['429', '402', '403']),
     batchOverflowTripsCooldown: z.boolean(),
+    rateLimitHeaders: z.boolean(),
+    rateLimitRetryAfterSeconds: z.number().int().positive().nullable(),
   })
   .partial();
 

@@ -115,6 +115,8 @@ export function crashTestEnv(
     NODE_TIMEOUT_SECONDS: '2',
     SWEEP_INTERVAL_MS: '200',
     TIMEOUT_BILLING: 'billed',
+    // These processes judge crashes and outages, not the pace: the window opens at its configured rate.
+    PACE_START: '1',
     ...extra,
   };
 }

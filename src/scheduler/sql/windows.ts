@@ -25,20 +25,28 @@ export interface RateLimitPace {
  * (multiplicative decrease, the same formula as learned-pace.ts rateAfterRateLimit) and scales
  * the burst with it; the calls already in flight when the provider tripped answer 429 too, and
  * land in the same pause, so one trip lowers the rate once.
+ *
+ * `probe`: the provider asked for more than RETRY_AFTER_MAX_SECONDS and the pause was capped, so
+ * the window reopens with a probe (learned-pace.ts): the floor rate and a bucket of one, whatever
+ * the pause it lands in.
  */
-export async function pauseWindow(sql: Tx, window: string, seconds: number, reason: string, pace: RateLimitPace = { decrease: 1, floor: 0 }): Promise<void> {
+export async function pauseWindow(sql: Tx, window: string, seconds: number, reason: string, pace: RateLimitPace = { decrease: 1, floor: 0 }, probe = false): Promise<void> {
+  const learn = pace.decrease < 1;
   await sql`
     update windows w set tokens = 0, refilled_at = greatest(clock_timestamp(), now() + make_interval(secs => ${seconds})),
       paused_until = greatest(coalesce(w.paused_until, now()), now() + make_interval(secs => ${seconds})),
       pause_reason = ${reason}, updated_at = now(),
       rate_per_minute = coalesce(d.rate, w.rate_per_minute),
-      burst = case when d.rate is null then w.burst else greatest(1, w.configured_burst * d.rate / w.configured_rate_per_minute) end,
-      pace_reason = case when d.rate is null then w.pace_reason else 'RATE_LIMITED' end,
+      burst = case when d.probe then 1 when d.rate is null then w.burst else greatest(1, w.configured_burst * d.rate / w.configured_rate_per_minute) end,
+      pace_reason = case when d.probe then 'PROBE' when d.rate is null then w.pace_reason else 'RATE_LIMITED' end,
       paced_at = case when d.rate is null then w.paced_at else now() end
-    from (select case when ${pace.decrease}::float8 < 1 and x.rate_per_minute is not null and x.configured_rate_per_minute > 0
+    from (select case when ${probe && learn}::boolean and x.rate_per_minute is not null and x.configured_rate_per_minute > 0 and x.configured_burst is not null
+                   then x.configured_rate_per_minute * ${pace.floor}::float8
+                 when ${learn}::boolean and x.rate_per_minute is not null and x.configured_rate_per_minute > 0
                         and x.configured_burst is not null and (x.paused_until is null or x.paused_until <= now())
                    then least(x.rate_per_minute, greatest(x.configured_rate_per_minute * ${pace.floor}::float8, x.rate_per_minute * ${pace.decrease}::float8))
-                 end as rate
+                 end as rate,
+                 ${probe && learn}::boolean and x.rate_per_minute is not null and x.configured_rate_per_minute > 0 and x.configured_burst is not null as probe
           from windows x where x.name = ${window}) d
     where w.name = ${window}`;
 }
@@ -71,28 +79,42 @@ export async function resumeKeyStoppedWindows(sql: Tx, window: string | null): P
     where w.name = l.name`;
 }
 
+/** How a node start treats the learned pace (absent: the pace is not learned, every window runs at its configured rate). */
+export interface StartPace {
+  /** A slow start's first rate (learned-pace.ts slowStartRate), as a share of the configured rate. */
+  start: number;
+  /** A window with no lease for this long starts slowly again (SLOW_START_IDLE_MS). */
+  idleMs: number;
+}
+
 /**
- * The windows from configuration, at start. The configured rate and burst are written as they are;
- * the rate leases refill by is the configured one, except that a learned rate (`learning`) is kept
- * while the configuration is unchanged (another node starting, a restart: the provider's window is
- * what it was).
+ * The windows from configuration, at start. The configured rate and burst are written as they are.
+ * Without a learned pace the rate leases refill by is the configured one. With one, a window in
+ * use under an unchanged configuration keeps what it learned (another node starting, a rolling
+ * restart: the provider's window is what it was); a new window, a changed configuration, or one
+ * without a lease for `idleMs` starts slowly (learned-pace.ts: PACE_START of the configured rate,
+ * its burst scaled, pace reason START), so a key whose real window is smaller than configured is
+ * learned before a configured burst trips the provider's cooldown.
  */
-export async function upsertWindows(sql: Tx, specs: readonly WindowSpec[], learning = false): Promise<void> {
+export async function upsertWindows(sql: Tx, specs: readonly WindowSpec[], learning: StartPace | null = null): Promise<void> {
   for (const w of specs) {
-    // Kept: a learned rate below the configured one, under the same configuration.
-    const kept = sql`(${learning}::boolean and windows.rate_per_minute is not null and excluded.rate_per_minute is not null
+    const start = learning && w.pacedPerMinute !== null && learning.start < 1 ? { rate: w.pacedPerMinute * learning.start, burst: Math.max(1, w.burst * learning.start) } : null;
+    const rate = start ? start.rate : w.pacedPerMinute;
+    const burst = start ? start.burst : w.burst;
+    // Kept: what the window learned, under the same configuration, while it is in use.
+    const kept = sql`(${learning !== null}::boolean and windows.rate_per_minute is not null and excluded.configured_rate_per_minute is not null
       and windows.configured_rate_per_minute is not distinct from excluded.configured_rate_per_minute
       and windows.configured_burst is not distinct from excluded.configured_burst
-      and windows.rate_per_minute < excluded.rate_per_minute)`;
+      and windows.refilled_at > now() - make_interval(secs => ${(learning?.idleMs ?? 0) / 1000}))`;
     await sql`
-      insert into windows (name, rate_per_minute, burst, tokens, configured_rate_per_minute, configured_burst)
-      values (${w.name}, ${w.pacedPerMinute}, ${w.burst}, ${w.burst}, ${w.pacedPerMinute}, ${w.burst})
+      insert into windows (name, rate_per_minute, burst, tokens, configured_rate_per_minute, configured_burst, pace_reason, paced_at)
+      values (${w.name}, ${rate}, ${burst}, ${burst}, ${w.pacedPerMinute}, ${w.burst}, ${start ? 'START' : null}, ${start ? sql`now()` : null})
       on conflict (name) do update set
         rate_per_minute = case when ${kept} then windows.rate_per_minute else excluded.rate_per_minute end,
         burst = case when ${kept} then windows.burst else excluded.burst end,
         tokens = least(windows.tokens, case when ${kept} then windows.burst else excluded.burst end),
-        pace_reason = case when ${kept} then windows.pace_reason end,
-        paced_at = case when ${kept} then windows.paced_at end,
+        pace_reason = case when ${kept} then windows.pace_reason else excluded.pace_reason end,
+        paced_at = case when ${kept} then windows.paced_at else excluded.paced_at end,
         observed_limit_per_minute = case when ${kept} then windows.observed_limit_per_minute end,
         configured_rate_per_minute = excluded.configured_rate_per_minute, configured_burst = excluded.configured_burst,
         updated_at = now()`;
@@ -103,7 +125,7 @@ export async function upsertWindows(sql: Tx, specs: readonly WindowSpec[], learn
 export interface PaceChange {
   rate: number;
   burst: number;
-  reason: 'LIMIT' | 'DRAIN' | 'CLIMB';
+  reason: 'LIMIT' | 'DRAIN' | 'START' | 'CLIMB';
   /** The stated window it was decided on, or null. */
   observedLimit: number | null;
 }
