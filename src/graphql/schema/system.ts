@@ -19,7 +19,7 @@ const WindowRef = builder.objectRef<WindowRow & { callsPerSecond?: number }>('Wi
     }),
     configuredRatePerMinute: t.float({ nullable: true, description: 'The paced rate from configuration (limit × PACE_FRACTION); null = unlimited.', resolve: (w) => w.configuredRatePerMinute }),
     observedLimitPerMinute: t.float({ nullable: true, description: "The provider's stated window (x-rate-limit-limit) as last learned from; null = none seen.", resolve: (w) => w.observedLimitPerMinute }),
-    paceReason: t.string({ nullable: true, description: 'Why the rate last changed: LIMIT (a smaller stated window), DRAIN (others spend on the key), RATE_LIMITED (a 429), CLIMB (answers allow more); null = as configured.', resolve: (w) => w.paceReason }),
+    paceReason: t.string({ nullable: true, description: 'Why the rate last changed: START (a slow start: doubling while answers confirm the room), PROBE (one call at the floor after a pause the provider asked beyond RETRY_AFTER_MAX_SECONDS), LIMIT (a smaller stated window), DRAIN (others spend on the key), RATE_LIMITED (a 429), CLIMB (answers allow more); null = as configured.', resolve: (w) => w.paceReason }),
     pacedAt: t.field({ type: 'DateTime', nullable: true, description: 'When the rate last changed.', resolve: (w) => (w.pacedAt === null ? null : new Date(w.pacedAt)) }),
     burst: t.float({ description: 'The bucket size now (the configured burst scaled with the learned rate).', resolve: (w) => w.burst }),
     tokens: t.float({ nullable: true, description: 'Tokens in the bucket now; null for an unlimited window.', resolve: (w) => (w.ratePerMinute === null ? null : Math.round(tokensAt(w, w.dbNow) * 1000) / 1000) }),
