@@ -14,6 +14,20 @@ import postgres from 'postgres';
 import { startSimulator, type Simulator } from '../src/simulator/index.ts';
 import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
 
+/** Sluice told 2,400/min against the simulator, single calls, samples and steps sped up for the test. */
+function pacedEnv(sim: Simulator): Record<string, string> {
+  return {
+    APIVERVE_API_KEY: sim.apiKey,
+    APIVERVE_BASE_URL: sim.url,
+    APIVERVE_RATE_PER_MINUTE: '2400',
+    APIVERVE_CONCURRENT_CALLS: '50',
+    BATCH_MAX: '1',
+    INITIAL_LATENCY_MS: '20',
+    PACE_SAMPLE_MS: '200',
+    PACE_STEP_MS: '500',
+  };
+}
+
 const WINDOWS = `{ system { windows { name ratePerMinute configuredRatePerMinute observedLimitPerMinute paceReason pacedAt burst } } }`;
 
 describe('a pace learned from the provider', () => {
@@ -32,16 +46,7 @@ describe('a pace learned from the provider', () => {
   before(async () => {
     // The key really allows 1,200/min (burst 60, cooldown 2 s); Sluice is told 2,400/min.
     sim = await startSimulator({ plan: 'PRO', ratePerMinute: 1200, cooldownSeconds: 2, latencyMs: 20, latencyP95Ms: 20, seed: 7, concurrentCalls: 50 });
-    t = await startTestApp({
-      APIVERVE_API_KEY: sim.apiKey,
-      APIVERVE_BASE_URL: sim.url,
-      APIVERVE_RATE_PER_MINUTE: '2400',
-      APIVERVE_CONCURRENT_CALLS: '50',
-      BATCH_MAX: '1',
-      INITIAL_LATENCY_MS: '20',
-      PACE_SAMPLE_MS: '200',
-      PACE_STEP_MS: '500',
-    });
+    t = await startTestApp(pacedEnv(sim));
     sql = postgres(t.databaseUrl, { max: 2, onnotice: () => {} });
     tenant = await t.createTenant('importer', 'ENTERPRISE');
   });
@@ -135,17 +140,7 @@ describe('a provider that never states its window', () => {
   before(async () => {
     // 1,200/min with no x-rate-limit-* headers and a 429 that says only retry-after: 1; Sluice is told 2,400/min.
     sim = await startSimulator({ plan: 'PRO', ratePerMinute: 1200, cooldownSeconds: 1, latencyMs: 20, latencyP95Ms: 20, seed: 11, concurrentCalls: 50, conditions: { rateLimitHeaders: false } });
-    t = await startTestApp({
-      APIVERVE_API_KEY: sim.apiKey,
-      APIVERVE_BASE_URL: sim.url,
-      APIVERVE_RATE_PER_MINUTE: '2400',
-      APIVERVE_CONCURRENT_CALLS: '50',
-      BATCH_MAX: '1',
-      INITIAL_LATENCY_MS: '20',
-      PACE_SAMPLE_MS: '200',
-      PACE_STEP_MS: '500',
-      RETRY_AFTER_MAX_SECONDS: '2',
-    });
+    t = await startTestApp({ ...pacedEnv(sim), RETRY_AFTER_MAX_SECONDS: '2' });
     sql = postgres(t.databaseUrl, { max: 2, onnotice: () => {} });
     tenant = await t.createTenant('headless', 'ENTERPRISE');
     const jobs = Array.from({ length: 3000 }, (_, k) => ({ api: 'dnslookup', params: { domain: `h${k}.example` } }));
