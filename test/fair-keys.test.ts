@@ -7,6 +7,9 @@
  * retention prunes the keys' state once served. In those, the jobs are in before a worker starts
  * (an API process first, then a worker on the same database), so the order of dispatch is the
  * ranks' order, not the submissions' timing.
+ *
+ * Then live, on a paced window: a backlog of the default key beside a new key arriving per
+ * dispatch, every job judged against the bound (keyWaits) by the order of dispatch.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -298,5 +301,86 @@ describe('fairness keys end to end', () => {
     const late = await submit('customer-late', 2, 'late');
     const ranks = await sql`select -priority::bigint as rank from pgboss.job where id = any(${late}::uuid[])`;
     assert.deepEqual(ranks.map((r) => Number(r.rank)), [FAIR_RANK_MAX, FAIR_RANK_MAX]);
+  });
+});
+
+describe('a backlogged key beside a stream of new keys, live', () => {
+  // Time compressed: the window is paced at 4 jobs a second (burst 1, the tenant's cap 1, so one
+  // job per dispatch and the order of dispatch is started_at's), and a new key with one job
+  // arrives every quarter second: one new key per dispatch, as one new key a second is beside a
+  // share of one job a second. Joining the head's round, those keys held the backlog back for good.
+  const PACE_PER_S = 4;
+  const BACKLOG = 12;
+  const NEW_KEYS = 24;
+  let sim: Simulator;
+  let app: TestApp;
+  let sql: postgres.Sql;
+
+  before(async () => {
+    sim = await startSimulator({ plan: 'PRO', ratePerMinute: 6000, latencyMs: 5, latencyP95Ms: 10, seed: 5 });
+    app = await startTestApp({
+      APIVERVE_API_KEY: sim.apiKey,
+      APIVERVE_BASE_URL: sim.url,
+      APIVERVE_RATE_PER_MINUTE: String(PACE_PER_S * 60),
+      PACE_FRACTION: '1',
+      PACER_BURST: '1',
+      PACE_LEARN: 'false',
+      INITIAL_LATENCY_MS: '5',
+    });
+    sql = postgres(app.databaseUrl, { max: 2, onnotice: () => {} });
+  });
+  after(async () => {
+    await sql?.end();
+    await app?.stop();
+    await sim?.stop();
+  });
+
+  test("the default key's backlog is served within the bound while a new key arrives per dispatch", async () => {
+    const tenant = await app.createTenant('platform-stream', 'PRO');
+    const cap = await app.gql('mutation($i: UpdateTenantInput!) { updateTenant(input: $i) { id } }', { i: { id: tenant.id, concurrencyCap: 1 } });
+    assert.equal(cap.body.errors, undefined, JSON.stringify(cap.body.errors));
+    // When each submission's answer came back (its jobs had arrived by then; test clock = the database's, one machine).
+    const answeredAt = new Map<string, number>();
+    const submit = async (key: string | null, n: number, tag: string) => {
+      const jobs = Array.from({ length: n }, (_, i) => ({ api: 'dnslookup', params: { domain: `${tag}-${i}.example.org` }, ...(key === null ? {} : { fairnessKey: key }) }));
+      const r = await app.gql('mutation($i: SubmitJobsInput!) { submitJobs(input: $i) { jobs { id } } }', { i: { jobs } }, tenant.apiKey);
+      assert.equal(r.body.errors, undefined, JSON.stringify(r.body.errors));
+      const at = Date.now();
+      for (const j of r.body.data.submitJobs.jobs as Array<{ id: string }>) answeredAt.set(j.id, at);
+    };
+
+    await submit(null, BACKLOG, 'backlog');
+    const start = Date.now();
+    for (let i = 0; i < NEW_KEYS; i++) {
+      const due = start + (i * 1000) / PACE_PER_S;
+      if (due > Date.now()) await new Promise((r) => setTimeout(r, due - Date.now()));
+      await submit(`user-${i}`, 1, `user-${i}`);
+    }
+    const streamEnd = Date.now();
+    await eventually(async () => {
+      const [r] = await sql`select count(*) filter (where started_at is not null)::int as started, count(*)::int as n from jobs where tenant_id = ${tenant.id}`;
+      return r!.n === BACKLOG + NEW_KEYS && r!.started === r!.n;
+    }, 60_000);
+
+    const rows = await sql`
+      select id, coalesce(fairness_key, '') as key, extract(epoch from created_at)::float8 * 1000 as created, extract(epoch from started_at)::float8 * 1000 as started
+      from jobs where tenant_id = ${tenant.id}`;
+    // A job arrived after its transaction began (created_at) and before its answer came back.
+    const log = rows.map((r) => ({
+      id: r.id as string,
+      key: r.key as string,
+      arrivedAt: Number(r.created),
+      arrivedBy: Math.max(Number(r.created), answeredAt.get(r.id as string)!),
+      startedAt: Number(r.started),
+    }));
+    const waits = keyWaits(log);
+    const show = (w: (typeof waits)[number]) => `${w.job.key || 'default'}: ${w.servedAhead} ahead with ${w.keysWaiting} keys waiting`;
+    for (const w of waits) assert.ok(w.servedAhead <= w.bound, `over the bound: ${show(w)}\n${waits.map(show).join('\n')}`);
+    const backlog = waits.filter((w) => w.job.key === '');
+    // The stream did compete (several keys waiting beside the backlog), and the backlog was served
+    // while it ran, not only after it.
+    assert.ok(backlog.some((w) => w.keysWaiting >= 3), backlog.map(show).join('\n'));
+    const duringStream = backlog.filter((w) => w.job.startedAt < streamEnd).length;
+    assert.ok(duringStream >= 4, `${duringStream} of the backlog's jobs dispatched while the stream ran\n${waits.map(show).join('\n')}`);
   });
 });
