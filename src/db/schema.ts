@@ -232,7 +232,7 @@ export const schedQueues = pgTable(
  * is ranked after it (start-time fair queueing among a queue's keys, src/scheduler/fair-keys.ts;
  * the rank is the job's pg-boss priority, negated). The default key (jobs without one) is ''.
  * A row counts only while its last job has not started (a key whose jobs were all served starts
- * level with the queue's head); retention deletes the rows whose last job is gone or started, so
+ * the round after the queue's head); retention deletes the rows whose last job is gone or started, so
  * the rows are bounded by the keys with jobs waiting, per tenant.
  */
 export const schedFairKeys = pgTable(

@@ -85,7 +85,8 @@ export async function insertJobsQueued(tx: Tx, jobs: readonly NewJobRow[]): Prom
   const d = BOSS_QUEUE_DEFAULTS;
   const names = [...new Set(jobs.map((j) => queueName(j.tenantId, j.priority)))];
   // Ranks (scheduler/fair-keys.ts, the same rule): per (tenant, class, fairness key), the key's
-  // jobs follow its last waiting job's rank, never before the queue's head. The pg-boss
+  // jobs follow its last waiting job's rank, and a key with nothing waiting starts the round after
+  // the queue's head (joining the head's round let new keys hold it open forever). The pg-boss
   // priority is the rank negated, so the lease's own order (priority desc, created_on) serves the
   // keys round robin. Jobs without a key share the default key '' (FIFO, as before).
   const [row] = await tx`
@@ -99,14 +100,15 @@ export async function insertJobsQueued(tx: Tx, jobs: readonly NewJobRow[]): Prom
       on conflict (tenant_id, idempotency_key) where idempotency_key is not null do nothing
       returning id, tenant_id, api, params, priority, run_after, fairness_key
     ), kb as (
-      -- Each key of this insert once, with its base rank: the head (the lowest rank still waiting
-      -- and ready: pg-boss's fetch index, job_i11, answers it with one probe) or after the key's
-      -- last waiting job, whichever is later (the statement's snapshot: blind to its own rows).
+      -- Each key of this insert once, with its base rank: the round after the head's (the head:
+      -- the lowest rank still waiting and ready, pg-boss's fetch index, job_i11, answers it with
+      -- one probe; 0 for an empty queue) or after the key's last waiting job, whichever is later
+      -- (the statement's snapshot: blind to its own rows). In bigint: the head may be at the cap.
       -- Per key, not per job: a 10,000-job submission of one key makes two probes, not 20,000.
       select d.tenant_id, d.priority, d.fk, greatest(
           coalesce(-(select p.priority from pgboss.job p
             where p.name = 't.' || d.tenant_id || '.' || lower(d.priority) and p.state < 'active' and not p.blocked and p.start_after <= now()
-            order by p.priority desc, p.created_on limit 1), 0),
+            order by p.priority desc, p.created_on limit 1)::bigint + 1, 0),
           (select f.last_rank::bigint + 1 from sched_fair_keys f
             where f.tenant_id = d.tenant_id and f.class = d.priority and f.fairness_key = d.fk
               and (select lj.started_at is null from jobs lj where lj.id = f.last_job))) as base
