@@ -58,9 +58,16 @@ export async function setTenantSuspended(tx: Tx, tenantId: string, suspended: bo
   await syncQueuesDormancy(tx, tenantId);
 }
 
-/** Quota-blocked tenants whose next job now fits (a new period, a raised quota, refunds). */
+/**
+ * Quota-blocked tenants whose next job now fits (a new period, a raised quota, refunds): one
+ * statement for all of them, with each one's ledger row of its current period (a read per blocked
+ * tenant each round was a statement per dormant tenant per round).
+ */
 export async function unblockableTenants(sql: Tx): Promise<Array<{ tenantId: string; periodAnchor: Date; quota: number; cost: number }>> {
-  const rows = await sql`select tenant_id, period_anchor, quota, quota_blocked_cost from sched_tenants where quota_blocked`;
+  const rows = await sql`
+    select t.tenant_id, t.period_anchor, t.quota, t.quota_blocked_cost from sched_tenants t
+    left join tenant_ledger l on l.tenant_id = t.tenant_id and l.period_start = sluice_quota_period(t.period_anchor, now())
+    where t.quota_blocked and coalesce(l.billed, 0) + coalesce(l.reserved, 0) + t.quota_blocked_cost <= t.quota`;
   return rows.map((r) => ({ tenantId: r.tenant_id as string, periodAnchor: r.period_anchor as Date, quota: Number(r.quota), cost: r.quota_blocked_cost as number }));
 }
 
