@@ -3,6 +3,12 @@
 -- their pg-boss jobs in it. src/scheduler/lease.ts (planPicks) is the pure model of the same
 -- decisions; test/lease-differential.test.ts checks that the two pick the same jobs.
 --
+-- Dormant queues (tenant suspended or quota-blocked, every job due later, every due job for a held
+-- API) are out of the fair index: the walk, the lift and the reserved totals never read them, and a
+-- turn that fetches nothing makes its queue dormant (held or scheduled). The due check after the
+-- turns brings back the scheduled queues now due and those held for an API this call does not
+-- hold (docs/ARCHITECTURE.md "Dormant work": the call's cost does not grow with dormant queues).
+--
 -- Each turn: the eligible ready queue with the smallest virtual time (ties by tenant id) in the
 -- first class of p_classes (the dispatcher's class order, starving classes first) that has one;
 -- its tenant's row locked (waited for only while the call holds no tenant row, and after a wait,
