@@ -64,8 +64,11 @@
  * the credits reserved and the cap slots taken per tenant; the jobs of a
  * tenant newly blocked (policy WAIT) that were not claimed, now
  * WAITING_QUOTA; the ready marks (a queue with nothing pg-boss would hand out
- * keeps a mark only while jobs wait in it; a blocked tenant's queues lose
- * theirs; a queue that claimed its last waiting job goes idle); every queue's
+ * keeps a mark only while jobs wait in it, and goes dormant: held by its head
+ * job's API when that is held, else scheduled; a blocked tenant's queues keep
+ * theirs and go dormant; a queue that claimed its last waiting job goes idle);
+ * dormancy (out of the walk, the lift and the reserved totals; queues held
+ * for an API the call does not hold wake at the clock); every queue's
  * virtual time after the call, including the lift: once the picks are made,
  * each served class's marked queues lagging its new clock by more than
  * LAG_SLACK are lifted to the clock.
