@@ -56,7 +56,12 @@ interface Shape {
   jobsPerTenant: number;
   /** Tenants registered (with queues), of which the first `tenants` have jobs; default `tenants`. */
   registered?: number;
+  /** Dormant tenants beside the active ones (the dormant phase): a quarter each suspended with a backlog, scheduled for tomorrow, quota-blocked, held by an open breaker. */
+  dormant?: number;
 }
+
+/** The API the dormant phase's breaker holds: the simulator answers its calls 503, and the worker's breaker stays open (half-open after an hour). */
+const HELD_API = 'dnslookup';
 
 /** The pids of a database's backends opened by Sluice (its pools and its pg-boss pool). */
 async function sluiceBackends(sql: postgres.Sql, apps: readonly string[]): Promise<number[]> {
@@ -71,7 +76,8 @@ function job(i: number): JobSpec {
 async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: number | null; graphqlTenants: number; fill: string; submitConcurrency: number; inproc: boolean; extraEnv: Record<string, string>; workers?: number }) {
   const registered = shape.registered ?? shape.tenants;
   const workers = o.workers ?? 1;
-  const label = `${shape.tenants}x${shape.jobsPerTenant}${registered !== shape.tenants ? `@${registered}` : ''}${workers !== 1 ? `/${workers}w` : ''}`;
+  const dormant = shape.dormant ?? 0;
+  const label = `${shape.tenants}x${shape.jobsPerTenant}${registered !== shape.tenants ? `@${registered}` : ''}${dormant > 0 ? `+${dormant}dormant` : ''}${workers !== 1 ? `/${workers}w` : ''}`;
   const total = shape.tenants * shape.jobsPerTenant;
   const db = await freshDatabase(pg.adminUrl, `dispatch${shape.tenants}`);
   let sim: Simulator | null = null;
@@ -79,12 +85,14 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
   let worker: SluiceHandle | null = null;
   const sql = postgres(db.url, { max: 3, onnotice: () => {} });
   try {
-    sim = await startSimulator({ plan: 'MEGA', latencyMs: 0, credits: 100_000_000, maxCredits: 100_000_000 });
+    sim = await startSimulator({ plan: 'MEGA', latencyMs: 0, credits: 100_000_000, maxCredits: 100_000_000, ...(dormant > 0 ? { conditions: { apis: { [HELD_API]: { outage: 503 } } } } : {}) });
     const env = {
       DATABASE_URL: db.url,
       APIVERVE_API_KEY: sim.apiKey,
       APIVERVE_BASE_URL: sim.url,
       APIVERVE_PLAN: 'MEGA',
+      // The dormant phase's breaker, once open, stays open for the drain.
+      ...(dormant > 0 ? { BREAKER_HALF_OPEN_SECONDS: '3600' } : {}),
       ...o.extraEnv,
     };
     api = await startSluiceFor({ ...env, SLUICE_ROLE: 'api' }, o.inproc ? 'inproc' : 'child');
@@ -123,6 +131,14 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
     api = null;
     const [queued] = await sql`select count(*)::int as n, count(distinct tenant_id)::int as tenants from jobs where state = 'QUEUED'`;
     if (queued!.n !== total) throw new Error(`expected ${total} queued jobs, found ${queued!.n}`);
+    // The measured jobs: the active tenants' (the dormant tenants' never finish, or fail on the held API).
+    const activeIds = keys.map((k) => k.id);
+    const dormantSetup = dormant > 0 ? await dormantTenants(db.url, dormant, limits) : null;
+    // A fresh worker's breakers are closed: its first leases wake the held queues and send their
+    // jobs until the breaker opens (BREAKER_MIN_CALLS failures), and each failed or held-back job is
+    // put back for the breaker's hour. That warm-up runs with the active tenants suspended and is
+    // not measured: the phase measures the drain beside a breaker that is open.
+    if (dormantSetup) await sql`update sched_tenants set suspended = true where tenant_id = any(${activeIds}::uuid[])`;
     progress(`[dispatch ${label}] ${total} jobs queued in ${submitS.toFixed(1)}s (${round(total / submitS, 0)}/s); starting the worker`);
     // The tables as a running system has them, not fresh from a bulk load: without this, autovacuum
     // and analyze of the rows just loaded (300,000 queue rows with 100,000 registered tenants) ran
@@ -141,6 +157,25 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
     const extraWorkers: SluiceHandle[] = [];
     for (let i = 1; i < workers; i++) extraWorkers.push(await startSluiceFor(workerEnv, o.inproc ? 'inproc' : 'child'));
     const readyMs = Date.now() - tFork;
+    let warmupStatements = 0;
+    if (dormantSetup) {
+      const tWarm = Date.now();
+      for (;;) {
+        await sleep(250);
+        const [w] = await sql`
+          select count(*) filter (where state = 'RUNNING')::int as running, coalesce(sum(attempts), 0)::int as attempts
+          from jobs where api = ${HELD_API}`;
+        if ((w!.running as number) === 0 && (w!.attempts as number) >= 10) break;
+        if (Date.now() - tWarm > 60_000) throw new Error('the dormant phase\'s breaker did not open within 60 s');
+      }
+      warmupStatements = ((await worker.statements()) ?? 0) + (await Promise.all(extraWorkers.map((w) => w.statements()))).reduce<number>((a, n) => a + (n ?? 0), 0);
+      await sql.begin(async (tx) => {
+        await tx`update sched_tenants set suspended = false where tenant_id = any(${activeIds}::uuid[])`;
+        await tx`update sched_queues q set tenant_dormant = false, vtime = greatest(q.vtime, c.clock) from sched_classes c where c.class = q.class and q.tenant_id = any(${activeIds}::uuid[])`;
+      });
+      await sql`notify sluice_work`;
+      progress(`[dispatch ${label}] breaker warm-up in ${((Date.now() - tWarm) / 1000).toFixed(1)}s (${warmupStatements} statements, not counted); active tenants resumed`);
+    }
     let firstStartMs: number | null = null;
     let stopReason = 'drained';
     for (;;) {
@@ -148,7 +183,7 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
       const [r] = await sql`
         select count(*) filter (where finished_at is not null)::int as done,
           (extract(epoch from min(started_at)) * 1000)::float8 as first
-        from jobs`;
+        from jobs where tenant_id = any(${activeIds}::uuid[])`;
       if (r!.first !== null) firstStartMs = Number(r!.first);
       if (r!.done >= total) break;
       if (o.windowS !== null && firstStartMs !== null && Date.now() - firstStartMs >= o.windowS * 1000 + 500) {
@@ -160,7 +195,7 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
         break;
       }
     }
-    const [left] = await sql`select count(*)::int as n, count(distinct tenant_id)::int as tenants from jobs where state = 'QUEUED'`;
+    const [left] = await sql`select count(*)::int as n, count(distinct tenant_id)::int as tenants from jobs where state = 'QUEUED' and tenant_id = any(${activeIds}::uuid[])`;
     const machineBusy = cpu.end();
     const postgresActivity = await activity.stop();
     // The workers' Postgres backends were all opened for this drain: their whole CPU time is its.
@@ -170,17 +205,17 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
     const extraCpu = await Promise.all(extraWorkers.map((w) => w.stop()));
     const reports = [workerCpu, ...extraCpu];
     const sluiceCpuS = reports.reduce((a, r) => a + (r ? (r.cpuUserMs + r.cpuSystemMs) / 1000 : 0), 0);
-    const statements = reports.reduce((a, r) => a + (r?.sqlStatements ?? 0), 0);
+    const statements = reports.reduce((a, r) => a + (r?.sqlStatements ?? 0), 0) - warmupStatements;
 
     const [agg] = await sql`
-      with f as (select (extract(epoch from min(started_at)) * 1000)::float8 as t0 from jobs)
+      with f as (select (extract(epoch from min(started_at)) * 1000)::float8 as t0 from jobs where tenant_id = any(${activeIds}::uuid[]))
       select f.t0,
         (extract(epoch from max(finished_at)) * 1000)::float8 as last,
         count(*) filter (where finished_at is not null)::int as finished,
         count(*) filter (where state = 'SUCCEEDED')::int as succeeded,
         count(*) filter (where state = 'FAILED')::int as failed,
         count(*) filter (where finished_at is not null and extract(epoch from finished_at) * 1000 <= f.t0 + ${(o.windowS ?? 1e9) * 1000})::int as in_window
-      from jobs, f group by f.t0`;
+      from jobs, f where jobs.tenant_id = any(${activeIds}::uuid[]) group by f.t0`;
     const t0 = Number(agg!.t0);
     const drained = agg!.finished === total;
     const drainS = (Number(agg!.last) - t0) / 1000;
@@ -190,7 +225,7 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
     // The jobs one dispatch transaction claims share its now() as started_at.
     const decisions = await sql`
       select count(*)::int as n, count(distinct started_at)::int as tx from jobs
-      where started_at is not null and extract(epoch from started_at) * 1000 <= ${t0 + measuredS * 1000}`;
+      where started_at is not null and tenant_id = any(${activeIds}::uuid[]) and extract(epoch from started_at) * 1000 <= ${t0 + measuredS * 1000}`;
     const jobsPerSecond = completed / measuredS;
     return {
       shape: label,
@@ -225,6 +260,7 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
       },
       workers,
       registeredTenants: registered,
+      ...(dormantSetup ? { dormantTenants: dormantSetup } : {}),
       cpuSecondsPerJob: {
         sluiceProcesses: round(sluiceCpuS / Math.max(1, agg!.finished as number), 6),
         postgresBackends: round(backendCpuS / Math.max(1, agg!.finished as number), 6),
@@ -248,10 +284,10 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
 }
 
 /** Many tenants at once, in the state createTenant + updateTenant + services.tenantChanged leave them in. */
-async function bulkTenants(url: string, n: number, limits: { weight: number; concurrencyCap: number; monthlyQuota: number; queueBound: number }) {
+async function bulkTenants(url: string, n: number, limits: { weight: number; concurrencyCap: number; monthlyQuota: number; queueBound: number }, prefix = 't') {
   const sql = postgres(url, { max: 1, onnotice: () => {} });
   try {
-    const rows = Array.from({ length: n }, (_, i) => ({ id: randomUUID(), name: `t${i}`, apiKey: generateSecret(TENANT_KEY_PREFIX) }));
+    const rows = Array.from({ length: n }, (_, i) => ({ id: randomUUID(), name: `${prefix}${i}`, apiKey: generateSecret(TENANT_KEY_PREFIX) }));
     const l = effectiveLimits({ tier: 'PRO', ...limits });
     await sql.begin(async (tx) => {
       const payload = rows.map((r) => ({ id: r.id, name: r.name, key_hash: hashSecret(r.apiKey), key_prefix: r.apiKey.slice(0, 10) }));
@@ -276,12 +312,51 @@ async function bulkTenants(url: string, n: number, limits: { weight: number; con
     const options = { retryLimit: QUEUE_POLICY.retryLimit, retryDelay: QUEUE_POLICY.retryDelaySeconds, retryBackoff: true, heartbeatSeconds: QUEUE_POLICY.heartbeatSeconds, expireInSeconds: QUEUE_POLICY.expireInSeconds, policy: 'standard' };
     const names = rows.flatMap((r) => CLASSES.map((c) => queueName(r.id, c)));
     await sql`select pgboss.create_queue(q, ${sql.json(options)}::jsonb) from unnest(${names}::text[]) as q`;
-    const [count] = await sql`select count(*)::int as n from pgboss.queue where name like 't.%'`;
+    const [count] = await sql`select count(*)::int as n from pgboss.queue where name = any(${names}::text[])`;
     if (count!.n !== names.length) throw new Error(`expected ${names.length} pg-boss queues, found ${count!.n}`);
     return rows.map((r) => ({ id: r.id, apiKey: r.apiKey }));
   } finally {
     await sql.end();
   }
+}
+
+/**
+ * The dormant phase's tenants, made in bulk SQL as bulkTenants makes tenants, with their jobs
+ * written by bulkFill (the submit path's statements), then left as the events leave them: a
+ * quarter suspended with 5 queued jobs each (setTenantSuspended), a quarter quota-blocked with 5
+ * (a lease's quota WAIT), a quarter with one job scheduled for tomorrow (a lease's visit that found
+ * nothing due), a quarter with one job for the API whose breaker is open (a lease's visit that
+ * found only held jobs; the worker's own breaker opens on the first failed calls and keeps it so).
+ */
+async function dormantTenants(url: string, n: number, limits: { weight: number; concurrencyCap: number; monthlyQuota: number; queueBound: number }) {
+  const ids = (await bulkTenants(url, n, limits, 'd')).map((t) => t.id);
+  const q = Math.floor(n / 4);
+  const [suspended, blocked, scheduled, held] = [0, 1, 2, 3].map((k) => ids.slice(k * q, k === 3 ? n : (k + 1) * q));
+  await bulkFill(url, [...suspended!, ...blocked!], 5);
+  await bulkFill(url, [...scheduled!, ...held!], 1);
+  const sql = postgres(url, { max: 1, onnotice: () => {} });
+  try {
+    await sql.begin(async (tx) => {
+      await tx`update sched_tenants set suspended = true where tenant_id = any(${suspended!}::uuid[])`;
+      // Out of quota for real: the period's credits all billed (the sweeper's renewal check finds nothing to lift).
+      await tx`update sched_tenants set quota_blocked = true, quota_blocked_cost = 1 where tenant_id = any(${blocked!}::uuid[])`;
+      await tx`
+        insert into tenant_ledger (tenant_id, period_start, billed)
+        select t.tenant_id, sluice_quota_period(t.period_anchor, now()), t.quota from sched_tenants t where t.tenant_id = any(${blocked!}::uuid[])`;
+      await tx`update sched_queues set tenant_dormant = true where tenant_id = any(${[...suspended!, ...blocked!]}::uuid[])`;
+      await tx`update jobs set run_after = now() + interval '1 day' where tenant_id = any(${scheduled!}::uuid[])`;
+      await tx`update pgboss.job set start_after = now() + interval '1 day' where name = any(${scheduled!.map((id) => queueName(id, 'STANDARD'))}::text[])`;
+      await tx`update sched_queues set scheduled = true, ready_at = now() + interval '1 day' where class = 'STANDARD' and tenant_id = any(${scheduled!}::uuid[])`;
+      await tx`update jobs set api = ${HELD_API}, params = '{"domain":"example.com"}' where tenant_id = any(${held!}::uuid[])`;
+      await tx`
+        update pgboss.job set data = jsonb_set(jsonb_set(data, '{api}', to_jsonb(${HELD_API}::text)), '{params}', '{"domain":"example.com"}')
+        where name = any(${held!.map((id) => queueName(id, 'STANDARD'))}::text[])`;
+      await tx`update sched_queues set held_api = ${HELD_API} where class = 'STANDARD' and tenant_id = any(${held!}::uuid[])`;
+    });
+  } finally {
+    await sql.end();
+  }
+  return { total: n, suspendedWith5Jobs: suspended!.length, quotaBlockedWith5Jobs: blocked!.length, scheduledTomorrow: scheduled!.length, heldByOpenBreaker: held!.length, heldApi: HELD_API };
 }
 
 /** Queued jobs for many tenants: what JobService.submit writes, with its own statements (insertJobsQueued, markManyQueuesReady), 1,000 tenants per transaction. */
@@ -437,6 +512,9 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
   // ACTIVExJOBS@REGISTERED: registered tenants of which only the active ones have jobs.
   const registeredShapes = flags.string('registered', '1000x10@1000,1000x10@100000').split(',').filter(Boolean).map(parseShape);
   const workerCounts = flags.string('workers', '1,2,4').split(',').filter(Boolean).map(Number);
+  // The dormant phase: ACTIVExJOBS drained alone, then beside --dormant-tenants dormant tenants (0: skip).
+  const dormantActive = parseShape(flags.string('dormant', '20x300'));
+  const dormantCount = flags.number('dormant-tenants', 10_000);
   flags.done();
 
   const opts = { windowS, graphqlTenants, fill, submitConcurrency, inproc, extraEnv };
@@ -479,6 +557,15 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
     progress(`[dispatch] ${r.shape}: ${r.drain.jobsPerSecond} jobs/s`);
     scaling.push(scalingRow(n, r));
   }
+  // Dormant work is free: the same active tenants drained alone, then beside the dormant ones.
+  let dormantPhase: { alone: typeof fewResult; beside: typeof fewResult } | null = null;
+  if (dormantCount > 0) {
+    const alone = await sluiceScenario(pg, dormantActive, opts);
+    progress(`[dispatch] ${alone.shape}: ${alone.drain.jobsPerSecond} jobs/s`);
+    const beside = await sluiceScenario(pg, { ...dormantActive, dormant: dormantCount }, opts);
+    progress(`[dispatch] ${beside.shape}: ${beside.drain.jobsPerSecond} jobs/s`);
+    dormantPhase = { alone, beside };
+  }
   let control: Awaited<ReturnType<typeof baselineOnce>> | null = null;
   if (controlQueues > 0) {
     control = await baselineOnce(pg, baseTotal, baselineWindowS, 99, controlQueues);
@@ -509,6 +596,18 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
       scaling.map((x) => `${x.workers}: ${x.jobsPerSecond}/s`).join(', '),
     ),
     stretch2000PerSecondManyTenants: check(manyRate, '>= 2,000 jobs/s with 10,000 active tenants (stretch)', manyRate >= 2000),
+    ...(dormantPhase
+      ? (() => {
+          const { alone, beside } = dormantPhase;
+          const ratio = beside.drain.jobsPerSecond / alone.drain.jobsPerSecond;
+          const sa = alone.sqlStatementsPerJob.value ?? Infinity;
+          const sb = beside.sqlStatementsPerJob.value ?? Infinity;
+          return {
+            dormantVsAlone: check(round(ratio, 3), `>= 0.9 (${dormantActive.tenants} active tenants beside ${dormantCount} dormant ones vs alone)`, ratio >= 0.9),
+            dormantSqlStatementsPerJob: check(round(sb / sa, 3), '<= 1.1 (statements per job beside the dormant tenants vs alone: unchanged)', sb / sa <= 1.1, `${sb} vs ${sa}`),
+          };
+        })()
+      : {}),
   };
   return {
     summary: {
@@ -522,6 +621,14 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
       registeredVsActive: Object.fromEntries(registeredResults.map((r) => [r.shape, { jobsPerSecond: r.drain.jobsPerSecond, perJobMs: r.drain.perJobMs, cpuSecondsPerJob: r.cpuSecondsPerJob.total, sqlStatementsPerJob: r.sqlStatementsPerJob.value }])),
       registeredRatio: regRatio === null ? null : round(regRatio, 3),
       workerScaling: scaling,
+      dormant: dormantPhase
+        ? {
+            [dormantPhase.alone.shape]: { jobsPerSecond: dormantPhase.alone.drain.jobsPerSecond, sqlStatementsPerJob: dormantPhase.alone.sqlStatementsPerJob.value, cpuSecondsPerJob: dormantPhase.alone.cpuSecondsPerJob.total },
+            [dormantPhase.beside.shape]: { jobsPerSecond: dormantPhase.beside.drain.jobsPerSecond, sqlStatementsPerJob: dormantPhase.beside.sqlStatementsPerJob.value, cpuSecondsPerJob: dormantPhase.beside.cpuSecondsPerJob.total },
+            ratio: round(dormantPhase.beside.drain.jobsPerSecond / dormantPhase.alone.drain.jobsPerSecond, 3),
+            note: 'the same active tenants drained alone, then beside dormant tenants (a quarter each: suspended with 5 queued jobs, quota-blocked with 5, one job scheduled for tomorrow, one job for an API whose breaker is open: the simulator answers it 503 and the breaker stays open); measured over the active tenants\' jobs only',
+          }
+        : null,
       pgBossSupervisePass: control?.supervisePass ? { queues: control.idleQueues + 1, ...control.supervisePass } : null,
       vsAdjacentBaselines: {
         [fewResult.shape]: round(fewRate / fewAdj, 3),
@@ -539,6 +646,6 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
       control: `the same raw pg-boss loop with ${controlQueues} other, empty queues in pg-boss (as many as the many-tenant run has: tenants × 3 classes): what pg-boss's per-queue upkeep costs by itself`,
       baseline: `one pg-boss queue (tenant queue policy), ${baseTotal} jobs inserted in chunks of 1,000, one loop fetching up to ${LEASE_MAX} while fewer than ${POOL} are in flight, boss.complete per job, pg-boss pool of 20 connections (Sluice's hot-path pool size); fresh database each run`,
     },
-    runs: { sluice: [fewResult, manyResult, ...registeredResults], rawPgBoss: baselines, rawPgBossControl: control },
+    runs: { sluice: [fewResult, manyResult, ...registeredResults, ...(dormantPhase ? [dormantPhase.alone, dormantPhase.beside] : [])], rawPgBoss: baselines, rawPgBossControl: control },
   };
 }

@@ -67,6 +67,10 @@ const tenantArb = fc.record({
     fc.record({
       vtime4: fc.integer({ min: 0, max: 12 }),
       ready: fc.constantFrom(true, true, true, false),
+      // Dormant queues: scheduled (every job due later) or held by a breaker for an API, which
+      // this call may hold (stays dormant) or not (woken at the clock).
+      dormancy: fc.constantFrom<'none' | 'scheduled' | 'held'>('none', 'none', 'none', 'none', 'scheduled', 'held'),
+      heldApi: fc.constantFrom(...APIS),
       jobs: fc.array(fc.record({ api: fc.constantFrom(...APIS), p: fc.integer({ min: 0, max: 3 }) }), { maxLength: 9 }),
     }),
     { minLength: 3, maxLength: 3 },
@@ -120,6 +124,19 @@ const batchCaseArb = fc
     })),
   }));
 
+/**
+ * Breaker-heavy states: each queue's jobs are for one API, and the held one is among them often,
+ * so queues whose due jobs are all held leave the fair index (held) in the call, beside queues held
+ * before it that the call wakes (their API not held now) or leaves held.
+ */
+const holdCaseArb = fc
+  .record({ base: caseArb, apis: fc.array(fc.constantFrom(...APIS), { minLength: TENANTS * 3, maxLength: TENANTS * 3 }), held: fc.constantFrom(...APIS) })
+  .map(({ base, apis, held }): Case => ({
+    ...base,
+    hold: [held],
+    tenants: base.tenants.map((t, i) => ({ ...t, queues: t.queues.map((q, k) => ({ ...q, jobs: q.jobs.map((j) => ({ ...j, api: apis[i * 3 + k]! })) })) })),
+  }));
+
 /** Writes the case into the database; returns the model's input (same state). */
 async function install(c: Case): Promise<LeaseInput> {
   await sql`delete from reservations`;
@@ -161,8 +178,14 @@ async function install(c: Case): Promise<LeaseInput> {
       const jobClass = CLASSES[k]!;
       const q = g.queues[k]!;
       const vtime = q.vtime4 / 4;
-      await sql`update sched_queues set vtime = ${vtime}, ready_at = ${q.ready ? sql`now() - interval '1 second'` : null} where tenant_id = ${tenantId} and class = ${jobClass}`;
-      queues.push({ tenantId, jobClass, vtime, ready: q.ready });
+      const scheduled = q.dormancy === 'scheduled';
+      const heldApi = q.dormancy === 'held' && q.ready ? q.heldApi : null;
+      const readyAt = scheduled ? sql`now() + interval '1 hour'` : q.ready ? sql`now() - interval '1 second'` : null;
+      await sql`
+        update sched_queues set vtime = ${vtime}, ready_at = ${readyAt}, scheduled = ${scheduled}, held_api = ${heldApi},
+          tenant_dormant = ${g.suspended || g.blocked}
+        where tenant_id = ${tenantId} and class = ${jobClass}`;
+      queues.push({ tenantId, jobClass, vtime, ready: q.ready && !scheduled, marked: q.ready || scheduled, scheduled, heldApi });
       const jobs: LeaseJob[] = q.jobs.map((j) => ({ id: randomUUID(), api: j.api, params: { x: j.p } }));
       jobsByQueue[`${tenantId}/${jobClass}`] = jobs;
       if (jobs.length === 0) continue;
@@ -190,7 +213,7 @@ async function install(c: Case): Promise<LeaseInput> {
   return input;
 }
 
-type Seen = Record<'leased' | 'multiTenant' | 'batched' | 'sharedCall' | 'failed' | 'blocked' | 'lifted' | 'reserved', number>;
+type Seen = Record<'leased' | 'multiTenant' | 'batched' | 'sharedCall' | 'failed' | 'blocked' | 'lifted' | 'reserved' | 'dormant' | 'woken' | 'heldNow', number>;
 
 /** One generated state through both: same turns, calls, failures, blocks, slots, claims. */
 async function sameAsModel(c: Case, seen: Seen): Promise<void> {
@@ -245,19 +268,39 @@ async function sameAsModel(c: Case, seen: Seen): Promise<void> {
       assert.deepEqual(Object.fromEntries(inFlight.map((r) => [r.tenant_id as string, r.in_flight as number])), expected.inFlight, 'in-flight per tenant');
       const waiting = (await sql`select id from jobs where state = 'WAITING_QUOTA'`).map((r) => r.id as string).sort();
       assert.deepEqual(waiting, [...expected.waitingQuota].sort(), 'WAITING_QUOTA marks');
-      const queues = await sql`select tenant_id, class, vtime, ready_at is not null as marked from sched_queues where tenant_id = any(${tenantIds}::uuid[])`;
+      const queues = await sql`
+        select tenant_id, class, vtime, ready_at is not null as marked, (tenant_dormant or scheduled or held_api is not null) as dormant
+        from sched_queues where tenant_id = any(${tenantIds}::uuid[])`;
       for (const q of queues) {
         const key = `${q.tenant_id}/${q.class}`;
         assert.ok(Math.abs((q.vtime as number) - expected.vtimes[key]!) < 1e-9, `virtual time of ${key}: ${q.vtime} vs ${expected.vtimes[key]}`);
         assert.equal(q.marked, expected.marked[key], `ready mark of ${key}`);
+        assert.equal(q.dormant, expected.dormant[key], `dormancy of ${key}`);
+        const was = input.queues.find((x) => `${x.tenantId}/${x.jobClass}` === key)!;
+        const wasDormant = !!was.scheduled || !!was.heldApi || input.tenants.some((x) => x.tenantId === was.tenantId && (x.suspended || x.quotaBlocked));
+        if (wasDormant) seen.dormant++;
+        if (was.heldApi && !q.dormant) seen.woken++;
+        if (!wasDormant && q.dormant && q.marked && !expected.blocked.includes(was.tenantId)) seen.heldNow++;
         const before = input.queues.find((x) => `${x.tenantId}/${x.jobClass}` === key)!;
         if (expected.vtimes[key] !== before.vtime && !actual.some((x) => `${x.tenantId}/${x.jobClass}` === key)) seen.lifted++;
       }
+      // The reserved-shares counters (folded + unfolded deltas) equal the sums they replace: over
+      // the queues in the fair index, by their tenants' weights and shares.
+      const shares = await sql`
+        select k.class,
+          (k.reserved_sum + coalesce((select sum(d.r) from sched_share_deltas d where d.class = k.class), 0))::float8 as r,
+          (k.unreserved_weight + coalesce((select sum(d.w) from sched_share_deltas d where d.class = k.class), 0))::float8 as w,
+          coalesce((select sum(t.reserved_share) filter (where t.reserved_share > 0) from sched_queues q join sched_tenants t using (tenant_id)
+            where q.class = k.class and q.ready_at is not null and not q.tenant_dormant and not q.scheduled and q.held_api is null and t.weight > 0), 0)::float8 as r_sum,
+          coalesce((select sum(t.weight) filter (where t.reserved_share <= 0) from sched_queues q join sched_tenants t using (tenant_id)
+            where q.class = k.class and q.ready_at is not null and not q.tenant_dormant and not q.scheduled and q.held_api is null and t.weight > 0), 0)::float8 as w_sum
+        from sched_classes k`;
+      for (const k of shares) assert.deepEqual([k.r, k.w], [k.r_sum, k.w_sum], `reserved-shares counters of ${k.class}`);
       const clocks = await sql`select class, clock from sched_classes where class = any(${c.classes as string[]}::text[])`;
       for (const k of clocks) assert.ok(Math.abs((k.clock as number) - expected.clocks[k.class as JobClass]!) < 1e-9, `clock of ${k.class}`);
 }
 
-const none = (): Seen => ({ leased: 0, multiTenant: 0, batched: 0, sharedCall: 0, failed: 0, blocked: 0, lifted: 0, reserved: 0 });
+const none = (): Seen => ({ leased: 0, multiTenant: 0, batched: 0, sharedCall: 0, failed: 0, blocked: 0, lifted: 0, reserved: 0, dormant: 0, woken: 0, heldNow: 0 });
 // A fixed seed keeps CI deterministic (the coverage checks cannot flake); LEASE_DIFF_SEED=<n> explores other states.
 const seed = Number(process.env.LEASE_DIFF_SEED ?? 20261203);
 
@@ -266,11 +309,17 @@ test('sluice_lease picks what planPicks picks (100 generated states)', async () 
   await fc.assert(fc.asyncProperty(caseArb, (c) => sameAsModel(c, seen)), { numRuns: 100, seed });
   // The generator reaches the interesting cases, not only empty leases. (Batch turns sharing calls
   // are the next test's: a paced call is one round, so mixed states rarely batch.)
-  for (const k of ['leased', 'multiTenant', 'failed', 'blocked', 'lifted', 'reserved'] as const) assert.ok(seen[k] >= 3, `${k}: ${seen[k]} of 100 runs`);
+  for (const k of ['leased', 'multiTenant', 'failed', 'blocked', 'lifted', 'reserved', 'dormant', 'woken'] as const) assert.ok(seen[k] >= 3, `${k}: ${seen[k]} of 100 runs`);
 });
 
 test('sluice_lease groups batch turns into calls as planPicks does (40 batch-heavy states)', async () => {
   const seen = none();
   await fc.assert(fc.asyncProperty(batchCaseArb, (c) => sameAsModel(c, seen)), { numRuns: 40, seed });
   for (const k of ['leased', 'multiTenant', 'batched', 'sharedCall', 'reserved'] as const) assert.ok(seen[k] >= 3, `${k}: ${seen[k]} of 40 runs`);
+});
+
+test('sluice_lease takes queues held by a breaker out of the fair index, and wakes them, as planPicks does (40 states)', async () => {
+  const seen = none();
+  await fc.assert(fc.asyncProperty(holdCaseArb, (c) => sameAsModel(c, seen)), { numRuns: 40, seed });
+  for (const k of ['leased', 'dormant', 'woken', 'heldNow'] as const) assert.ok(seen[k] >= 3, `${k}: ${seen[k]} of 40 runs`);
 });

@@ -3,6 +3,12 @@
 -- their pg-boss jobs in it. src/scheduler/lease.ts (planPicks) is the pure model of the same
 -- decisions; test/lease-differential.test.ts checks that the two pick the same jobs.
 --
+-- Dormant queues (tenant suspended or quota-blocked, every job due later, every due job for a held
+-- API) are out of the fair index: the walk, the lift and the reserved totals never read them, and a
+-- turn that fetches nothing makes its queue dormant (held or scheduled). The due check after the
+-- turns brings back the scheduled queues now due and those held for an API this call does not
+-- hold (docs/ARCHITECTURE.md "Dormant work": the call's cost does not grow with dormant queues).
+--
 -- Each turn: the eligible ready queue with the smallest virtual time (ties by tenant id) in the
 -- first class of p_classes (the dispatcher's class order, starving classes first) that has one;
 -- its tenant's row locked (waited for only while the call holds no tenant row, and after a wait,
@@ -144,6 +150,8 @@ DECLARE
   pending int;
   -- A class's clock after this call: where its lagging queues are lifted to.
   lift_to float8;
+  -- APIs of queues held by a breaker that this call does not hold: those queues wake (the due check).
+  wake_apis text[];
   -- Each class's clock at the call's start (p_classes order): no queue starts a turn behind it.
   clk0 float8[];
   -- Reserved shares: each class's backlogged reserved sum (R) and unreserved weight (W), and the
@@ -231,17 +239,18 @@ BEGIN
     FROM unnest(p_classes) WITH ORDINALITY x(c, o) LEFT JOIN sched_classes k ON k.class = x.c;
   rs_r := array_fill(0::float8, ARRAY[cardinality(p_classes)]);
   rs_w := array_fill(0::float8, ARRAY[cardinality(p_classes)]);
-  -- Reserved shares: R and W per class, read only while a reserved tenant is backlogged.
+  -- Reserved shares: R and W per class, read only while a reserved tenant is backlogged (in the
+  -- fair index), from the class's counters plus their unfolded deltas: never a sum over queues.
   IF EXISTS (SELECT 1 FROM sched_tenants st WHERE st.reserved_share > 0 AND st.weight > 0 AND NOT st.suspended AND NOT st.quota_blocked
-      AND EXISTS (SELECT 1 FROM sched_queues sq WHERE sq.tenant_id = st.tenant_id AND sq.class = ANY (p_classes) AND sq.ready_at <= now())) THEN
+      AND EXISTS (SELECT 1 FROM sched_queues sq WHERE sq.tenant_id = st.tenant_id AND sq.class = ANY (p_classes) AND sq.ready_at IS NOT NULL
+        AND NOT sq.tenant_dormant AND NOT sq.scheduled AND sq.held_api IS NULL)) THEN
     FOR ci IN 1 .. cardinality(p_classes) LOOP
-      SELECT coalesce(sum(st.reserved_share) FILTER (WHERE st.reserved_share > 0), 0), coalesce(sum(st.weight) FILTER (WHERE st.reserved_share <= 0), 0)
+      SELECT k.reserved_sum + coalesce((SELECT sum(d.r) FROM sched_share_deltas d WHERE d.class = k.class), 0),
+          k.unreserved_weight + coalesce((SELECT sum(d.w) FROM sched_share_deltas d WHERE d.class = k.class), 0)
         INTO r_sum, w_sum
-        FROM sched_queues sq JOIN sched_tenants st ON st.tenant_id = sq.tenant_id
-        WHERE sq.class = p_classes[ci] AND sq.ready_at IS NOT NULL AND sq.ready_at <= now()
-          AND st.weight > 0 AND NOT st.suspended AND NOT st.quota_blocked;
-      rs_r[ci] := r_sum;
-      rs_w[ci] := w_sum;
+        FROM sched_classes k WHERE k.class = p_classes[ci];
+      rs_r[ci] := coalesce(r_sum, 0);
+      rs_w[ci] := coalesce(w_sum, 0);
     END LOOP;
   END IF;
 
@@ -257,6 +266,7 @@ BEGIN
         SELECT sq.tenant_id, sq.vtime, row_number() OVER () AS o FROM (
           SELECT sq.tenant_id, sq.vtime FROM sched_queues sq
           WHERE sq.class = c AND sq.ready_at IS NOT NULL AND sq.ready_at <= now()
+            AND NOT sq.tenant_dormant AND NOT sq.scheduled AND sq.held_api IS NULL
             AND (sq.vtime, sq.tenant_id) > (cur_v[ci], cur_t[ci])
             AND coalesce((SELECT st.in_flight + coalesce(tn_add[array_position(tn_id, st.tenant_id)], 0) < st.cap
                   AND NOT st.quota_blocked AND NOT st.suspended AND st.weight > 0
@@ -353,6 +363,7 @@ BEGIN
       IF clock_timestamp() - waited_at > interval '1 millisecond' OR (n_vtime IS NULL AND now_tokens IS NOT NULL) THEN
         SELECT greatest(sq.vtime, clk0[q_ci]) INTO n_now FROM sched_queues sq
           WHERE sq.class = c AND sq.ready_at IS NOT NULL AND sq.ready_at <= clock_timestamp() AND sq.tenant_id <> q.tenant_id
+            AND NOT sq.tenant_dormant AND NOT sq.scheduled AND sq.held_api IS NULL
             AND coalesce((SELECT st.in_flight < st.cap AND NOT st.quota_blocked AND NOT st.suspended AND st.weight > 0
                 FROM sched_tenants st WHERE st.tenant_id = sq.tenant_id), false)
           ORDER BY sq.class, sq.vtime, sq.tenant_id LIMIT 1;
@@ -413,11 +424,24 @@ BEGIN
     fetched := cardinality(ids);
     batch_fetch := is_batch;
     IF fetched = 0 THEN
-      -- Nothing pg-boss would hand out: the queue is ready again when its earliest queued job is
-      -- (see the header). Its row is ours (locked above).
-      UPDATE sched_queues sq SET ready_at = CASE WHEN sq.depth = 0 THEN NULL ELSE (
-        SELECT greatest(min(jb.run_after), now() + interval '1 second') FROM jobs jb
-        WHERE jb.tenant_id = q.tenant_id AND jb.priority = c AND jb.state = 'QUEUED') END
+      -- Nothing pg-boss would hand out: the queue leaves the fair index (see the header). Its head
+      -- job due now is for an API held here: held by that API until a lease not holding it, or a
+      -- submission, wakes it. Otherwise scheduled: ready again when its earliest queued job is, by
+      -- the due check. Its row is ours (locked above).
+      head := NULL;
+      IF cardinality(p_hold) > 0 THEN
+        SELECT j.data->>'api' INTO head FROM pgboss.job j
+          WHERE j.name = qn AND j.state < 'active' AND NOT j.blocked AND j.start_after <= pgboss.job_now()
+            AND (sv_i IS NULL OR NOT (j.id = ANY (picked_ids)))
+          ORDER BY j.priority DESC, j.created_on LIMIT 1;
+        IF NOT (head = ANY (p_hold)) THEN head := NULL; END IF;
+      END IF;
+      UPDATE sched_queues sq SET
+          held_api = CASE WHEN sq.depth = 0 THEN NULL ELSE head END,
+          scheduled = sq.depth > 0 AND head IS NULL,
+          ready_at = CASE WHEN sq.depth = 0 THEN NULL WHEN head IS NOT NULL THEN sq.ready_at ELSE (
+            SELECT greatest(min(jb.run_after), now() + interval '1 second') FROM jobs jb
+            WHERE jb.tenant_id = q.tenant_id AND jb.priority = c AND jb.state = 'QUEUED') END
       WHERE sq.tenant_id = q.tenant_id AND sq.class = c;
       skip := skip || qkey;
       CONTINUE;
@@ -468,15 +492,15 @@ BEGIN
         UPDATE jobs SET state = 'FAILED', finished_at = now(), updated_at = now() WHERE id = over_id AND state IN ('QUEUED', 'WAITING_QUOTA');
         PERFORM pg_notify('sluice_job_events', jsonb_build_object('jobId', over_id, 'tenantId', q.tenant_id, 'state', 'FAILED')::text);
       ELSE
-        -- WAIT: the tenant waits for quota, visibly; its queues go idle (they rejoin at the class
-        -- clock). QUEUED → WAITING_QUOTA leaves depth as it is (the trigger writes nothing). Only
-        -- the queue rows free now are idled: a row another transaction holds stays ready, and is
-        -- not picked while the tenant is blocked.
+        -- WAIT: the tenant waits for quota, visibly; its queues go dormant (out of the fair index;
+        -- the renewal brings them back at the class clock). QUEUED → WAITING_QUOTA leaves depth as
+        -- it is (the trigger writes nothing). Only the queue rows free now are marked: a row another
+        -- transaction holds stays in the index, and is not picked while the tenant is blocked.
         UPDATE sched_tenants SET quota_blocked = true, quota_blocked_cost = costs[fit + 1] WHERE sched_tenants.tenant_id = q.tenant_id;
         WITH b AS (UPDATE jobs SET state = 'WAITING_QUOTA', updated_at = now()
           WHERE jobs.tenant_id = q.tenant_id AND state = 'QUEUED' RETURNING id)
         SELECT count(*) INTO i FROM (SELECT pg_notify('sluice_job_events', jsonb_build_object('jobId', b.id, 'tenantId', q.tenant_id, 'state', 'WAITING_QUOTA')::text) FROM b) z;
-        UPDATE sched_queues sq SET ready_at = NULL
+        UPDATE sched_queues sq SET tenant_dormant = true
           FROM (SELECT l.class FROM sched_queues l WHERE l.tenant_id = q.tenant_id ORDER BY l.class FOR UPDATE SKIP LOCKED) l
           WHERE sq.tenant_id = q.tenant_id AND sq.class = l.class;
       END IF;
@@ -567,6 +591,23 @@ BEGIN
     UPDATE sched_tenants st SET in_flight = st.in_flight + x.n FROM unnest(tn_id, tn_add) x(t, n)
       WHERE st.tenant_id = x.t AND st.tenant_id = ANY (tn_id);
   END IF;
+  -- The due check: scheduled queues whose earliest job is due now, and queues held for an API this
+  -- call does not hold (its breaker closed here, or another node's held it), come back to the fair
+  -- index at the class clock (no credit for the time away). At most 256 of each a call, after
+  -- every tenant row it takes, SKIP LOCKED: never waits. With nothing due it is two probes and one
+  -- per distinct held API (the loose scan below), whatever the number of dormant queues.
+  WITH RECURSIVE h(api) AS (
+    SELECT min(l.held_api) FROM sched_queues l WHERE l.held_api IS NOT NULL
+    UNION ALL
+    SELECT (SELECT min(l.held_api) FROM sched_queues l WHERE l.held_api > h.api) FROM h WHERE h.api IS NOT NULL)
+  SELECT coalesce(array_agg(h.api), '{}') INTO wake_apis FROM h WHERE h.api IS NOT NULL AND NOT (h.api = ANY (p_hold));
+  WITH a AS (SELECT l.tenant_id, l.class FROM sched_queues l WHERE l.scheduled AND l.ready_at <= now()
+      ORDER BY l.ready_at LIMIT 256 FOR UPDATE SKIP LOCKED),
+    b AS (SELECT l.tenant_id, l.class FROM sched_queues l WHERE l.held_api = ANY (wake_apis)
+      LIMIT 256 FOR UPDATE SKIP LOCKED)
+  UPDATE sched_queues sq SET scheduled = false, held_api = NULL, vtime = greatest(sq.vtime, k.clock)
+    FROM sched_classes k, (SELECT a.tenant_id, a.class FROM a UNION SELECT b.tenant_id, b.class FROM b) l
+    WHERE k.class = sq.class AND sq.tenant_id = l.tenant_id AND sq.class = l.class;
   IF taken = 0 THEN RETURN; END IF;
   -- A paced window's batch call that got one job only (a turn below the API's minimum that no
   -- other turn joined) goes as a single call: the same slot and token, no batch for one item.
@@ -637,6 +678,13 @@ BEGIN
     FROM jsonb_array_elements(out_rows) o;
   -- Each class's clock: the largest start tag served in fair order (no credit for idle time).
   UPDATE sched_classes k SET clock = greatest(k.clock, (served->>k.class)::float8), served_at = now() WHERE served ? k.class;
+  -- The reserved-shares deltas appended since the last fold (this call's idle marks among them)
+  -- fold into the classes' counters, so the next call's read of them stays short; SKIP LOCKED: a
+  -- concurrent fold (another window's lease, the sweeper) takes the rest.
+  WITH d AS (DELETE FROM sched_share_deltas x WHERE x.ctid = ANY (ARRAY(SELECT y.ctid FROM sched_share_deltas y FOR UPDATE SKIP LOCKED))
+    RETURNING x.class, x.r, x.w)
+  UPDATE sched_classes k SET reserved_sum = k.reserved_sum + s.r, unreserved_weight = k.unreserved_weight + s.w
+    FROM (SELECT d.class, sum(d.r) AS r, sum(d.w) AS w FROM d GROUP BY d.class) s WHERE k.class = s.class;
   -- Ready queues lagging the clock by more than LAG_SLACK (8: a few turns' worth) are lifted to it:
   -- passed over while their tenant was capped, an API held or the row locked, or marked ready at a
   -- clock this call then moved. Otherwise such a queue is served alone until it catches up (see
@@ -647,7 +695,8 @@ BEGIN
     UPDATE sched_queues q SET vtime = lift_to
       WHERE q.class = c AND q.tenant_id IN (
         SELECT l.tenant_id FROM sched_queues l
-        WHERE l.class = c AND l.ready_at IS NOT NULL AND l.vtime < lift_to - 8
+        WHERE l.class = c AND l.ready_at IS NOT NULL AND NOT l.tenant_dormant AND NOT l.scheduled AND l.held_api IS NULL
+          AND l.vtime < lift_to - 8
         FOR UPDATE SKIP LOCKED);
   END LOOP;
   -- The slot releases settlements appended since the last lease fold into the row here (only this

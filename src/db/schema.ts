@@ -11,7 +11,7 @@
  * functions live in drizzle/functions/ and are installed with `npm run db:function`.
  */
 import { sql } from 'drizzle-orm';
-import { bigint, bigserial, boolean, check, doublePrecision, index, integer, jsonb, pgTable, primaryKey, text, timestamp, uniqueIndex, uuid } from 'drizzle-orm/pg-core';
+import { bigint, bigserial, boolean, check, doublePrecision, index, integer, jsonb, numeric, pgTable, primaryKey, text, timestamp, uniqueIndex, uuid } from 'drizzle-orm/pg-core';
 
 const timestamps = {
   createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
@@ -215,12 +215,29 @@ export const schedQueues = pgTable(
     depth: integer('depth').notNull().default(0),
     /** Jobs RUNNING, folded from sched_running_deltas (appended by triggers on jobs, migration 0009); readers add the unfolded deltas. */
     running: integer('running').notNull().default(0),
+    /**
+     * Dormant work, out of the fair index until the event that changes it (docs/ARCHITECTURE.md
+     * "Dormant work"). tenantDormant: the tenant's copy of (suspended or quota-blocked), written
+     * with it; scheduled: every job waiting is due later, ready_at says when (the lease's due
+     * check wakes it); heldApi: every due job is for this API, whose breaker was open for the lease
+     * that looked (a lease not holding it, or a submission, wakes it).
+     */
+    tenantDormant: boolean('tenant_dormant').notNull().default(false),
+    scheduled: boolean('scheduled').notNull().default(false),
+    heldApi: text('held_api'),
   },
   (t) => [
     primaryKey({ columns: [t.tenantId, t.jobClass] }),
     // Busy queues by virtual time, ties by tenant id: the lease's fair order (sluice_lease, 0013)
-    // walks it, so a decision never reads idle tenants (0016 dropped its (class, vtime) prefix twin).
-    index('sched_queues_fair_idx').on(t.jobClass, t.vtime, t.tenantId).where(sql`${t.readyAt} is not null`),
+    // walks it, so a decision never reads idle tenants (0016 dropped its (class, vtime) prefix twin)
+    // nor dormant ones (suspended, quota-blocked, scheduled later, held by a breaker).
+    index('sched_queues_fair_idx')
+      .on(t.jobClass, t.vtime, t.tenantId)
+      .where(sql`${t.readyAt} is not null and not ${t.tenantDormant} and not ${t.scheduled} and ${t.heldApi} is null`),
+    // The lease's due check: scheduled queues by when they are due (one probe when none is).
+    index('sched_queues_due_idx').on(t.readyAt).where(sql`${t.scheduled}`),
+    // Queues held by a breaker, by API: a lease not holding the API wakes them (one probe per held API).
+    index('sched_queues_held_idx').on(t.heldApi).where(sql`${t.heldApi} is not null`),
     // Counters are never clamped: a delta below zero raises (0027).
     check('sched_queues_depth_check', sql`${t.depth} >= 0`),
     check('sched_queues_running_check', sql`${t.running} >= 0`),
@@ -256,7 +273,26 @@ export const schedClasses = pgTable('sched_classes', {
   clock: doublePrecision('clock').notNull().default(0),
   /** When a job of this class was last dispatched (the starvation guard's turn counter). */
   servedAt: timestamp('served_at', { withTimezone: true }),
+  /**
+   * The reserved-shares totals of the class's queues in the fair index (backlogged): R, the
+   * reserved shares, and W, the unreserved weight. Folded from sched_share_deltas (appended by
+   * triggers on sched_queues and sched_tenants); readers add the unfolded deltas. Numeric: a
+   * share added and taken away again leaves exactly 0.
+   */
+  reservedSum: numeric('reserved_sum').notNull().default('0'),
+  unreservedWeight: numeric('unreserved_weight').notNull().default('0'),
 });
+
+/**
+ * Changes of the reserved-shares totals (sched_classes.reserved_sum, unreserved_weight), appended
+ * by triggers when a queue enters or leaves the fair index or a backlogged tenant's weight or share
+ * changes; insert-only, so no writer waits on another. The sweeper folds them (sluice_fold_shares).
+ */
+export const schedShareDeltas = pgTable(
+  'sched_share_deltas',
+  { jobClass: text('class').notNull(), r: numeric('r').notNull(), w: numeric('w').notNull() },
+  (t) => [index('sched_share_deltas_idx').on(t.jobClass)],
+);
 
 /**
  * The front door's global gate (migration 0008): one row per class, locked by every submitting

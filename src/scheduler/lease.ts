@@ -64,8 +64,11 @@
  * the credits reserved and the cap slots taken per tenant; the jobs of a
  * tenant newly blocked (policy WAIT) that were not claimed, now
  * WAITING_QUOTA; the ready marks (a queue with nothing pg-boss would hand out
- * keeps a mark only while jobs wait in it; a blocked tenant's queues lose
- * theirs; a queue that claimed its last waiting job goes idle); every queue's
+ * keeps a mark only while jobs wait in it, and goes dormant: held by its head
+ * job's API when that is held, else scheduled; a blocked tenant's queues keep
+ * theirs and go dormant; a queue that claimed its last waiting job goes idle);
+ * dormancy (out of the walk, the lift and the reserved totals; queues held
+ * for an API the call does not hold wake at the clock); every queue's
  * virtual time after the call, including the lift: once the picks are made,
  * each served class's marked queues lagging its new clock by more than
  * LAG_SLACK are lifted to the clock.
@@ -98,6 +101,10 @@ export interface LeaseQueue {
   ready: boolean;
   /** Marked at all (ready_at not null, maybe later than now); default: `ready`. The lift reads it. */
   marked?: boolean;
+  /** Scheduled: every job waiting is due later (not due during the call). Dormant: out of the walk, the lift and R/W. */
+  scheduled?: boolean;
+  /** Held: every due job is for this API, held by an open breaker when a lease looked. Dormant until a call not holding it wakes it. */
+  heldApi?: string | null;
 }
 
 export interface LeaseTenant {
@@ -175,6 +182,11 @@ export interface LeasePicks {
   vtimes: Record<string, number>;
   /** Every queue's ready mark after the call (ready_at not null). */
   marked: Record<string, boolean>;
+  /**
+   * Every queue's dormancy after the call: out of the fair index (its tenant suspended or
+   * quota-blocked, scheduled later, or held by a breaker).
+   */
+  dormant: Record<string, boolean>;
   /** Each class's clock after the call. */
   clocks: Partial<Record<JobClass, number>>;
 }
@@ -203,13 +215,21 @@ export function planPicks(input: LeaseInput): LeasePicks {
   const tenants = new Map(input.tenants.map((t) => [t.tenantId, { ...t }]));
   const queues = input.queues.map((q) => ({ ...q }));
   const left = new Map(Object.entries(input.jobs).map(([k, v]) => [k, [...v]]));
-  const out: LeasePicks = { turns: [], failed: [], blocked: [], slots: 0, tokens: 0, reserved: {}, inFlight: {}, waitingQuota: [], vtimes: {}, marked: {}, clocks: {} };
+  const out: LeasePicks = { turns: [], failed: [], blocked: [], slots: 0, tokens: 0, reserved: {}, inFlight: {}, waitingQuota: [], vtimes: {}, marked: {}, dormant: {}, clocks: {} };
   const keyOf = (q: { tenantId: string; jobClass: JobClass }) => `${q.tenantId}/${q.jobClass}`;
   // Ready marks, and each queue's waiting jobs as the database counts them during the call (the
   // picks are claimed after the last turn, so they still count until then).
   const marked = new Map(queues.map((q) => [keyOf(q), q.marked ?? q.ready]));
   const depth = new Map(queues.map((q) => [keyOf(q), (input.jobs[keyOf(q)] ?? []).length]));
   const claimed = new Map<string, number>();
+  // Dormant work is out of the fair index: the walk, the lift and the reserved totals never see it.
+  // A tenant's suspension or quota block is copied to its queues (tenantDormant); a queue with
+  // nothing pg-boss would hand out goes scheduled (its jobs due later) or held (its due jobs for a
+  // held API).
+  const tenantDormant = new Map(queues.map((q) => [keyOf(q), (() => { const t = tenants.get(q.tenantId); return !!t && (t.suspended || t.quotaBlocked); })()]));
+  const held = new Map(queues.map((q) => [keyOf(q), q.heldApi ?? null]));
+  const scheduled = new Map(queues.map((q) => [keyOf(q), q.scheduled ?? false]));
+  const dormant = (key: string) => tenantDormant.get(key)! || scheduled.get(key)! || held.get(key) !== null;
   const served = new Map<JobClass, number>();
   const paced = input.tokens !== Number.POSITIVE_INFINITY;
   const tok = paced ? Math.floor(input.tokens + 1e-9) : INT_MAX;
@@ -224,14 +244,14 @@ export function planPicks(input: LeaseInput): LeasePicks {
   const unreservedWeight = new Map<JobClass, number>();
   for (const q of queues) {
     const t = tenants.get(q.tenantId);
-    if (!t || !q.ready || t.suspended || t.quotaBlocked || !(t.weight > 0)) continue;
+    if (!t || !q.ready || dormant(keyOf(q)) || !(t.weight > 0)) continue;
     const r = t.reservedShare ?? 0;
     if (r > 0) reservedSum.set(q.jobClass, (reservedSum.get(q.jobClass) ?? 0) + r);
     else unreservedWeight.set(q.jobClass, (unreservedWeight.get(q.jobClass) ?? 0) + t.weight);
   }
   const eligible = (q: (typeof queues)[number]) => {
     const t = tenants.get(q.tenantId);
-    return !!t && q.ready && t.inFlight < t.cap && !t.quotaBlocked && !t.suspended && t.weight > 0 && !skip.has(`${q.tenantId}/${q.jobClass}`);
+    return !!t && q.ready && !dormant(keyOf(q)) && t.inFlight < t.cap && !t.quotaBlocked && !t.suspended && t.weight > 0 && !skip.has(`${q.tenantId}/${q.jobClass}`);
   };
   while (taken < input.max && out.slots < input.room && out.tokens < tok) {
     let q: (typeof queues)[number] | undefined;
@@ -286,8 +306,13 @@ export function planPicks(input: LeaseInput): LeasePicks {
     // Fewer ready jobs than the take (of any API): nothing more for this call after this turn.
     const exhausted = jobs.length < take && !batched;
     if (jobs.length === 0) {
-      // Nothing to hand out: marked again for when its earliest job is due, while jobs wait.
-      marked.set(key, depth.get(key)! > 0);
+      // Nothing to hand out: while jobs wait, dormant (held by the API of its head job when that
+      // is held, else scheduled for when its earliest job is due), its mark kept; otherwise idle.
+      const waiting = depth.get(key)! > 0;
+      const headApi = left.get(key)?.[0]?.api;
+      marked.set(key, waiting);
+      held.set(key, waiting && headApi !== undefined && input.hold.includes(headApi) ? headApi : null);
+      scheduled.set(key, waiting && held.get(key) === null);
       skip.add(key);
       continue;
     }
@@ -315,11 +340,8 @@ export function planPicks(input: LeaseInput): LeasePicks {
       } else {
         t.quotaBlocked = true;
         out.blocked.push(t.tenantId);
-        for (const x of queues) {
-          if (x.tenantId !== t.tenantId) continue;
-          x.ready = false;
-          marked.set(keyOf(x), false);
-        }
+        // Its queues go dormant (marks kept): the renewal brings them back.
+        for (const x of queues) if (x.tenantId === t.tenantId) tenantDormant.set(keyOf(x), true);
       }
       skip.add(key);
       jobs = jobs.slice(0, fit);
@@ -378,15 +400,27 @@ export function planPicks(input: LeaseInput): LeasePicks {
     depth.set(key, depth.get(key)! - n);
     if (depth.get(key) === 0) marked.set(key, false);
   }
+  // The due check: queues held for an API this call does not hold come back at the class clock
+  // (the clock before the call: this call has not moved it yet). (A scheduled queue in the model is
+  // never due during the call.)
+  for (const q of queues) {
+    const h = held.get(keyOf(q));
+    if (h !== null && h !== undefined && !input.hold.includes(h)) {
+      held.set(keyOf(q), null);
+      q.vtime = Math.max(q.vtime, input.clocks?.[q.jobClass] ?? 0);
+    }
+  }
   for (const x of input.classes) {
     const before = input.clocks?.[x] ?? 0;
     out.clocks[x] = served.has(x) ? Math.max(before, served.get(x)!) : before;
   }
   for (const q of queues) {
     const clock = out.clocks[q.jobClass];
-    if (served.has(q.jobClass) && clock !== undefined && marked.get(keyOf(q)) && q.vtime < clock - LAG_SLACK) q.vtime = clock;
-    out.vtimes[keyOf(q)] = q.vtime;
-    out.marked[keyOf(q)] = marked.get(keyOf(q))!;
+    const key = keyOf(q);
+    if (served.has(q.jobClass) && clock !== undefined && marked.get(key) && !dormant(key) && q.vtime < clock - LAG_SLACK) q.vtime = clock;
+    out.vtimes[key] = q.vtime;
+    out.marked[key] = marked.get(key)!;
+    out.dormant[key] = dormant(key);
   }
   for (const t of tenants.values()) out.inFlight[t.tenantId] = t.inFlight;
   const blocked = new Set(out.blocked);

@@ -267,6 +267,8 @@ export class Sweeper {
     const { sql } = this.o;
     let unblocked = 0;
     const now = new Date();
+    // Found fitting by one statement, then re-checked under the tenant's row (unblockQuota is
+    // conditional on the block): a lease may have reserved meanwhile, which the next round sees.
     for (const t of await unblockableTenants(sql)) {
       const period = quotaPeriod(t.periodAnchor, now);
       const ledger = await ledgerFor(sql, t.tenantId, period.start);

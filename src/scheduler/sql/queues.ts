@@ -20,8 +20,11 @@ export async function addQueues(tx: Tx, tenantId: string): Promise<void> {
 }
 
 /**
- * Marks queues as having work ready now. A queue that was idle (or only had
- * delayed work) joins at the class clock: no credit for idle time.
+ * Marks queues as having work ready now (or at `at`: a retry's delay). A queue that was idle, only
+ * had delayed work or was held by a breaker joins at the class clock: no credit for idle time. A
+ * queue marked for later is scheduled (out of the fair index until the lease's due check), and a
+ * held one wakes: the new job may be for another API. A dormant tenant's queue is marked but stays
+ * out of the index (tenant_dormant) until its resume or quota renewal.
  */
 export async function markQueuesReady(tx: Tx, tenantId: string, classes: readonly JobClass[], at: Date | null = null): Promise<void> {
   await markManyQueuesReady(tx, classes.map((jobClass) => ({ tenantId, jobClass })), at);
@@ -32,8 +35,10 @@ export async function markManyQueuesReady(tx: Tx, queues: ReadonlyArray<{ tenant
   if (queues.length === 0) return;
   await tx`
     update sched_queues q set
-      vtime = case when q.ready_at is null or q.ready_at > now() then greatest(q.vtime, c.clock) else q.vtime end,
-      ready_at = least(coalesce(q.ready_at, 'infinity'), coalesce(${at}::timestamptz, now()))
+      vtime = case when q.ready_at is null or q.ready_at > now() or q.held_api is not null then greatest(q.vtime, c.clock) else q.vtime end,
+      ready_at = least(coalesce(q.ready_at, 'infinity'), coalesce(${at}::timestamptz, now())),
+      scheduled = least(coalesce(q.ready_at, 'infinity'), coalesce(${at}::timestamptz, now())) > now(),
+      held_api = null
     from sched_classes c, jsonb_to_recordset(${tx.json(queues.map((x) => ({ t: x.tenantId, c: x.jobClass })) as never)}::jsonb) as r(t uuid, c text)
     where q.tenant_id = r.t and q.class = r.c and c.class = q.class
       -- The queues' tenants by id: an index lookup each, where the join alone reads every queue.
@@ -42,7 +47,24 @@ export async function markManyQueuesReady(tx: Tx, queues: ReadonlyArray<{ tenant
       -- submission group marks its queues, and a busy queue is nearly always ready already, so this
       -- saves a row version (and WAL) per queue per group. An UPDATE evaluates this on the row's
       -- latest version (after waiting for a concurrent writer), so no concurrent change is missed.
-      and (q.ready_at is null or q.ready_at > least(now(), coalesce(${at}::timestamptz, now())))`;
+      and (q.ready_at is null or q.ready_at > least(now(), coalesce(${at}::timestamptz, now())) or q.scheduled or q.held_api is not null)`;
+}
+
+/**
+ * Copies the tenant's suspension and quota block to its queues (tenant_dormant): a dormant
+ * tenant's queues are out of the fair index, the lift and the reserved totals, so they cost a lease
+ * nothing. Coming back (resume, quota renewal), a queue joins at the class clock: no credit for the
+ * time away. Called after the tenant's row is written (held): the lock order's tenant, then its
+ * queues in class order.
+ */
+export async function syncQueuesDormancy(tx: Tx, tenantId: string): Promise<void> {
+  await tx`
+    update sched_queues q set tenant_dormant = (t.suspended or t.quota_blocked),
+      vtime = case when (t.suspended or t.quota_blocked) then q.vtime else greatest(q.vtime, c.clock) end
+    from sched_tenants t, sched_classes c,
+      (select l.class from sched_queues l where l.tenant_id = ${tenantId} order by l.class for update) l
+    where q.tenant_id = ${tenantId} and q.class = l.class and t.tenant_id = q.tenant_id and c.class = q.class
+      and q.tenant_dormant is distinct from (t.suspended or t.quota_blocked)`;
 }
 
 /**

@@ -11,7 +11,7 @@ import type { Tx } from '../../db/client.ts';
 import { queueQuotaWaitingJobs } from '../../jobs/store.ts';
 import type { JobClass } from '../../config/classes.ts';
 import { effectiveLimits, type TenantRecord } from '../../tenants/policy.ts';
-import { addQueues, markQueuesReady } from './queues.ts';
+import { addQueues, markQueuesReady, syncQueuesDormancy } from './queues.ts';
 
 /** Keeps the scheduler's copy of a tenant's limits in step with the tenant (same transaction). */
 export async function syncTenant(tx: Tx, t: TenantRecord): Promise<void> {
@@ -49,14 +49,25 @@ export async function lockTenants(tx: Tx, tenantIds: readonly string[]): Promise
   await tx`select 1 from sched_tenants where tenant_id = any(${[...new Set(tenantIds)]}::uuid[]) order by tenant_id for update`;
 }
 
-/** Suspended or not: dispatch skips a suspended tenant (sluice_lease's candidate query and slot claim read it). */
+/**
+ * Suspended or not: dispatch skips a suspended tenant (sluice_lease's slot claim reads it), and its
+ * queues leave the fair index (or come back, at the class clock) in the same transaction.
+ */
 export async function setTenantSuspended(tx: Tx, tenantId: string, suspended: boolean): Promise<void> {
   await tx`update sched_tenants set suspended = ${suspended} where tenant_id = ${tenantId}`;
+  await syncQueuesDormancy(tx, tenantId);
 }
 
-/** Quota-blocked tenants whose next job now fits (a new period, a raised quota, refunds). */
+/**
+ * Quota-blocked tenants whose next job now fits (a new period, a raised quota, refunds): one
+ * statement for all of them, with each one's ledger row of its current period (a read per blocked
+ * tenant each round was a statement per dormant tenant per round).
+ */
 export async function unblockableTenants(sql: Tx): Promise<Array<{ tenantId: string; periodAnchor: Date; quota: number; cost: number }>> {
-  const rows = await sql`select tenant_id, period_anchor, quota, quota_blocked_cost from sched_tenants where quota_blocked`;
+  const rows = await sql`
+    select t.tenant_id, t.period_anchor, t.quota, t.quota_blocked_cost from sched_tenants t
+    left join tenant_ledger l on l.tenant_id = t.tenant_id and l.period_start = sluice_quota_period(t.period_anchor, now())
+    where t.quota_blocked and coalesce(l.billed, 0) + coalesce(l.reserved, 0) + t.quota_blocked_cost <= t.quota`;
   return rows.map((r) => ({ tenantId: r.tenant_id as string, periodAnchor: r.period_anchor as Date, quota: Number(r.quota), cost: r.quota_blocked_cost as number }));
 }
 
@@ -65,6 +76,8 @@ export async function unblockQuota(tx: Tx, tenantId: string): Promise<number> {
   const [t] = await tx`update sched_tenants set quota_blocked = false, quota_blocked_cost = 0 where tenant_id = ${tenantId} and quota_blocked returning tenant_id`;
   if (!t) return 0;
   const released = await queueQuotaWaitingJobs(tx, tenantId);
+  // Back in the fair index at the class clock (the block took them out, marks kept).
+  await syncQueuesDormancy(tx, tenantId);
   const classes = [...new Set(released)];
   await markQueuesReady(tx, tenantId, classes);
   return released.length;
