@@ -8,9 +8,15 @@
  *    once and billed exactly what the provider billed, per job and per tenant;
  *  - SIGTERM while Postgres is down with such outcomes pending: the process
  *    keeps retrying them within SHUTDOWN_GRACE_SECONDS, they land when
- *    Postgres is back, and after a restart every job ran once.
- * Each test runs a real Sluice process (`node src/main.ts`) against its own
- * embedded Postgres, which the test kills (SIGKILL, as a crash would).
+ *    Postgres is back, and after a restart every job ran once;
+ *  - one worker cut off from Postgres while another still reaches it, with
+ *    calls longer than ¾ of the lease in flight: the cut-off worker lets its
+ *    calls run to their answers and starts no other, the other worker takes
+ *    their jobs over only once those calls are over (never two calls of a job
+ *    at once), and the answers held settle late, reconciled.
+ * Each test runs real Sluice processes (`node src/main.ts`) against their own
+ * embedded Postgres, which the test kills (SIGKILL, as a crash would) or cuts
+ * one process off from.
  */
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -19,6 +25,8 @@ import { eventually } from './helpers/app.ts';
 import { crashTestEnv, gqlAt, startNode } from './helpers/processes.ts';
 import { assertJobsAccountedFor, assertLedgerBalances, assertQuiescent } from './helpers/invariants.ts';
 import { assertOneCallPerJob, useOutageRig } from './helpers/outage-rig.ts';
+import { startCallCounter } from './helpers/call-counter.ts';
+import { startTcpLink } from './helpers/tcp-link.ts';
 
 const CREATE = `mutation($i: CreateTenantInput!) { createTenant(input: $i) { tenant { id } apiKey } }`;
 const SUBMIT_MANY = `mutation($i: SubmitJobsInput!) { submitJobs(input: $i) { jobs { id state } } }`;
@@ -173,6 +181,70 @@ describe('SIGTERM while Postgres stays down past the grace', () => {
       assert.deepEqual(logged.callsAborted, [], 'no call was in flight (they had all answered)');
     } finally {
       await check.end();
+    }
+  });
+});
+
+describe('one worker cut off from Postgres while another still reaches it', () => {
+  // Calls of ~2.5 s: longer than ¾ of the 2 s lease, well inside the 4 s provider timeout.
+  const { rig } = useOutageRig({ plan: 'PRO', ratePerMinute: 6000, latencyMs: 2500, latencyP95Ms: 2600, concurrentCalls: 100, seed: 37 });
+
+  test('its calls run to their answers, no call of the same job overlaps them, and what it held settles late', async () => {
+    const lease = { ATTEMPT_LEASE_SECONDS: '2', PROVIDER_TIMEOUT_MS: '4000', INITIAL_LATENCY_MS: '2500' };
+    const env = (url: string, databaseUrl: string) =>
+      crashTestEnv({ apiKey: rig.sim.apiKey, url }, databaseUrl, 6000, { BATCH_MAX: '1', NODE_TIMEOUT_SECONDS: '30', REQUEST_TIMEOUT_MS: '3000', DISPATCH_IDLE_POLL_MS: '200', ...lease });
+    const linked = await startTcpLink(rig.port);
+    // The cut-off worker's calls go through a counter of their own: whose call it was is known.
+    const cutCounter = await startCallCounter(rig.sim.url);
+    const check = postgres(rig.databaseUrl, { max: 2, onnotice: () => {} });
+    try {
+      const other = await startNode('all', env(rig.counter.url, rig.databaseUrl));
+      rig.nodes.push(other);
+      const cut = await startNode('worker', env(cutCounter.url, rig.databaseUrl.replace(`:${rig.port}/`, `:${linked.port}/`)));
+      rig.nodes.push(cut);
+      const { createTenant } = await gqlAt(other.url!, CREATE, { i: { name: 'split', tier: 'ENTERPRISE' } });
+      await submitUnique(other.url!, createTenant.apiKey, 'split', 60);
+      await eventually(async () => cutCounter.inFlight() >= 3, 30_000, 10);
+      linked.cut();
+      const cutAt = performance.now();
+      const heldCalls = cutCounter.calls.filter((c) => c.endedAt === null);
+      debug(`cut off with ${heldCalls.length} calls in flight`);
+
+      // The other worker finishes every job, the cut-off worker's too once their leases expire.
+      await eventually(async () => {
+        const [r] = await check`select count(*)::int as n from jobs where state <> 'SUCCEEDED'`;
+        return r!.n === 0;
+      }, 60_000, 200);
+      assert.equal(cutCounter.calls.filter((c) => c.startedAt > cutAt).length, 0, 'the cut-off worker started no call');
+      linked.heal();
+      // Back: its answers find their reservations settled by expiry and are reconciled.
+      await eventually(async () => {
+        const [r] = await check`select count(*)::int as n from reservations where outcome in ('node_lost', 'never_sent') and sent_at is not null and reconciled_at is null`;
+        return r!.n === 0;
+      }, 30_000, 200);
+
+      assert.ok(heldCalls.length >= 3, 'calls were in flight when the worker was cut off');
+      assert.deepEqual(heldCalls.filter((c) => !c.delivered).map((c) => c.target), [], 'each call in flight ran to its answer: none was cut short');
+      const byTarget = new Map<string, typeof heldCalls>();
+      for (const c of [...rig.counter.calls, ...cutCounter.calls]) byTarget.set(c.target, [...(byTarget.get(c.target) ?? []), c]);
+      const overlapping: string[] = [];
+      for (const [target, calls] of byTarget) {
+        calls.sort((a, b) => a.startedAt - b.startedAt);
+        for (let i = 1; i < calls.length; i++) if (calls[i]!.startedAt < (calls[i - 1]!.endedAt ?? Infinity)) overlapping.push(target);
+      }
+      assert.deepEqual(overlapping, [], 'never two calls of one job at once');
+      const held = new Set(heldCalls.map((c) => c.target));
+      const twice = [...byTarget].filter(([, calls]) => calls.length > 1).map(([t]) => t);
+      assert.deepEqual(twice.filter((t) => !held.has(t)), [], 'only jobs whose call the cut-off worker held ran again');
+      const [ledger] = await check`select coalesce(sum(billed), 0)::int as n from tenant_ledger`;
+      assert.equal(ledger!.n, rig.sim.stats().totals.creditsBilled, "the tenant's ledger equals the provider's bill");
+      await assertJobsAccountedFor(check);
+      await assertQuiescent(check);
+      await assertLedgerBalances(check);
+    } finally {
+      await check.end();
+      await cutCounter.stop();
+      await linked.stop();
     }
   });
 });
