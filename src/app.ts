@@ -400,6 +400,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         retryLimit: env.JOB_RETRY_LIMIT,
         retryDelaySeconds: env.JOB_RETRY_DELAY_SECONDS,
         leaseSeconds: env.ATTEMPT_LEASE_SECONDS ?? env.NODE_TIMEOUT_SECONDS,
+        callTimeoutMs: env.PROVIDER_TIMEOUT_MS,
         settleIntervalMs: env.SETTLE_INTERVAL_MS,
         timeoutBilling: env.TIMEOUT_BILLING,
         breakers,

@@ -8,23 +8,25 @@
  *    once and billed exactly what the provider billed, per job and per tenant;
  *  - SIGTERM while Postgres is down with such outcomes pending: the process
  *    keeps retrying them within SHUTDOWN_GRACE_SECONDS, they land when
- *    Postgres is back, and after a restart every job ran once.
- * Each test runs a real Sluice process (`node src/main.ts`) against its own
- * embedded Postgres, which the test kills (SIGKILL, as a crash would).
+ *    Postgres is back, and after a restart every job ran once;
+ *  - one worker cut off from Postgres while another still reaches it, with
+ *    calls longer than ¾ of the lease in flight: the cut-off worker lets its
+ *    calls run to their answers and starts no other, the other worker takes
+ *    their jobs over only once those calls are over (never two calls of a job
+ *    at once), and the answers held settle late, reconciled.
+ * Each test runs real Sluice processes (`node src/main.ts`) against their own
+ * embedded Postgres, which the test kills (SIGKILL, as a crash would) or cuts
+ * one process off from.
  */
-import { after, before, describe, test } from 'node:test';
+import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { chmodSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import path from 'node:path';
 import postgres from 'postgres';
-import { ensureDatabase } from '../src/db/client.ts';
-import { startEmbeddedPostgres, type EmbeddedDatabase } from '../src/db/embedded.ts';
-import { startSimulator, type Simulator } from '../src/simulator/index.ts';
 import { eventually } from './helpers/app.ts';
-import { startCallCounter, type CallCounter } from './helpers/call-counter.ts';
-import { crashTestEnv, gqlAt, startNode, type NodeProcess } from './helpers/processes.ts';
+import { crashTestEnv, gqlAt, startNode } from './helpers/processes.ts';
 import { assertJobsAccountedFor, assertLedgerBalances, assertQuiescent } from './helpers/invariants.ts';
+import { assertOneCallPerJob, useOutageRig } from './helpers/outage-rig.ts';
+import { startCallCounter } from './helpers/call-counter.ts';
+import { startTcpLink } from './helpers/tcp-link.ts';
 
 const CREATE = `mutation($i: CreateTenantInput!) { createTenant(input: $i) { tenant { id } apiKey } }`;
 const SUBMIT_MANY = `mutation($i: SubmitJobsInput!) { submitJobs(input: $i) { jobs { id state } } }`;
@@ -38,29 +40,9 @@ const debug = (msg: string) => {
   if (process.env.TEST_DEBUG) console.error(`[liveness ${new Date().toISOString()}] ${msg}`);
 };
 
-/** A private Postgres the test may kill, a simulator and its counting proxy, and the processes started on them. */
-function useOutageRig() {
-  const rig = {} as { dir: string; dataDir: string; port: number; pg: EmbeddedDatabase | null; sim: Simulator; counter: CallCounter; nodes: NodeProcess[]; databaseUrl: string };
-  before(async () => {
-    rig.dir = mkdtempSync(path.join(tmpdir(), 'sluice-liveness-'));
-    chmodSync(rig.dir, 0o755); // as root, Postgres runs as `postgres` and must enter the folder
-    rig.dataDir = path.join(rig.dir, 'pg');
-    rig.pg = await startEmbeddedPostgres(rig.dataDir); // its port, kept for the restart
-    rig.port = rig.pg.port;
-    await ensureDatabase(rig.pg.url, 'sluice');
-    rig.databaseUrl = rig.pg.urlFor('sluice');
-    rig.sim = await startSimulator(simulatorOptions);
-    rig.counter = await startCallCounter(rig.sim.url);
-    rig.nodes = [];
-  });
-  after(async () => {
-    if (process.env.TEST_DEBUG) for (const n of rig.nodes) console.error(n.logs.slice(-80).join('\n'));
-    await Promise.all(rig.nodes.map((n) => n.stop('SIGKILL')));
-    await rig.counter.stop();
-    await rig.sim.stop();
-    await rig.pg?.stop();
-    rmSync(rig.dir, { recursive: true, force: true });
-  });
+/** The outage rig (test/helpers/outage-rig.ts) with these tests' timings, and a kill with calls in flight. */
+function useLivenessRig() {
+  const { rig, killPostgres } = useOutageRig(simulatorOptions);
   const env = (extra: Record<string, string> = {}) =>
     crashTestEnv({ apiKey: rig.sim.apiKey, url: rig.counter.url }, rig.databaseUrl, 6000, {
       BATCH_MAX: '1',
@@ -71,15 +53,6 @@ function useOutageRig() {
       INITIAL_LATENCY_MS: '1000',
       ...extra,
     });
-  /** Kills the postmaster (SIGKILL); returns a function that starts it again on the same port and data. */
-  const killPostgres = () => {
-    const pid = Number(readFileSync(path.join(rig.dataDir, 'postmaster.pid'), 'utf8').split('\n')[0]);
-    process.kill(pid, 'SIGKILL');
-    rig.pg = null;
-    return async () => {
-      rig.pg = await startEmbeddedPostgres(rig.dataDir, () => {}, { port: rig.port });
-    };
-  };
   /**
    * A node with `total` jobs of one tenant (unique inputs tagged `tag`); once calls are in flight,
    * Postgres is killed. Returns the node, how many calls were in flight then, and the restart.
@@ -111,36 +84,8 @@ async function openReservations(sql: postgres.Sql): Promise<number> {
   return r!.n;
 }
 
-/**
- * Per job: the provider saw exactly one call for its input, and the job's
- * reservations billed what the provider billed for it (1 credit per 200);
- * per tenant: the ledger equals the provider's total.
- */
-async function assertOnceAndBilledAsProvider(sql: postgres.Sql, counter: CallCounter, sim: Simulator, expectedJobs: number): Promise<void> {
-  const jobs = await sql`
-    select j.id, j.params->>'domain' as domain, j.state,
-      coalesce((select sum(r.billed) from reservations r where r.job_id = j.id), 0)::int as billed,
-      (select count(*)::int from reservations r where r.job_id = j.id and r.outcome in ('node_lost', 'never_sent')) as lost
-    from jobs j`;
-  assert.equal(jobs.length, expectedJobs);
-  const byTarget = counter.byTarget();
-  const ok = new Map<string, number>();
-  for (const c of counter.calls) if (c.status === 200) ok.set(c.target, (ok.get(c.target) ?? 0) + 1);
-  const wrong: string[] = [];
-  for (const j of jobs) {
-    const target = `/v1/dnslookup?domain=${j.domain}`;
-    const calls = byTarget.get(target) ?? 0;
-    const providerBilled = ok.get(target) ?? 0;
-    if (calls !== 1 || j.billed !== providerBilled || j.state !== 'SUCCEEDED') wrong.push(`${j.domain}: ${calls} calls, billed ${j.billed} for the provider's ${providerBilled}, ${j.state}, ${j.lost} lease expiries`);
-  }
-  assert.deepEqual(wrong, [], 'every job: one call, billed what the provider billed');
-  assert.equal(counter.calls.length, expectedJobs, 'the provider saw one call per job');
-  const [ledger] = await sql`select coalesce(sum(billed), 0)::int as n from tenant_ledger`;
-  assert.equal(ledger!.n, sim.stats().totals.creditsBilled, "the tenants' ledger equals the provider's bill");
-}
-
 describe('Postgres down for 3 attempt leases with calls in flight', () => {
-  const { rig, killWithCallsInFlight } = useOutageRig();
+  const { rig, killWithCallsInFlight } = useLivenessRig();
 
   test('every known outcome lands after recovery: one call per job, billed as the provider billed', async () => {
     const total = 80;
@@ -160,7 +105,7 @@ describe('Postgres down for 3 attempt leases with calls in flight', () => {
       assert.ok(inFlightAtKill > 0, 'calls were in flight when Postgres died');
       const [lost] = await check`select count(*)::int as n from reservations where outcome in ('node_lost', 'never_sent')`;
       assert.equal(lost!.n, 0, "no reservation of the live node was expired: it settled its known outcomes first");
-      await assertOnceAndBilledAsProvider(check, rig.counter, rig.sim, total);
+      await assertOneCallPerJob(check, rig.counter, rig.sim, total);
       await assertJobsAccountedFor(check);
       await assertQuiescent(check);
       await assertLedgerBalances(check);
@@ -172,7 +117,7 @@ describe('Postgres down for 3 attempt leases with calls in flight', () => {
 });
 
 describe('SIGTERM while Postgres is down, with known outcomes pending', () => {
-  const { rig, env, killWithCallsInFlight } = useOutageRig();
+  const { rig, env, killWithCallsInFlight } = useLivenessRig();
 
   test('the stop keeps retrying them within the grace; they land once Postgres is back; after a restart each job ran once', async () => {
     const total = 80;
@@ -203,7 +148,7 @@ describe('SIGTERM while Postgres is down, with known outcomes pending', () => {
         return r!.n === 0;
       }, 120_000, 200);
       await second.stop('SIGTERM');
-      await assertOnceAndBilledAsProvider(check, rig.counter, rig.sim, total);
+      await assertOneCallPerJob(check, rig.counter, rig.sim, total);
       await assertJobsAccountedFor(check);
       await assertQuiescent(check);
       await assertLedgerBalances(check);
@@ -214,7 +159,7 @@ describe('SIGTERM while Postgres is down, with known outcomes pending', () => {
 });
 
 describe('SIGTERM while Postgres stays down past the grace', () => {
-  const { rig, killWithCallsInFlight } = useOutageRig();
+  const { rig, killWithCallsInFlight } = useLivenessRig();
 
   test('the stop gives up once the grace is over, and names the jobs whose known outcomes it abandons', async () => {
     const { node, restart } = await killWithCallsInFlight({ SHUTDOWN_GRACE_SECONDS: String(LEASE_SECONDS) }, 'gone', 40);
@@ -236,6 +181,70 @@ describe('SIGTERM while Postgres stays down past the grace', () => {
       assert.deepEqual(logged.callsAborted, [], 'no call was in flight (they had all answered)');
     } finally {
       await check.end();
+    }
+  });
+});
+
+describe('one worker cut off from Postgres while another still reaches it', () => {
+  // Calls of ~2.5 s: longer than ¾ of the 2 s lease, well inside the 4 s provider timeout.
+  const { rig } = useOutageRig({ plan: 'PRO', ratePerMinute: 6000, latencyMs: 2500, latencyP95Ms: 2600, concurrentCalls: 100, seed: 37 });
+
+  test('its calls run to their answers, no call of the same job overlaps them, and what it held settles late', async () => {
+    const lease = { ATTEMPT_LEASE_SECONDS: '2', PROVIDER_TIMEOUT_MS: '4000', INITIAL_LATENCY_MS: '2500' };
+    const env = (url: string, databaseUrl: string) =>
+      crashTestEnv({ apiKey: rig.sim.apiKey, url }, databaseUrl, 6000, { BATCH_MAX: '1', NODE_TIMEOUT_SECONDS: '30', REQUEST_TIMEOUT_MS: '3000', DISPATCH_IDLE_POLL_MS: '200', ...lease });
+    const linked = await startTcpLink(rig.port);
+    // The cut-off worker's calls go through a counter of their own: whose call it was is known.
+    const cutCounter = await startCallCounter(rig.sim.url);
+    const check = postgres(rig.databaseUrl, { max: 2, onnotice: () => {} });
+    try {
+      const other = await startNode('all', env(rig.counter.url, rig.databaseUrl));
+      rig.nodes.push(other);
+      const cut = await startNode('worker', env(cutCounter.url, rig.databaseUrl.replace(`:${rig.port}/`, `:${linked.port}/`)));
+      rig.nodes.push(cut);
+      const { createTenant } = await gqlAt(other.url!, CREATE, { i: { name: 'split', tier: 'ENTERPRISE' } });
+      await submitUnique(other.url!, createTenant.apiKey, 'split', 60);
+      await eventually(async () => cutCounter.inFlight() >= 3, 30_000, 10);
+      linked.cut();
+      const cutAt = performance.now();
+      const heldCalls = cutCounter.calls.filter((c) => c.endedAt === null);
+      debug(`cut off with ${heldCalls.length} calls in flight`);
+
+      // The other worker finishes every job, the cut-off worker's too once their leases expire.
+      await eventually(async () => {
+        const [r] = await check`select count(*)::int as n from jobs where state <> 'SUCCEEDED'`;
+        return r!.n === 0;
+      }, 60_000, 200);
+      assert.equal(cutCounter.calls.filter((c) => c.startedAt > cutAt).length, 0, 'the cut-off worker started no call');
+      linked.heal();
+      // Back: its answers find their reservations settled by expiry and are reconciled.
+      await eventually(async () => {
+        const [r] = await check`select count(*)::int as n from reservations where outcome in ('node_lost', 'never_sent') and sent_at is not null and reconciled_at is null`;
+        return r!.n === 0;
+      }, 30_000, 200);
+
+      assert.ok(heldCalls.length >= 3, 'calls were in flight when the worker was cut off');
+      assert.deepEqual(heldCalls.filter((c) => !c.delivered).map((c) => c.target), [], 'each call in flight ran to its answer: none was cut short');
+      const byTarget = new Map<string, typeof heldCalls>();
+      for (const c of [...rig.counter.calls, ...cutCounter.calls]) byTarget.set(c.target, [...(byTarget.get(c.target) ?? []), c]);
+      const overlapping: string[] = [];
+      for (const [target, calls] of byTarget) {
+        calls.sort((a, b) => a.startedAt - b.startedAt);
+        for (let i = 1; i < calls.length; i++) if (calls[i]!.startedAt < (calls[i - 1]!.endedAt ?? Infinity)) overlapping.push(target);
+      }
+      assert.deepEqual(overlapping, [], 'never two calls of one job at once');
+      const held = new Set(heldCalls.map((c) => c.target));
+      const twice = [...byTarget].filter(([, calls]) => calls.length > 1).map(([t]) => t);
+      assert.deepEqual(twice.filter((t) => !held.has(t)), [], 'only jobs whose call the cut-off worker held ran again');
+      const [ledger] = await check`select coalesce(sum(billed), 0)::int as n from tenant_ledger`;
+      assert.equal(ledger!.n, rig.sim.stats().totals.creditsBilled, "the tenant's ledger equals the provider's bill");
+      await assertJobsAccountedFor(check);
+      await assertQuiescent(check);
+      await assertLedgerBalances(check);
+    } finally {
+      await check.end();
+      await cutCounter.stop();
+      await linked.stop();
     }
   });
 });

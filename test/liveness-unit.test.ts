@@ -1,11 +1,11 @@
 /**
  * The liveness decisions (src/dispatch/liveness.ts), pure: the sweeper's hold
- * after an outage, the attempt's local deadline, the outcome of a run that
- * threw, the settlement retry's backoff.
+ * after an outage, how long a sent call's lease lasts, the attempt's local
+ * deadline, the outcome of a run that threw, the settlement retry's backoff.
  */
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { expiryHoldMs, leaseDeadline, leaseLost, RECONNECT_BOUND_MS, refreshedDeadline, settleRetryDelayMs, unexpectedOutcome } from '../src/dispatch/liveness.ts';
+import { expiryHoldMs, leaseDeadline, leaseLost, RECONNECT_BOUND_MS, refreshedDeadline, sentLeaseMs, settleRetryDelayMs, unexpectedOutcome } from '../src/dispatch/liveness.ts';
 import { planSettlement } from '../src/dispatch/retry.ts';
 import { reactionTo } from '../src/provider/classify.ts';
 import { billedCredits } from '../src/scheduler/ledger.ts';
@@ -35,15 +35,48 @@ describe('expiryHoldMs: when the sweeper may settle expired leases', () => {
   });
 
   test("another node cut off while Postgres stays up does not hold this node's sweep: its leases expire on time", () => {
-    // This node's view: Postgres up all along, this node never failed. The cut-off node aborts its own
-    // calls at ¾ of the lease by its own clock, so expiring its leases on time is safe.
+    // This node's view: Postgres up all along, this node never failed. The cut-off node's calls end
+    // (by their own timeout, or by its lease rule) before their leases can expire: see sentLeaseMs.
     assert.equal(expiryHoldMs({ leaseMs: LEASE, dbUpForMs: 86_400_000, nodeBackForMs: Infinity }), 0);
     const cutOffAt = 0;
-    assert.ok(leaseLost(cutOffAt + 0.75 * LEASE + 1, leaseDeadline(cutOffAt, LEASE), LEASE), 'its calls stop before the database lets anyone take them');
+    assert.ok(leaseLost(cutOffAt + 0.75 * LEASE + 1, leaseDeadline(cutOffAt, LEASE), LEASE), 'an attempt not yet sent is given up before the database lets anyone take it');
   });
 
   test('a reconnect allowance can be set', () => {
     assert.equal(expiryHoldMs({ leaseMs: LEASE, dbUpForMs: 0, nodeBackForMs: Infinity, reconnectMs: 0 }), LEASE);
+  });
+});
+
+describe('sentLeaseMs: a sent call\'s lease outlasts the call', () => {
+  const TIMEOUT = 10_000; // PROVIDER_TIMEOUT_MS, the default: as long as the default lease
+
+  test("its own timeout plus the lease rule's ¼ margin, never less than a lease", () => {
+    assert.equal(sentLeaseMs(LEASE, TIMEOUT), 12_500);
+    assert.equal(sentLeaseMs(LEASE, 30_000), 32_500);
+    assert.equal(sentLeaseMs(3_000, 1_000), 3_000, 'a call well inside ¾ of the lease needs no more than the lease');
+  });
+
+  test('in an outage from the moment it was sent (no refresh at all), the call runs to its own timeout', () => {
+    const markSentAt = 1_000; // the mark's send; the lease returned a little earlier
+    const deadline = refreshedDeadline(leaseDeadline(markSentAt - 50, LEASE), markSentAt, sentLeaseMs(LEASE, TIMEOUT));
+    // Postgres went away right after the mark: before, the call was cut short at ¾ of the lease.
+    assert.equal(leaseLost(markSentAt + 0.75 * LEASE + 1, deadline, LEASE), false, 'not cut short at ¾ of the lease');
+    assert.equal(leaseLost(markSentAt + TIMEOUT - 1, deadline, LEASE), false, 'it runs until its own timeout');
+  });
+
+  test("a node cut off while others reach Postgres: its call is over before anyone may take its lease", () => {
+    const markSentAt = 0;
+    const sentLease = sentLeaseMs(LEASE, TIMEOUT);
+    // The database's lease runs from the mark's now(), which is after its send: at least this long.
+    const databaseExpiry = markSentAt + sentLease;
+    const deadline = refreshedDeadline(leaseDeadline(markSentAt, LEASE), markSentAt, sentLease);
+    // The call ends by its own timer (it starts after the mark returns) or, if it started late, by the lease rule.
+    const startedOnTime = markSentAt + 20;
+    assert.ok(startedOnTime + TIMEOUT < databaseExpiry, 'its own timeout ends it in time');
+    const startedLate = markSentAt + LEASE / 2; // a busy event loop: its own timer would end it past the lease
+    assert.ok(startedLate + TIMEOUT > databaseExpiry);
+    const stopAt = deadline - LEASE / 4;
+    assert.ok(leaseLost(stopAt + 1, deadline, LEASE) && stopAt < databaseExpiry, 'the lease rule stops it a quarter lease before the database lets anyone take it');
   });
 });
 

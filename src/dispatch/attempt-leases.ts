@@ -7,16 +7,19 @@
  * Liveness has ONE authority: the attempt lease. Every reservation carries a
  * lease (reservations.lease_expires_at) that this process refreshes while the
  * attempt is open. The sweeper settles only expired leases; pg-boss's job
- * heartbeat is off. A call whose lease this process could not refresh in time
+ * heartbeat is off. The "sent" mark makes a call's lease outlast the call's
+ * own timeout, and a call whose lease this process could not refresh in time
  * is aborted before the lease can expire, so a second call is never made
- * while the first can still be in flight. The pure rules (deadlines, when a
- * lease counts as lost) are in liveness.ts.
+ * while the first can still be in flight, and an outage (of Postgres, or of
+ * this node's way to it) never cuts a call short: its outcome is kept until
+ * it can be settled. The pure rules (how long a sent call's lease lasts,
+ * deadlines, when a lease counts as lost) are in liveness.ts.
  */
 import type { Logger } from 'pino';
 import type { Sql } from '../db/client.ts';
 import type { JobClass } from '../config/classes.ts';
 import { markSent as markReservationsSent, refreshLeases } from '../scheduler/sql/reservations.ts';
-import { leaseDeadline, leaseLost, refreshedDeadline } from './liveness.ts';
+import { leaseDeadline, leaseLost, refreshedDeadline, sentLeaseMs } from './liveness.ts';
 
 export interface JobData {
   tenantId: string;
@@ -59,6 +62,8 @@ export interface AttemptLeasesOptions {
    */
   leaseSql?: Sql | undefined;
   leaseSeconds: number;
+  /** The provider client's per-call timeout (PROVIDER_TIMEOUT_MS): a sent call's lease outlasts it (liveness.ts sentLeaseMs). */
+  callTimeoutMs: number;
   log: Logger;
 }
 
@@ -166,14 +171,23 @@ export class AttemptLeases {
    * calls is sent. `riders` (a batch's duplicates) are fenced but not marked sent: they never go
    * upstream themselves. Returns the reservations it fenced (both kinds); when the mark itself fails
    * we cannot know whether it committed, so none counts as marked (nothing is sent).
+   * The same statement makes every fenced lease outlast the call's own timeout (riders too: their
+   * jobs must not be leased again while the call that carries them runs); their local deadlines
+   * count from the mark's send, before the database's `now()`.
    */
   async markSent(attempts: readonly Attempt[], riders: readonly Attempt[] = []): Promise<Set<string>> {
+    const all = [...attempts, ...riders];
+    const sentLease = sentLeaseMs(this.leaseMs, this.options.callTimeoutMs);
+    const sentAt = performance.now();
     try {
-      return await markReservationsSent(
+      const fenced = await markReservationsSent(
         this.options.sql,
-        [...attempts, ...riders].map((a) => a.reservationId),
+        all.map((a) => a.reservationId),
         riders.map((a) => a.reservationId),
+        sentLease / 1000,
       );
+      for (const a of all) if (fenced.has(a.reservationId)) a.deadline = refreshedDeadline(a.deadline, sentAt, sentLease);
+      return fenced;
     } catch (err) {
       this.options.log.warn({ err, attempts: attempts.length + riders.length }, 'could not mark leased attempts sent: none is sent, all are put back');
       return new Set();

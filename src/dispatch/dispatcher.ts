@@ -13,11 +13,12 @@
  * Every limit is checked by a conditional statement in Postgres, so any number
  * of processes can run these loops against one database.
  *
- * Liveness has ONE authority: the attempt lease. A call whose lease this
- * process could not refresh in time is aborted before the lease can expire,
- * so a second call is never made while the first can still be in flight, and
- * a superseded attempt's late settlement changes nothing (fenced by its
- * reservation id).
+ * Liveness has ONE authority: the attempt lease. A sent call's lease
+ * outlasts the call's own timeout, and a call whose lease this process could
+ * not refresh in time is aborted before the lease can expire, so a second
+ * call is never made while the first can still be in flight, an outage never
+ * cuts a call short, and a superseded attempt's late settlement changes
+ * nothing (fenced by its reservation id).
  *
  * Metrics are not the dispatcher's business: the process attaches them
  * through `onLeased` and `onSettled` (src/app.ts).
@@ -47,6 +48,8 @@ export type DispatcherOptions = Omit<WindowLoopsOptions, 'leases' | 'settler' | 
     pace?: { rules: PaceRules; sampleMs: number } | undefined;
     /** The LISTEN for work wake-ups runs here: a session to Postgres itself (DATABASE_DIRECT_URL). Default `sql`. */
     listenSql?: Sql;
+    /** The provider client's per-call timeout (PROVIDER_TIMEOUT_MS): a sent call's attempt lease outlasts it. */
+    callTimeoutMs: number;
   };
 
 export class Dispatcher {
@@ -60,8 +63,8 @@ export class Dispatcher {
 
   constructor(options: DispatcherOptions) {
     this.options = options;
-    const { sql, leaseSql, leaseSeconds, log } = options;
-    this.leases = new AttemptLeases({ sql, leaseSql, leaseSeconds, log });
+    const { sql, leaseSql, leaseSeconds, callTimeoutMs, log } = options;
+    this.leases = new AttemptLeases({ sql, leaseSql, leaseSeconds, callTimeoutMs, log });
     const pace = options.pace;
     this.pace = pace ? new PaceLearner({ sql, windows: options.windows, rules: pace.rules, sampleMs: pace.sampleMs, log }) : null;
     this.settler = new Settler({

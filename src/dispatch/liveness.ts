@@ -1,8 +1,8 @@
 /**
  * WHEN an attempt may be declared dead or given up, as pure functions: the
- * sweeper's grace after an outage, the attempt's deadline on the node's own
- * monotonic clock, the outcome of an attempt whose run threw, and how soon a
- * failed settlement is tried again. The I/O that applies them lives in
+ * sweeper's grace after an outage, how long a sent call's lease lasts, the
+ * attempt's deadline on the node's own monotonic clock, the outcome of an
+ * attempt whose run threw, and how soon a failed settlement is tried again. The I/O that applies them lives in
  * scheduler/sweeper.ts, dispatch/attempt-leases.ts, dispatch/window-loop.ts and
  * dispatch/settler.ts.
  */
@@ -35,13 +35,39 @@ export interface ExpiryHoldInput {
  * proof of a dead (or still cut-off) owner.
  *
  * A node cut off while Postgres stays up is NOT protected by this: the other
- * nodes' sweepers see Postgres up all along and expire its leases on time,
- * which is safe because the cut-off node aborts its calls at ¾ of the lease
- * by its own clock (`leaseLost`).
+ * nodes' sweepers see Postgres up all along and expire its leases on time.
+ * That is safe because no lease of a sent call ends before the call's own
+ * timeout has ended it (`sentLeaseMs`), and the node stops any call whose
+ * lease it could not refresh in time (`leaseLost`); the outcomes it holds
+ * land late and are reconciled (dispatch/late-settlement.ts).
  */
 export function expiryHoldMs(i: ExpiryHoldInput): number {
   const grace = i.leaseMs + (i.reconnectMs ?? RECONNECT_BOUND_MS);
   return Math.max(0, grace - i.dbUpForMs, grace - i.nodeBackForMs);
+}
+
+/**
+ * How long an attempt's lease must last from the moment its call is marked
+ * sent (the mark and this lease are one statement, before the call leaves):
+ * the call's own timeout (the provider client's, which ends every call:
+ * connect, headers and body) plus the ¼ lease margin of `leaseLost`, and
+ * never less than one lease.
+ *
+ * Why: leases run on the database's clock, which does not stop while this
+ * node cannot reach it, and the node cannot tell whether Postgres is down for
+ * everyone (nobody can take its leases; its outcomes are worth keeping) or
+ * only for it (the others take its leases as they expire). A lease shorter
+ * than the call forced a choice: abort the call at ¾ of the lease (the
+ * outcome is lost, the provider bills it anyway, and the job is called and
+ * billed again), or let it run past a lease others may take (two calls at
+ * once). A lease that outlasts the call needs neither: the call ends by its
+ * own timeout before any sweeper may take it, whoever can reach Postgres,
+ * and its outcome waits in memory until it can be settled. The cost: a sent
+ * attempt of a node that died is put back after up to this long instead of
+ * one lease (by default 12.5 s instead of 10 s).
+ */
+export function sentLeaseMs(leaseMs: number, callTimeoutMs: number): number {
+  return Math.max(leaseMs, callTimeoutMs + leaseMs / 4);
 }
 
 /**
@@ -57,15 +83,20 @@ export function leaseDeadline(returnedAt: number, leaseMs: number): number {
 
 /**
  * A refresh extends the deadline from when it was SENT (the database
- * extends it later, from its commit): never shortened by a late answer.
+ * extends it later, from its commit): never shortened by a late answer. The
+ * "sent" mark extends it the same way, by `sentLeaseMs`.
  */
 export function refreshedDeadline(deadline: number, refreshSentAt: number, leaseMs: number): number {
   return Math.max(deadline, refreshSentAt + leaseMs);
 }
 
 /**
- * The call must stop: ¾ of its lease has passed on this node's clock
- * without a refresh, so the database may soon let the sweeper take it.
+ * The call must stop: the database may soon let a sweeper take its lease (¾
+ * of a lease without a refresh since the deadline's last extension). For a
+ * sent call that is never before its own timeout (`sentLeaseMs`), so in an
+ * outage of any length a call runs to its answer or its timeout. The rule
+ * remains the backstop for a call that started late after its mark (a busy
+ * event loop), whose own timer would end it past the lease.
  */
 export function leaseLost(now: number, deadline: number, leaseMs: number): boolean {
   return now > deadline - leaseMs / 4;

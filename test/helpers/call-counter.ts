@@ -14,6 +14,12 @@ export interface CountedCall {
   target: string;
   /** The simulator's HTTP status (null while it has not answered). */
   status: number | null;
+  /** When the request arrived (performance.now() of the test process). */
+  startedAt: number;
+  /** When Sluice's side of the call ended: its answer delivered, or Sluice gave up on it (null while open). */
+  endedAt: number | null;
+  /** The simulator's answer reached Sluice (false: Sluice had given up on the call first). */
+  delivered: boolean;
 }
 
 export interface CallCounter {
@@ -34,14 +40,16 @@ export async function startCallCounter(upstreamUrl: string): Promise<CallCounter
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
     req.on('end', () => {
-      const entry: CountedCall = { target: req.url ?? '', status: null };
+      const entry: CountedCall = { target: req.url ?? '', status: null, startedAt: performance.now(), endedAt: null, delivered: false };
       calls.push(entry);
+      res.once('close', () => void (entry.endedAt = performance.now()));
       const out = http.request({ host: upstream.hostname, port: upstream.port, path: req.url, method: req.method, headers: req.headers, agent }, (up) => {
         const body: Buffer[] = [];
         up.on('data', (c: Buffer) => body.push(c));
         up.on('end', () => {
           entry.status = up.statusCode ?? 0;
           if (res.destroyed) return;
+          entry.delivered = true;
           res.writeHead(up.statusCode ?? 502, up.headers);
           res.end(Buffer.concat(body));
         });

@@ -190,7 +190,8 @@ export async function reconcileReservation(tx: Tx, id: string, billed: number): 
  * settled (`settled`): settled by someone else (the sweeper found the lease
  * expired), so their calls must stop. A row locked right now (its settlement
  * or a sweep is under way) is skipped, not waited for: the refresh never
- * queues behind a slow settlement.
+ * queues behind a slow settlement. A lease is never shortened: a sent call's
+ * lease (markSent) may run longer than one refresh's.
  */
 export async function refreshLeases(sql: Tx, ids: readonly string[], leaseSeconds: number): Promise<{ live: Set<string>; settled: Set<string> }> {
   if (ids.length === 0) return { live: new Set(), settled: new Set() };
@@ -199,7 +200,7 @@ export async function refreshLeases(sql: Tx, ids: readonly string[], leaseSecond
       select id from reservations where id = any(${ids as string[]}::uuid[]) and settled_at is null
       for update skip locked
     )
-    update reservations r set lease_expires_at = clock_timestamp() + make_interval(secs => ${leaseSeconds})
+    update reservations r set lease_expires_at = greatest(r.lease_expires_at, clock_timestamp() + make_interval(secs => ${leaseSeconds}))
     from mine where r.id = mine.id
     returning r.id`;
   const live = new Set(rows.map((r) => r.id as string));
@@ -219,15 +220,21 @@ export async function refreshLeases(sql: Tx, ids: readonly string[], leaseSecond
  * against a settlement: a mark waits for a sweep holding the row, then finds
  * it settled and leaves it out.
  *
+ * The same statement makes each lease last at least `sentLeaseSeconds` from
+ * the mark (dispatch/liveness.ts sentLeaseMs: the call's own timeout and a
+ * margin), so no sweeper can take an attempt while its call may still run,
+ * whether or not its node can still reach Postgres to refresh it.
+ *
  * `riders` are among `ids` but ride on another attempt's call (a batch's duplicate inputs: only the
  * item's first attempt is sent and billed). They are fenced the same way (returned when still open)
  * but not marked: if their node dies, their expiry refunds them, and only the attempt that went
  * upstream is billed by the timeout rule.
  */
-export async function markSent(sql: Tx, ids: readonly string[], riders: readonly string[] = []): Promise<Set<string>> {
+export async function markSent(sql: Tx, ids: readonly string[], riders: readonly string[] = [], sentLeaseSeconds = 0): Promise<Set<string>> {
   if (ids.length === 0) return new Set();
   const rows = await sql`
-    update reservations set sent_at = case when id = any(${riders as string[]}::uuid[]) then sent_at else now() end
+    update reservations set sent_at = case when id = any(${riders as string[]}::uuid[]) then sent_at else now() end,
+      lease_expires_at = greatest(lease_expires_at, now() + make_interval(secs => ${sentLeaseSeconds}))
     where id = any(${ids as string[]}::uuid[]) and settled_at is null
     returning id`;
   return new Set(rows.map((r) => r.id as string));
