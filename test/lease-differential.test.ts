@@ -290,12 +290,15 @@ async function sameAsModel(c: Case, seen: Seen): Promise<void> {
         select k.class,
           (k.reserved_sum + coalesce((select sum(d.r) from sched_share_deltas d where d.class = k.class), 0))::float8 as r,
           (k.unreserved_weight + coalesce((select sum(d.w) from sched_share_deltas d where d.class = k.class), 0))::float8 as w,
+          (k.reserved_weight + coalesce((select sum(d.rw) from sched_share_deltas d where d.class = k.class), 0))::float8 as rw,
           coalesce((select sum(t.reserved_share) filter (where t.reserved_share > 0) from sched_queues q join sched_tenants t using (tenant_id)
             where q.class = k.class and q.ready_at is not null and not q.tenant_dormant and not q.scheduled and q.held_api is null and t.weight > 0), 0)::float8 as r_sum,
           coalesce((select sum(t.weight) filter (where t.reserved_share <= 0) from sched_queues q join sched_tenants t using (tenant_id)
-            where q.class = k.class and q.ready_at is not null and not q.tenant_dormant and not q.scheduled and q.held_api is null and t.weight > 0), 0)::float8 as w_sum
+            where q.class = k.class and q.ready_at is not null and not q.tenant_dormant and not q.scheduled and q.held_api is null and t.weight > 0), 0)::float8 as w_sum,
+          coalesce((select sum(t.weight) filter (where t.reserved_share > 0) from sched_queues q join sched_tenants t using (tenant_id)
+            where q.class = k.class and q.ready_at is not null and not q.tenant_dormant and not q.scheduled and q.held_api is null and t.weight > 0), 0)::float8 as rw_sum
         from sched_classes k`;
-      for (const k of shares) assert.deepEqual([k.r, k.w], [k.r_sum, k.w_sum], `reserved-shares counters of ${k.class}`);
+      for (const k of shares) assert.deepEqual([k.r, k.w, k.rw], [k.r_sum, k.w_sum, k.rw_sum], `reserved-shares counters of ${k.class}`);
       const clocks = await sql`select class, clock from sched_classes where class = any(${c.classes as string[]}::text[])`;
       for (const k of clocks) assert.ok(Math.abs((k.clock as number) - expected.clocks[k.class as JobClass]!) < 1e-9, `clock of ${k.class}`);
 }

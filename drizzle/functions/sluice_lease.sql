@@ -54,11 +54,13 @@
 -- locked, or marked ready at a stale clock, gets no credit for it: otherwise it is served alone
 -- until it catches up), and last the window row, ONCE, with a conditional update.
 --
--- Reserved shares (tenant's reserved_share r, 0 to 1 of the window's dispatches): while a reserved
--- tenant is backlogged, its weight in the virtual clock is raised to max(w, r / (1 - R) x W), R the
+-- Reserved shares (tenant's reserved_share r, 0 to 1 of the window's dispatches) are floors: while
+-- a reserved tenant is backlogged, its weight in the virtual clock is w + r / (1 - R) x W, R the
 -- backlogged reserved shares of its class (at most 0.8: the admin API keeps the sum there, and a
--- transiently larger sum of scheduler copies is read as 0.8), W the backlogged unreserved weight
--- there; so its share of the class's dispatches is at least r. Backlogged: a ready queue in the
+-- transiently larger sum of scheduler copies is read as 0.8), W the whole backlogged weight there
+-- (reserved tenants' included); every other tenant keeps w. Shares go as the weights, so each
+-- tenant gets r + (1 - R) x w / W of the class's dispatches: its reservation first, then its part
+-- of the rest by weight, whatever the weights. Backlogged: a ready queue in the
 -- class, the tenant not suspended, quota-blocked or of weight 0 (caps not counted), read once at
 -- the call's start. Idle, it is not in R: nothing is held back for it. With no reserved tenant
 -- ready, this costs one probe of sched_tenants' reserved index.
@@ -154,7 +156,7 @@ DECLARE
   wake_apis text[];
   -- Each class's clock at the call's start (p_classes order): no queue starts a turn behind it.
   clk0 float8[];
-  -- Reserved shares: each class's backlogged reserved sum (R) and unreserved weight (W), and the
+  -- Reserved shares: each class's backlogged reserved sum (R) and whole backlogged weight (W), and the
   -- turn's tenant's weight in the virtual clock (see the header).
   rs_r float8[];
   rs_w float8[];
@@ -246,7 +248,7 @@ BEGIN
         AND NOT sq.tenant_dormant AND NOT sq.scheduled AND sq.held_api IS NULL)) THEN
     FOR ci IN 1 .. cardinality(p_classes) LOOP
       SELECT k.reserved_sum + coalesce((SELECT sum(d.r) FROM sched_share_deltas d WHERE d.class = k.class), 0),
-          k.unreserved_weight + coalesce((SELECT sum(d.w) FROM sched_share_deltas d WHERE d.class = k.class), 0)
+          k.unreserved_weight + k.reserved_weight + coalesce((SELECT sum(d.w + d.rw) FROM sched_share_deltas d WHERE d.class = k.class), 0)
         INTO r_sum, w_sum
         FROM sched_classes k WHERE k.class = p_classes[ci];
       rs_r[ci] := coalesce(r_sum, 0);
@@ -385,7 +387,7 @@ BEGIN
     -- The tenant's weight in the virtual clock: raised by its reserved share (see the header).
     weff := t.weight;
     IF t.reserved_share > 0 THEN
-      weff := greatest(t.weight::float8, t.reserved_share / (1 - least(rs_r[q_ci], 0.8::float8)) * rs_w[q_ci]);
+      weff := t.weight::float8 + t.reserved_share / (1 - least(rs_r[q_ci], 0.8::float8)) * rs_w[q_ci];
     END IF;
     -- Items this queue may take before its virtual time passes the next queue's (at least one).
     quantum := CASE WHEN n_vtime IS NULL THEN 2147483647 ELSE greatest(1, floor((n_vtime - q.vtime) * weff) + 1) END;
@@ -682,9 +684,9 @@ BEGIN
   -- fold into the classes' counters, so the next call's read of them stays short; SKIP LOCKED: a
   -- concurrent fold (another window's lease, the sweeper) takes the rest.
   WITH d AS (DELETE FROM sched_share_deltas x WHERE x.ctid = ANY (ARRAY(SELECT y.ctid FROM sched_share_deltas y FOR UPDATE SKIP LOCKED))
-    RETURNING x.class, x.r, x.w)
-  UPDATE sched_classes k SET reserved_sum = k.reserved_sum + s.r, unreserved_weight = k.unreserved_weight + s.w
-    FROM (SELECT d.class, sum(d.r) AS r, sum(d.w) AS w FROM d GROUP BY d.class) s WHERE k.class = s.class;
+    RETURNING x.class, x.r, x.w, x.rw)
+  UPDATE sched_classes k SET reserved_sum = k.reserved_sum + s.r, unreserved_weight = k.unreserved_weight + s.w, reserved_weight = k.reserved_weight + s.rw
+    FROM (SELECT d.class, sum(d.r) AS r, sum(d.w) AS w, sum(d.rw) AS rw FROM d GROUP BY d.class) s WHERE k.class = s.class;
   -- Ready queues lagging the clock by more than LAG_SLACK (8: a few turns' worth) are lifted to it:
   -- passed over while their tenant was capped, an API held or the row locked, or marked ready at a
   -- clock this call then moved. Otherwise such a queue is served alone until it catches up (see

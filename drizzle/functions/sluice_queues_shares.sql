@@ -1,6 +1,6 @@
 -- sluice_queues_shares: row-level trigger (AFTER UPDATE, DELETE on sched_queues, fired only when
 -- the row enters or leaves the fair index: its WHEN clause): appends the change of its class's
--- reserved-shares totals to sched_share_deltas, so the lease reads R and W as counters instead of
+-- reserved-shares totals to sched_share_deltas, so the lease reads R, W and RW as counters instead of
 -- summing every ready queue of the class on each call. In the index = backlogged (ready, and not
 -- dormant: tenant suspended or quota-blocked, scheduled later, held by a breaker); a tenant of
 -- weight 0 counts nowhere. Insert only: no writer waits on another. A queue deleted after its
@@ -20,8 +20,9 @@ BEGIN
   END IF;
   SELECT t.weight, t.reserved_share INTO st FROM sched_tenants t WHERE t.tenant_id = OLD.tenant_id;
   IF NOT FOUND OR st.weight <= 0 THEN RETURN NULL; END IF;
-  INSERT INTO sched_share_deltas (class, r, w) VALUES (OLD.class,
+  INSERT INTO sched_share_deltas (class, r, w, rw) VALUES (OLD.class,
     CASE WHEN st.reserved_share > 0 THEN sign * st.reserved_share::numeric ELSE 0 END,
-    CASE WHEN st.reserved_share > 0 THEN 0 ELSE sign * st.weight END);
+    CASE WHEN st.reserved_share > 0 THEN 0 ELSE sign * st.weight END,
+    CASE WHEN st.reserved_share > 0 THEN sign * st.weight ELSE 0 END);
   RETURN NULL;
 END $function$;

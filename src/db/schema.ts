@@ -275,22 +275,24 @@ export const schedClasses = pgTable('sched_classes', {
   servedAt: timestamp('served_at', { withTimezone: true }),
   /**
    * The reserved-shares totals of the class's queues in the fair index (backlogged): R, the
-   * reserved shares, and W, the unreserved weight. Folded from sched_share_deltas (appended by
+   * reserved shares, and W, the unreserved weight (W + reserved_weight: the whole backlogged weight). Folded from sched_share_deltas (appended by
    * triggers on sched_queues and sched_tenants); readers add the unfolded deltas. Numeric: a
    * share added and taken away again leaves exactly 0.
    */
   reservedSum: numeric('reserved_sum').notNull().default('0'),
   unreservedWeight: numeric('unreserved_weight').notNull().default('0'),
+  /** The backlogged reserved tenants' weight: with W, the whole backlogged weight the rest of the pace is shared by. */
+  reservedWeight: numeric('reserved_weight').notNull().default('0'),
 });
 
 /**
- * Changes of the reserved-shares totals (sched_classes.reserved_sum, unreserved_weight), appended
+ * Changes of the reserved-shares totals (sched_classes.reserved_sum, unreserved_weight, reserved_weight), appended
  * by triggers when a queue enters or leaves the fair index or a backlogged tenant's weight or share
  * changes; insert-only, so no writer waits on another. The sweeper folds them (sluice_fold_shares).
  */
 export const schedShareDeltas = pgTable(
   'sched_share_deltas',
-  { jobClass: text('class').notNull(), r: numeric('r').notNull(), w: numeric('w').notNull() },
+  { jobClass: text('class').notNull(), r: numeric('r').notNull(), w: numeric('w').notNull(), rw: numeric('rw').notNull().default('0') },
   (t) => [index('sched_share_deltas_idx').on(t.jobClass)],
 );
 

@@ -56,9 +56,10 @@
  *   tenant joining 20 normalised jobs behind took 42 extra jobs in one lease);
  *   the next queue's virtual time counts as at least the clock too.
  *
- * - reserved shares: a tenant with a reserved share r, backlogged, takes part
- *   in the virtual clock with its weight raised to reservedWeight (below): its
- *   share of the class's dispatches is at least r; idle, it counts nowhere.
+ * - reserved shares are floors: a tenant with a reserved share r, backlogged,
+ *   takes part in the virtual clock with its weight raised to reservedWeight
+ *   (below): its share of the class's dispatches is r plus its part of the
+ *   rest by weight; idle, it counts nowhere.
  *
  * And what the call leaves behind (the differential test compares it too):
  * the credits reserved and the cap slots taken per tenant; the jobs of a
@@ -195,14 +196,16 @@ export interface LeasePicks {
 export const RESERVED_MAX = 0.8;
 
 /**
- * A reserved tenant's weight in the virtual clock while it is backlogged: max(w, r / (1 - R) x W),
- * R the backlogged reserved shares of its class (at most RESERVED_MAX), W the backlogged
- * unreserved weight there. With every reserved tenant at that weight the backlogged weight is
- * W / (1 - R), so each gets r_i of the class's dispatches (more when its own weight gives more).
+ * A reserved tenant's weight in the virtual clock while it is backlogged: w + r / (1 - R) x W, R
+ * the backlogged reserved shares of its class (at most RESERVED_MAX), W the whole backlogged
+ * weight there (reserved tenants' included); any other tenant keeps w. Shares go as the weights,
+ * and the weights then sum to W / (1 - R), so each tenant gets r + (1 - R) x w / W of the class's
+ * dispatches: its reservation first, the rest by weight, whatever the weights
+ * (test/reservation-floors.test.ts holds the lease to that ideal).
  */
-export function reservedWeight(weight: number, share: number, reservedSum: number, unreservedWeight: number): number {
+export function reservedWeight(weight: number, share: number, reservedSum: number, backloggedWeight: number): number {
   if (!(share > 0)) return weight;
-  return Math.max(weight, (share / (1 - Math.min(reservedSum, RESERVED_MAX))) * unreservedWeight);
+  return weight + (share / (1 - Math.min(reservedSum, RESERVED_MAX))) * backloggedWeight;
 }
 
 /** A ready queue lagging its class clock by more than this is lifted to the clock after the call. */
@@ -238,16 +241,16 @@ export function planPicks(input: LeaseInput): LeasePicks {
   const open = new Map<string, { call: number; items: number }>();
   const callApi = new Map<number, string>();
   let taken = 0;
-  // Reserved shares: each class's backlogged reserved sum and unreserved weight, at the call's start
-  // (backlogged: a ready queue, the tenant not suspended, quota-blocked or of weight 0; caps aside).
+  // Reserved shares: each class's backlogged reserved sum and whole backlogged weight, at the call's
+  // start (backlogged: a ready queue, the tenant not suspended, quota-blocked or of weight 0; caps aside).
   const reservedSum = new Map<JobClass, number>();
-  const unreservedWeight = new Map<JobClass, number>();
+  const backloggedWeight = new Map<JobClass, number>();
   for (const q of queues) {
     const t = tenants.get(q.tenantId);
     if (!t || !q.ready || dormant(keyOf(q)) || !(t.weight > 0)) continue;
     const r = t.reservedShare ?? 0;
     if (r > 0) reservedSum.set(q.jobClass, (reservedSum.get(q.jobClass) ?? 0) + r);
-    else unreservedWeight.set(q.jobClass, (unreservedWeight.get(q.jobClass) ?? 0) + t.weight);
+    backloggedWeight.set(q.jobClass, (backloggedWeight.get(q.jobClass) ?? 0) + t.weight);
   }
   const eligible = (q: (typeof queues)[number]) => {
     const t = tenants.get(q.tenantId);
@@ -278,7 +281,7 @@ export function planPicks(input: LeaseInput): LeasePicks {
     const clock0 = input.clocks?.[q.jobClass] ?? 0;
     const start = claimed.has(key) ? q.vtime : Math.max(q.vtime, clock0);
     const capFree = t.cap - t.inFlight;
-    const weight = reservedWeight(t.weight, t.reservedShare ?? 0, reservedSum.get(q.jobClass) ?? 0, unreservedWeight.get(q.jobClass) ?? 0);
+    const weight = reservedWeight(t.weight, t.reservedShare ?? 0, reservedSum.get(q.jobClass) ?? 0, backloggedWeight.get(q.jobClass) ?? 0);
     const quantum = next ? Math.max(1, Math.floor((Math.max(next.vtime, clock0) - start) * weight) + 1) : INT_MAX;
     let take = Math.max(1, Math.min(input.leaseMax, input.max - taken, input.room - out.slots, tok - out.tokens, capFree, quantum));
     const ready = (left.get(key) ?? []).filter((j) => !input.hold.includes(j.api));

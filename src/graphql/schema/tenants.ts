@@ -30,7 +30,7 @@ export const TenantRef = builder.objectRef<TenantRecord>('Tenant').implement({
     reservedShare: t.float({
       nullable: true,
       description:
-        "The fraction (0 to 1) of each window's dispatches guaranteed to the tenant while it has work waiting, lent to the others while it has none; null: no reservation.",
+        "The fraction (0 to 1) of its priority class's dispatches on each window guaranteed to the tenant while it has work waiting (its part of the rest by weight comes on top), lent to the others while it has none; null: no reservation.",
       resolve: (x) => x.reservedShare ?? null,
     }),
   }),
@@ -76,7 +76,7 @@ const UpdateTenantInput = builder.inputType('UpdateTenantInput', {
     requestRate: t.int({ description: 'Request budget restore rate in cost points per second (at least 1).' }),
     reservedShare: t.float({
       description:
-        "Fraction (0 to 1) of each window's dispatches guaranteed while the tenant has work waiting, lent to others while it has none; null or 0 clears it. Every tenant's together at most 0.8, else RESERVATION_OVERCOMMITTED.",
+        "Fraction (0 to 1) of its priority class's dispatches on each window guaranteed while the tenant has work waiting (its part of the rest by weight comes on top), lent to others while it has none; null or 0 clears it. Every tenant's together at most 0.8, else RESERVATION_OVERCOMMITTED.",
     }),
   }),
 });

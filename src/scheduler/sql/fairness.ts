@@ -40,12 +40,12 @@ export async function recentService(sql: Sql, seconds: number, maxRows: number):
   const served = rows.map((r) => ({ at: Number(r.at), tenantId: r.tenant_id as string, n: r.n as number }));
   const waiting = tenants.filter((t) => t.waiting);
   const reservedSum = waiting.reduce((s, t) => s + Number(t.reserved_share), 0);
-  const unreservedWeight = waiting.filter((t) => !(Number(t.reserved_share) > 0)).reduce((s, t) => s + Number(t.weight), 0);
+  const backloggedWeight = waiting.reduce((s, t) => s + Number(t.weight), 0);
   return {
     served,
     tenants: tenants.map((t) => ({
       tenantId: t.tenant_id as string,
-      weight: t.waiting ? reservedWeight(Number(t.weight), Number(t.reserved_share), reservedSum, unreservedWeight) : Number(t.weight),
+      weight: t.waiting ? reservedWeight(Number(t.weight), Number(t.reserved_share), reservedSum, backloggedWeight) : Number(t.weight),
       waiting: t.waiting as boolean,
     })),
     from: served.reduce((m, e) => Math.min(m, e.at), Number(clock!.now)),
