@@ -118,7 +118,7 @@ describe('wait reasons', () => {
     assert.equal(requeueReason(false), 'PUT_BACK');
   });
   test('an untraced job is left as it is', () => {
-    const data = { tenantId: 't', api: 'a', params: {} };
+    const data: { tenantId: string; tp?: string } = { tenantId: 't' };
     assert.equal(requeuedData(data, 'RETRY', 1, 2), data);
   });
   test('marks stay bounded', () => {

@@ -179,15 +179,17 @@ export function withSpan<T>(span: Span, fn: () => T): T {
   return context.with(trace.setSpan(context.active(), span), fn);
 }
 
-const NO_FIELDS: Readonly<Record<string, never>> = Object.freeze({});
+/** What logTraceFields returns when there is nothing to add (log.ts's merge knows it and skips it). */
+export const NO_TRACE_FIELDS: Readonly<Record<string, never>> = Object.freeze({});
 
 /**
  * The log fields of the active span (pino's mixin): `trace_id` and `span_id`, so a log line
  * written inside a span joins its trace. Nothing when tracing is off or no span is active.
  */
 export function logTraceFields(): Record<string, string> {
-  if (!tracing.on) return NO_FIELDS;
+  // A fresh object otherwise: pino merges the line's fields into it.
+  if (!tracing.on) return NO_TRACE_FIELDS;
   const sc = trace.getSpanContext(context.active());
-  if (!sc) return NO_FIELDS;
+  if (!sc) return NO_TRACE_FIELDS;
   return { trace_id: sc.traceId, span_id: sc.spanId, trace_flags: `0${sc.traceFlags.toString(16)}` };
 }
