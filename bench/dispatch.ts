@@ -23,8 +23,15 @@
  * settlement), on a fresh database; --baseline-repeats runs interleaved with
  * the Sluice runs, median reported. A control run repeats it with as many
  * empty queues as the many-tenant run has, to show pg-boss's own per-queue cost.
+ *
+ * `--tracing off,on,0.1` (a phase of its own: the rest is skipped): the few-tenant shape with
+ * tracing off, on at 100 % and at a sampling ratio, alternating for --tracing-repeats rounds in
+ * one run, the nodes exporting OTLP/HTTP to a sink in the bench process; prints each mode's rate,
+ * the cost per job of tracing at 100 % and the sampled run's rate against off (target >= 0.9).
  */
 import { randomUUID } from 'node:crypto';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import postgres from 'postgres';
 import type { PgBoss } from 'pg-boss';
 import { newJobIds } from '../src/jobs/ids.ts';
@@ -515,7 +522,10 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
   // The dormant phase: ACTIVExJOBS drained alone, then beside --dormant-tenants dormant tenants (0: skip).
   const dormantActive = parseShape(flags.string('dormant', '20x300'));
   const dormantCount = flags.number('dormant-tenants', 10_000);
+  const tracingModes = flags.string('tracing', '').split(',').map((m) => m.trim()).filter(Boolean);
+  const tracingRepeats = flags.number('tracing-repeats', 3);
   flags.done();
+  if (tracingModes.length > 0) return tracingPhase(pg, few, tracingModes, tracingRepeats, { windowS, graphqlTenants, fill, submitConcurrency, inproc, extraEnv });
 
   const opts = { windowS, graphqlTenants, fill, submitConcurrency, inproc, extraEnv };
   // Baselines interleaved with the Sluice runs (before, between, after), so both see the same machine.
@@ -647,5 +657,73 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
       baseline: `one pg-boss queue (tenant queue policy), ${baseTotal} jobs inserted in chunks of 1,000, one loop fetching up to ${LEASE_MAX} while fewer than ${POOL} are in flight, boss.complete per job, pg-boss pool of 20 connections (Sluice's hot-path pool size); fresh database each run`,
     },
     runs: { sluice: [fewResult, manyResult, ...registeredResults, ...(dormantPhase ? [dormantPhase.alone, dormantPhase.beside] : [])], rawPgBoss: baselines, rawPgBossControl: control },
+  };
+}
+
+/** A tracing mode as the nodes' environment: off (no endpoint), on (100 %), or a sampling ratio. */
+function tracingEnv(mode: string, endpoint: string): Record<string, string> {
+  if (mode === 'off') return {};
+  const base = { OTEL_EXPORTER_OTLP_ENDPOINT: endpoint, OTEL_SERVICE_NAME: 'sluice-bench' };
+  if (mode === 'on') return { ...base, OTEL_TRACES_SAMPLER: 'parentbased_always_on' };
+  const ratio = Number(mode);
+  if (!(ratio >= 0 && ratio <= 1)) throw new Error(`--tracing: "${mode}" is not off, on or a ratio between 0 and 1`);
+  return { ...base, OTEL_TRACES_SAMPLER: 'parentbased_traceidratio', OTEL_TRACES_SAMPLER_ARG: String(ratio) };
+}
+
+/**
+ * The tracing phase: the same shape with each mode in turn, round after round (off, on, ratio,
+ * off, on, ratio, ...), so every mode sees the same machine; median per mode. The OTLP sink
+ * answers 200 at once and counts what it was sent (exporting spans is part of the cost).
+ * Jobs are submitted through GraphQL, so each has its submit span (a bulk fill skips the front door).
+ */
+async function tracingPhase(
+  pg: BenchPostgres,
+  shape: Shape,
+  modes: readonly string[],
+  repeats: number,
+  opts: { windowS: number | null; graphqlTenants: number; fill: string; submitConcurrency: number; inproc: boolean; extraEnv: Record<string, string> },
+) {
+  for (const m of modes) tracingEnv(m, 'http://check');
+  let exports = 0;
+  let bytes = 0;
+  const sink = createServer((req, res) => {
+    exports++;
+    req.on('data', (c: Buffer) => (bytes += c.length));
+    req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end('{}'));
+  });
+  await new Promise<void>((r) => sink.listen(0, '127.0.0.1', r));
+  const endpoint = `http://127.0.0.1:${(sink.address() as AddressInfo).port}`;
+  const runs: Array<{ mode: string; round: number; jobsPerSecond: number; perJobMs: number; cpuSecondsPerJob: unknown }> = [];
+  try {
+    for (let round = 0; round < repeats; round++) {
+      for (const mode of modes) {
+        const r = await sluiceScenario(pg, shape, { ...opts, fill: 'graphql', extraEnv: { ...opts.extraEnv, ...tracingEnv(mode, endpoint) } });
+        runs.push({ mode, round, jobsPerSecond: r.drain.jobsPerSecond, perJobMs: r.drain.perJobMs, cpuSecondsPerJob: r.cpuSecondsPerJob });
+        progress(`[dispatch tracing ${mode}] round ${round + 1}/${repeats}: ${r.drain.jobsPerSecond} jobs/s`);
+      }
+    }
+  } finally {
+    await new Promise<void>((r) => sink.close(() => r()));
+  }
+  const rate = (mode: string) => median(runs.filter((r) => r.mode === mode).map((r) => r.jobsPerSecond));
+  const perMode = Object.fromEntries(modes.map((m) => [m, { jobsPerSecond: rate(m), perJobMs: round(1000 / rate(m), 4) }]));
+  const targets: Record<string, Check> = {};
+  const off = modes.includes('off') ? rate('off') : null;
+  const sampled = modes.find((m) => m !== 'off' && m !== 'on');
+  if (off !== null && sampled !== undefined) targets[`tracing.${sampled}VsOff`] = check(rate(sampled) / off, '>= 0.9', rate(sampled) / off >= 0.9);
+  return {
+    phase: 'tracing',
+    summary: {
+      shape: `${shape.tenants}x${shape.jobsPerTenant}`,
+      perMode,
+      // What tracing every job costs, per job: the 100 % run's time per job less the off run's.
+      costPerJobMsAt100: off !== null && modes.includes('on') ? round(1000 / rate('on') - 1000 / off, 4) : null,
+      onVsOff: off !== null && modes.includes('on') ? round(rate('on') / off, 3) : null,
+      ...(off !== null && sampled !== undefined ? { [`${sampled}VsOff`]: round(rate(sampled) / off, 3) } : {}),
+      otlpSink: { exports, bytes },
+      measured: 'median of each mode over --tracing-repeats rounds, the modes alternating within each round',
+    },
+    targets,
+    runs,
   };
 }

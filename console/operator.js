@@ -359,7 +359,7 @@ function Tenants({ token, onError, onOpen, reloadKey }) {
   </section>`;
 }
 
-const SEARCH = `query Search($text: String!) { jobSearch(text: $text) { tenant { id name } job { id api priority state createdAt idempotencyKey retryOf } } }`;
+const SEARCH = `query Search($text: String!) { jobSearch(text: $text) { tenant { id name } job { id api priority state createdAt idempotencyKey retryOf traceId traceUrl } } }`;
 
 /** Find any tenant's job by id or idempotency key, open its tenant, and retry it when it failed or was cancelled. */
 function JobSearch({ token, onOpenTenant }) {
@@ -396,7 +396,7 @@ function JobSearch({ token, onOpenTenant }) {
       <thead><tr><th scope="col">Job</th><th scope="col">Tenant</th><th scope="col">API</th><th scope="col">State</th><th scope="col">Created</th><th scope="col">Actions</th></tr></thead>
       <tbody>${hits.map(
         (h) => html`<tr key=${h.job.id} data-job=${h.job.id}>
-          <th scope="row" data-label="Job"><code>${h.job.id}</code>${h.job.idempotencyKey && html`<div class="muted small">key ${h.job.idempotencyKey}</div>`}</th>
+          <th scope="row" data-label="Job"><code>${h.job.id}</code>${h.job.idempotencyKey && html`<div class="muted small">key ${h.job.idempotencyKey}</div>`}${h.job.traceId && html`<div class="muted small" data-testid="search-trace">trace ${h.job.traceUrl ? html`<a href=${h.job.traceUrl} target="_blank" rel="noopener noreferrer">${h.job.traceId}</a>` : h.job.traceId}</div>`}</th>
           <td data-label="Tenant"><button type="button" class="link" onClick=${() => onOpenTenant(h.tenant.id)}>${h.tenant.name}</button></td>
           <td data-label="API">${h.job.api} (${h.job.priority})</td>
           <td data-label="State"><span class=${`state ${h.job.state}`}>${h.job.state}</span></td>

@@ -15,7 +15,7 @@ const USAGE = `subscription { tenantUsage {
   usage { creditsUsed creditsReserved creditsRemaining quota periodStart periodEnd }
   queues { priority depth running oldestAgeSeconds waitReason estimatedDrainSeconds }
 } }`;
-const DETAIL_FIELDS = `${JOB_FIELDS} params result error { code message } httpStatus estimatedStartAt waitReason`;
+const DETAIL_FIELDS = `${JOB_FIELDS} params result error { code message } httpStatus estimatedStartAt waitReason traceId traceUrl`;
 const JOB_UPDATED = `subscription ($id: ID!) { jobUpdated(id: $id) { ${DETAIL_FIELDS} } }`;
 
 function Usage({ usage }) {
@@ -133,6 +133,9 @@ function JobDetail({ token, client, id, onClose, onRetried }) {
         <div><dt>HTTP status</dt><dd>${job.httpStatus ?? '—'}</dd></div>
         <div><dt>Idempotency key</dt><dd>${job.idempotencyKey ?? '—'}</dd></div>
         <div><dt>Retry of</dt><dd>${job.retryOf ?? '—'}</dd></div>
+        <div><dt>Trace</dt><dd data-testid="detail-trace">${job.traceId
+          ? (job.traceUrl ? html`<a href=${job.traceUrl} target="_blank" rel="noopener noreferrer"><code>${job.traceId}</code></a>` : html`<code>${job.traceId}</code>`)
+          : '—'}</dd></div>
         <div><dt>Error</dt><dd>${job.error ? `${job.error.code}: ${job.error.message}` : '—'}</dd></div>
       </dl>
       <h3>Params</h3>

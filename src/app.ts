@@ -58,6 +58,8 @@ import { Reconciler } from './scheduler/reconcile.ts';
 import { parseClassWindows, planWindows } from './scheduler/windows.ts';
 import { parseClassNumbers, parseClassSeconds } from './config/classes.ts';
 import { WindowHistory } from './visibility/history.ts';
+import { tracingConfig } from './tracing/config.ts';
+import { startTracing, stopTracing } from './tracing/tracer.ts';
 
 /** Sweeper rounds the RUNNING fold may step aside for leases before it folds regardless. */
 const FOLD_FORCE_AFTER = 5;
@@ -88,6 +90,8 @@ export interface StartOverrides {
   wrapProviderClient?: (client: ProviderClient) => ProviderClient;
   /** Each webhook sender thread once it runs (tests: that it is not the main thread; terminate it to see it restarted). */
   webhookThread?: (worker: Worker, threadId: number) => void;
+  /** OTEL_* variables on top of the process's environment (tracing reads them from there). */
+  tracingEnv?: Record<string, string>;
 }
 
 export async function startSluice(env: Env, log: Logger, overrides: StartOverrides = {}): Promise<SluiceApp> {
@@ -107,6 +111,18 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       for (const fn of cleanups.reverse()) await fn().catch((err) => log.error({ err }, 'error while stopping'));
     })());
   try {
+    // 0. Tracing: on only with an OTLP endpoint (the standard OTEL_* variables); stopped last, so
+    // the spans of the stop itself are flushed.
+    let traceConfig;
+    try {
+      traceConfig = tracingConfig({ ...process.env, ...overrides.tracingEnv });
+    } catch (err) {
+      throw new ConfigError(`invalid configuration:\n  ${(err as Error).message}`);
+    }
+    if (traceConfig.enabled && startTracing(traceConfig, { 'sluice.role': env.SLUICE_ROLE })) {
+      cleanups.push(() => stopTracing());
+      log.info({ endpoint: traceConfig.endpoint, sampler: traceConfig.sampler }, 'tracing is on: spans go to the OTLP endpoint');
+    }
     // 1. Database.
     let databaseUrl = env.DATABASE_URL;
     let embedded: EmbeddedDatabase | null = null;
@@ -257,6 +273,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       catalog,
       windows: windowSpecs,
       adminTokenHash: admin.hash,
+      traceUrlTemplate: env.TRACE_URL_TEMPLATE,
       keyChecksumSecret,
       queuePolicy,
       lifecycle: { sql, boss, authChanged: (id) => apiKeys.invalidate(id) },
@@ -488,6 +505,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
           databaseUrl,
           pool: { ...poolSettings, max: 2 },
           logLevel: log.level,
+          tracing: traceConfig.enabled ? traceConfig : null,
           sender: {
             concurrency: env.WEBHOOK_CONCURRENCY,
             perEndpoint: env.WEBHOOK_ENDPOINT_CONCURRENCY,

@@ -7,8 +7,11 @@
  * apply (http/front-door.ts).
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import { GraphQLError } from 'graphql';
-import { createYoga, maskError as yogaMaskError, type YogaServerInstance } from 'graphql-yoga';
+import { GraphQLError, getOperationAST } from 'graphql';
+import { createYoga, maskError as yogaMaskError, type Plugin, type YogaServerInstance } from 'graphql-yoga';
+import { trace } from '@opentelemetry/api';
+import { endSpan, extractContext, SpanKind, startSpan, tracing, withSpan } from './tracing/tracer.ts';
+import { allowedAttributes } from './tracing/attributes.ts';
 import { useServer } from 'graphql-ws/use/ws';
 import { WebSocketServer } from 'ws';
 import type { Logger } from 'pino';
@@ -96,6 +99,30 @@ function maskError(log: Logger, error: unknown, message: string, isDev?: boolean
   return yogaMaskError(error, message, isDev);
 }
 
+/** One GraphQL request as a SERVER span, active while it is handled (logs inside carry its ids). */
+function tracedRequest(req: IncomingMessage, res: ServerResponse, handle: (req: IncomingMessage, res: ServerResponse) => Promise<void>): Promise<void> {
+  const method = req.method ?? 'GET';
+  const span = startSpan(`${method} ${GRAPHQL_PATH}`, {
+    parent: extractContext(req.headers),
+    kind: SpanKind.SERVER,
+    attributes: { 'http.request.method': method, 'url.path': GRAPHQL_PATH },
+  });
+  res.once('close', () => endSpan(span, { attributes: { 'http.response.status_code': res.statusCode }, error: res.statusCode >= 500 ? String(res.statusCode) : null }));
+  return withSpan(span, () => handle(req, res));
+}
+
+/** The operation's type and name on the request's span (before it runs). */
+function useTraceOperation(): Plugin {
+  return {
+    onExecute({ args }) {
+      if (!tracing.on) return;
+      const span = trace.getActiveSpan();
+      const op = span ? getOperationAST(args.document, args.operationName) : null;
+      if (span && op) span.setAttributes(allowedAttributes({ 'graphql.operation.type': op.operation, 'graphql.operation.name': op.name?.value }));
+    },
+  };
+}
+
 export function createGraphQL(opts: Omit<ServerOptions, 'ops'>): YogaServerInstance<Record<string, unknown>, Context> {
   return createYoga<Record<string, unknown>, Context>({
     schema,
@@ -129,6 +156,7 @@ export function createGraphQL(opts: Omit<ServerOptions, 'ops'>): YogaServerInsta
       useInputErrorCodes(),
       useAdminAudit(opts.log),
       ...(opts.metrics ? [opts.metrics.yogaPlugin()] : []),
+      useTraceOperation(),
     ],
   });
 }
@@ -208,8 +236,7 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
   const refuse = (req: IncomingMessage, res: ServerResponse, status: number, error: { message: string; extensions: Record<string, unknown> }, headers: Record<string, string> = {}, limit = unauthenticatedMax) =>
     refuseReadably(req, res, (r) => sendErrors(r, status, error, headers), drainBound(limit));
 
-  // Node enforces headersTimeout and requestTimeout when it checks its connections: every second, not its default 30.
-  const server = createServer({ connectionsCheckingInterval: CONNECTIONS_CHECK_MS }, async (req, res) => {
+  const handle = async (req: IncomingMessage, res: ServerResponse) => {
     try {
       const url = new URL(req.url ?? '/', 'http://localhost');
       // One front door: a path or method nobody documented is refused from the request line (http/routes.ts).
@@ -245,6 +272,7 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
         return refuse(req, res, 503, { message: e.message, extensions: { code: e.code, ...e.extensions } }, e.httpHeaders);
       }
       if (!door.admitted) return refuse(req, res, door.status, door.error, door.headers);
+      if (tracing.on && door.auth.kind === 'tenant') trace.getActiveSpan()?.setAttribute('sluice.tenant.id', door.auth.tenant.id);
       const maxBody = door.maxBodyBytes;
       if (door0.kind === 'usage-csv') return await serveUsageCsv(req, res, opts.services);
       if (door0.kind === 'usage-events') return await serveUsageEvents(req, res, opts.services);
@@ -303,6 +331,12 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
       if (!res.headersSent) res.writeHead(500, { 'content-type': 'application/json' });
       res.end(JSON.stringify({ errors: [{ message: 'internal error', extensions: { code: 'INTERNAL_SERVER_ERROR' } }] }));
     }
+  };
+  // Node enforces headersTimeout and requestTimeout when it checks its connections: every second, not its default 30.
+  // With tracing on, a GraphQL request is a SERVER span (a client's traceparent its parent); the rest is not traced.
+  const server = createServer({ connectionsCheckingInterval: CONNECTIONS_CHECK_MS }, (req, res) => {
+    if (tracing.on && (req.url === GRAPHQL_PATH || req.url?.startsWith(`${GRAPHQL_PATH}?`))) return tracedRequest(req, res, handle);
+    return handle(req, res);
   });
 
   // graphql-ws on the same port and path, sharing Yoga's envelop (plugins, auth, masking).

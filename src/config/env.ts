@@ -234,6 +234,12 @@ export const envSchema = z.object({
   METRICS_PORT: int(9464, 0),
   /** When set, GET /metrics needs Authorization: Bearer <METRICS_TOKEN>. */
   METRICS_TOKEN: optionalString,
+  /**
+   * A link to a job's trace in the operator's tracing UI, `{traceId}` replaced by the job's trace
+   * id (e.g. `http://jaeger:16686/trace/{traceId}`); the console and Job.traceUrl show it. Tracing
+   * itself is configured by the standard OTEL_* variables (README "Tracing").
+   */
+  TRACE_URL_TEMPLATE: optionalString,
   /** Open graphql-ws operations one tenant may hold on one process, and one process in all. */
   MAX_SUBSCRIPTIONS_PER_TENANT: int(100, 1),
   /** Charge tenant operations to a per-tenant request budget of cost points (src/http/budget.ts); sizes per tier, overridable per tenant. */

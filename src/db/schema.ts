@@ -119,6 +119,12 @@ export const jobs = pgTable(
     retryOf: uuid('retry_of'),
     /** Who inside the tenant the job is for (JobInput.fairnessKey); null: the tenant's default key. */
     fairnessKey: text('fairness_key'),
+    /**
+     * The W3C traceparent of the request that submitted the job (its submit span), when tracing
+     * was on and the trace sampled: the console shows its trace id and events carry it so a
+     * webhook or a subscriber's push joins the job's trace. Null otherwise (src/tracing/).
+     */
+    traceParent: text('trace_parent'),
     /** Upstream attempts made so far; also the fencing token of the current attempt. */
     attempts: integer('attempts').notNull().default(0),
     /** A queued job is ready from this instant (retries and put-backs wait). */

@@ -19,9 +19,11 @@ import type { Logger } from 'pino';
 import type { Sql } from '../db/client.ts';
 import type { JobClass } from '../config/classes.ts';
 import { markSent as markReservationsSent, refreshLeases } from '../scheduler/sql/reservations.ts';
+import type { AttemptTrace, QueuedTrace } from '../tracing/job-trace.ts';
 import { leaseDeadline, leaseLost, refreshedDeadline, sentLeaseMs } from './liveness.ts';
 
-export interface JobData {
+/** A leased job's pg-boss data; a traced job's also carries its trace (tracing/job-trace.ts). */
+export interface JobData extends Partial<QueuedTrace> {
   tenantId: string;
   api: string;
   params: Record<string, unknown>;
@@ -46,6 +48,8 @@ export interface Attempt {
   sent: boolean;
   /** Its outcome is queued for settlement (or landed): an unexpected throw after this needs no settling. */
   settling: boolean;
+  /** A traced job's open lease span (tracing on and the job's data has a traceparent). */
+  trace?: AttemptTrace | null;
 }
 
 /** One batch call: its distinct items, each with the attempts that share its input (the first is the one sent). */

@@ -35,6 +35,9 @@ import type { Attempt, AttemptLeases, BatchAttempt } from './attempt-leases.ts';
 import { creditsStopUntil, planSettlement, resultOf, type SettlePlan } from './retry.ts';
 import { classifySettleError, pickSettleUnits, planSettleFailure, sqlState, type SettleFailureStep } from './settle-groups.ts';
 import { reconcileLateSettlements } from './late-settlement.ts';
+import { tracing } from '../tracing/tracer.ts';
+import { requeuedData, settledTrace } from '../tracing/job-trace.ts';
+import { requeueReason } from '../tracing/attributes.ts';
 import { settleRetryDelayMs } from './liveness.ts';
 
 /** The error code of a job whose settlement the database refused: failed without its data, billed as the provider billed. */
@@ -141,7 +144,8 @@ export class Settler {
 
   /** Settles one attempt: queued for the next settlement group; resolves when it has landed. */
   settle(window: WindowSpec, attempt: Attempt, outcome: CallOutcome, opts: { putBack?: boolean } = {}): Promise<void> {
-    return this.enqueue(window, [{ attempt, outcome, settlement: this.prepare(attempt, outcome, opts) }], [outcome]);
+    const landed = this.enqueue(window, [{ attempt, outcome, settlement: this.prepare(attempt, outcome, opts) }], [outcome]);
+    return attempt.trace ? traceSettled([attempt], landed) : landed;
   }
 
   /**
@@ -162,7 +166,8 @@ export class Settler {
       const prev = reactions.get(o.kind);
       if (!prev || (o.retryAfterSeconds ?? 0) > (prev.retryAfterSeconds ?? 0)) reactions.set(o.kind, o);
     }
-    return this.enqueue(window, items, [...reactions.values()]);
+    const landed = this.enqueue(window, items, [...reactions.values()]);
+    return tracing.on && items.some((x) => x.attempt.trace) ? traceSettled(items.map((x) => x.attempt), landed) : landed;
   }
 
   private enqueue(window: WindowSpec, items: SettleItem[], reactions: CallOutcome[]): Promise<void> {
@@ -390,6 +395,7 @@ export class Settler {
     const plan = heldByStop && planned.action === 'requeue' ? { ...planned, delaySeconds: 0 } : planned;
     const billed = billedCredits(outcome.creditsBilled, attempt.credits);
     onSettled?.({ outcome, billed, reserved: attempt.credits });
+    if (attempt.trace) Object.assign(attempt.trace, { billed, outcome: outcome.kind, state: plan.action === 'succeed' ? 'SUCCEEDED' : plan.action === 'fail' ? 'FAILED' : 'QUEUED' });
     return { plan, billed };
   }
 
@@ -404,7 +410,9 @@ export class Settler {
     // Delete and re-insert under the same id: the job waits out its delay
     // without spending pg-boss's own retry budget, kept for crash redelivery.
     const startAfter = new Date(Date.now() + plan.delaySeconds * 1000);
-    await reinsertJobs(this.options.boss, tx, attempt.queue, [{ id: job.id, data: job.data, startAfter }]);
+    // A traced job's wait starts again, marked with why (a retry's delay, a put-back) and until when.
+    const data = job.data.tp ? requeuedData(job.data, requeueReason(plan.countsAsAttempt), Date.now(), startAfter.getTime()) : job.data;
+    await reinsertJobs(this.options.boss, tx, attempt.queue, [{ id: job.id, data, startAfter }]);
     await markQueuesReady(tx, tenantId, [attempt.jobClass], startAfter);
     return [{ jobId: job.id, tenantId, state: 'QUEUED' }];
   }
@@ -440,6 +448,28 @@ export class Settler {
         return;
     }
   }
+}
+
+/**
+ * Once a traced attempt's settlement has landed (or been let go): its settle span, from now (its
+ * outcome queued) to then, and the end of its lease span. Each attempt once.
+ */
+function traceSettled(attempts: readonly Attempt[], landed: Promise<void>): Promise<void> {
+  const queuedMs = Date.now();
+  const end = (error?: string) => {
+    for (const a of attempts) {
+      if (!a.trace) continue;
+      settledTrace(a.trace, queuedMs, error);
+      a.trace = null;
+    }
+  };
+  return landed.then(
+    () => end(),
+    (err: unknown) => {
+      end('settlement_failed');
+      throw err;
+    },
+  );
 }
 
 /** One attempt as sluice_settle_group takes it: its reservation's bill, and its job's final state unless it is requeued. */

@@ -32,6 +32,8 @@ import { dedupKey } from './batching.ts';
 import { unexpectedOutcome } from './liveness.ts';
 import type { Attempt, AttemptLeases, BatchAttempt } from './attempt-leases.ts';
 import type { Settler } from './settler.ts';
+import { tracing } from '../tracing/tracer.ts';
+import { leaseTrace } from '../tracing/job-trace.ts';
 
 export interface WindowLoopsOptions {
   sql: Sql;
@@ -222,6 +224,8 @@ export class WindowLoops {
   private async lease(w: WindowSpec, pool: number, order: readonly JobClass[], hold: readonly string[]): Promise<Leased | 'busy' | 'changed'> {
     const { sql, catalog, nodeId, leaseMax, leaseSeconds, batchQuantum, leases, onLeased } = this.options;
     const batchMax = this.options.batchMax ?? 1;
+    // Wall clock for spans only (the lease's own timing is the database's).
+    const leaseStartMs = tracing.on ? Date.now() : 0;
     const { status, rows } = await leaseJobs(sql, {
       window: w.name,
       nodeId,
@@ -245,6 +249,7 @@ export class WindowLoops {
     // for its own items (the lease took a token for each), never for another's.
     const calls = new Map<number, { call: BatchAttempt; byKey: Map<string, BatchAttempt['items'][number]> }>();
     const perClass = new Map<JobClass, number>();
+    const leaseFacts = tracing.on ? { window: w.name, pacedPerMinute: w.pacedPerMinute, pool, jobs: rows.length, startMs: leaseStartMs, endMs: Date.now() } : null;
     for (const r of rows) {
       const a: Attempt = {
         queue: r.queue,
@@ -258,6 +263,8 @@ export class WindowLoops {
         sent: false,
         settling: false,
       };
+      // A traced job (its data has a traceparent): its wait and lease spans, on this node.
+      if (leaseFacts && r.data.tp) a.trace = leaseTrace({ jobId: r.jobId, tenantId: r.tenantId, jobClass: r.jobClass, attempt: r.attempt, credits: r.credits, data: r.data }, leaseFacts);
       leases.add(a);
       perClass.set(r.jobClass, (perClass.get(r.jobClass) ?? 0) + 1);
       if (!r.batched) {
@@ -383,7 +390,9 @@ export class WindowLoops {
     const { api, params } = a.job.data;
     let outcome: CallOutcome;
     try {
-      outcome = await breakers.run(api, () => client.call({ api, params, apiKey: w.apiKey, signal: a.abort.signal, onSent: () => void (a.sent = true) }));
+      outcome = await breakers.run(api, () =>
+        client.call({ api, params, apiKey: w.apiKey, signal: a.abort.signal, onSent: () => void (a.sent = true), ...(a.trace ? { trace: { parent: a.trace.leaseParent } } : {}) }),
+      );
     } catch (err) {
       if (!(err instanceof BreakerOpen)) throw err;
       // The breaker opened after this job was leased: no call was made; it waits for the probe.
@@ -405,6 +414,8 @@ export class WindowLoops {
     const abort = new AbortController();
     for (const a of all) a.abort.signal.addEventListener('abort', () => abort.abort(), { once: true });
     let batch: BatchOutcome | null = null;
+    // One call for many jobs: its span starts a trace of its own and links to each traced job's lease.
+    const links = tracing.on ? all.flatMap((a) => (a.trace?.leaseParent ? [{ traceparent: a.trace.leaseParent, attributes: { 'sluice.job.id': a.job.id, 'sluice.tenant.id': a.job.data.tenantId } }] : [])) : [];
     try {
       await breakers.run(b.api, async () => {
         batch = await client.callBatch({
@@ -412,6 +423,7 @@ export class WindowLoops {
           items: b.items.map((it, i) => ({ id: String(i), params: it.attempts[0]!.job.data.params })),
           apiKey: w.apiKey,
           signal: abort.signal,
+          ...(links.length > 0 ? { trace: { links } } : {}),
           // Only an item's first attempt is sent; its duplicates ride on it and are never billed.
           onSent: () => {
             for (const it of b.items) it.attempts[0]!.sent = true;

@@ -13,6 +13,7 @@
  * a NOTIFY payload travels as ids only, and each process then reads it ONCE
  * for all the subscribers the event wakes (`jobOf`).
  */
+import { endSpan, SpanKind, startSpan, tracing } from '../tracing/tracer.ts';
 import type postgres from 'postgres';
 import type { Sql } from '../db/client.ts';
 import type { JobRow } from '../jobs/store.ts';
@@ -35,7 +36,8 @@ export interface JobEvent {
 export const RESYNC = Symbol('resync');
 export type BusItem = JobEvent | typeof RESYNC;
 
-type Listener = (event: JobEvent | typeof RESYNC) => void;
+/** Returns true when it took the event (a subscriber's buffer got it). */
+type Listener = (event: JobEvent | typeof RESYNC) => boolean;
 
 /**
  * One NOTIFY per event (in the order given). A final state's payload is
@@ -80,6 +82,8 @@ export function jobFromJson(json: unknown): JobRow | null {
     errorMessage: (j.errorMessage ?? null) as string | null,
     httpStatus: (j.httpStatus ?? null) as number | null,
     creditsBilled: (j.creditsBilled ?? 0) as number,
+    // sluice_job_json leaves it out when null (an untraced job's event is no longer for it).
+    traceParent: typeof j.traceParent === 'string' ? j.traceParent : null,
   };
 }
 
@@ -150,7 +154,10 @@ export class EventBus {
       (payload) => {
         const event = eventFromPayload(payload);
         if (!event) return;
-        for (const listener of this.listeners) listener(event);
+        let pushed = 0;
+        for (const listener of this.listeners) if (listener(event)) pushed++;
+        // A traced job's event (its row carries its traceparent) pushed to subscribers here: one span in its trace.
+        if (pushed > 0 && tracing.on && event.job?.traceParent) pushSpan(event, event.job.traceParent, pushed);
       },
       // postgres.js re-LISTENs by itself when its connection comes back; this runs each time.
       () => {
@@ -187,19 +194,20 @@ export class EventBus {
     let wake: (() => void) | null = null;
     let done = false;
     const listener: Listener = (event) => {
-      if (done) return;
+      if (done) return false;
       if (event === RESYNC) {
-        if (!opts.resync || buffer.includes(RESYNC)) return;
-      } else if (!filter(event)) return;
+        if (!opts.resync || buffer.includes(RESYNC)) return false;
+      } else if (!filter(event)) return false;
       if (buffer.length >= this.maxBuffer) {
         buffer.length = 0;
         this.slowConsumersClosed++;
         finish();
         opts.socket?.close(SLOW_CONSUMER_CLOSE, 'subscriber too slow: event buffer full');
-        return;
+        return false;
       }
       buffer.push(event);
       wake?.();
+      return true;
     };
     this.listeners.add(listener);
     const finish = () => {
@@ -224,4 +232,14 @@ export class EventBus {
     };
     return iterator;
   }
+}
+
+/** The push of a traced job's event to this node's subscribers (a PRODUCER span: they read it later). */
+function pushSpan(event: JobEvent, traceParent: string, subscribers: number): void {
+  const span = startSpan('sluice.subscription.push', {
+    parent: traceParent,
+    kind: SpanKind.PRODUCER,
+    attributes: { 'sluice.tenant.id': event.tenantId, 'sluice.job.id': event.jobId, 'sluice.job.state': event.state, 'sluice.subscription.subscribers': subscribers },
+  });
+  endSpan(span);
 }

@@ -61,6 +61,8 @@ export interface Services {
   /** Webhook endpoints' rules (WEBHOOK_ALLOW_PRIVATE, WEBHOOK_MAX_ENDPOINTS, WEBHOOK_SECRET_OVERLAP_SECONDS). */
   /** box: seals the signing secrets before they are stored (webhooks/secret-box.ts). */
   webhooks: { allowPrivate: boolean; maxEndpoints: number; secretOverlapSeconds: number; box: SecretBox };
+  /** TRACE_URL_TEMPLATE: a job's trace link in the tracing UI, `{traceId}` replaced (tracing/traceparent.ts). */
+  traceUrlTemplate?: string | undefined;
   /** This node's chart history of the windows (API processes; visibility/history.ts). */
   history?: WindowHistory;
   /** After a tenant is created or changed: its pg-boss queues exist and the scheduler has its limits. */

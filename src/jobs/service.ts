@@ -33,6 +33,7 @@ import { markManyQueuesReady } from '../scheduler/sql/queues.ts';
 import { busyWeights, lockTenants, tenantSchedState } from '../scheduler/sql/tenants.ts';
 import { readWindows } from '../scheduler/sql/windows.ts';
 import { effectiveLimits, quotaPeriod, type TenantRecord } from '../tenants/policy.ts';
+import { endSpan, startSpan, traceparentOf, tracing } from '../tracing/tracer.ts';
 import { GroupCommit, type ItemResult } from './group-commit.ts';
 
 /** States a job can be submitted again from (retryJob). */
@@ -178,7 +179,23 @@ export class JobService {
       maxAheadSeconds: this.deps.runAtMaxSeconds ?? DEFAULT_SCHEDULE_MAX_AHEAD_SECONDS,
     });
     const ids = newJobIds(valid.length);
-    const sub: Submission = { tenant, jobs: valid.map((j, i) => ({ ...j, id: ids[i]! })), bulk: opts.bulk ?? inputs.length > 1, gate: opts.gate };
+    // Traced (tracing on): one submit span for the submission, under the request's span (whose
+    // parent is the client's traceparent, if it sent one); its traceparent is stored with every job.
+    const span = tracing.on ? startSpan('sluice.submit', { attributes: { 'sluice.tenant.id': tenant.id, 'sluice.job.count': valid.length, 'sluice.job.api': valid.length === 1 ? valid[0]!.api : undefined } }) : null;
+    const traceParent = span ? traceparentOf(span) : null;
+    const sub: Submission = { tenant, jobs: valid.map((j, i) => ({ ...j, id: ids[i]!, ...(traceParent ? { traceParent } : {}) })), bulk: opts.bulk ?? inputs.length > 1, gate: opts.gate };
+    if (!span) return this.submitValid(sub);
+    try {
+      const jobs = await this.submitValid(sub);
+      endSpan(span, { attributes: valid.length === 1 ? { 'sluice.job.id': jobs[0]?.id, 'sluice.job.priority': valid[0]!.priority } : {} });
+      return jobs;
+    } catch (err) {
+      endSpan(span, { error: err instanceof SluiceError ? err.code : 'exception' });
+      throw err;
+    }
+  }
+
+  private async submitValid(sub: Submission): Promise<SubmittedJob[]> {
     let outcome: Outcome;
     for (let attempt = 1; ; attempt++) {
       try {

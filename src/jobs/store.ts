@@ -45,6 +45,8 @@ export interface JobRow {
   errorMessage: string | null;
   httpStatus: number | null;
   creditsBilled: number;
+  /** The W3C traceparent it was submitted under (tracing on, trace sampled); null otherwise. */
+  traceParent?: string | null;
 }
 
 /** A job row as reads return it; sluice_job_json (drizzle/functions/sluice_job_json.sql) gives the same shape for events. */
@@ -54,10 +56,12 @@ const JOB_COLUMNS = `
   (extract(epoch from j.created_at) * 1000000)::bigint::text as "createdAtMicros", j.run_after as "runAfter",
   j.started_at as "startedAt", j.finished_at as "finishedAt",
   r.data as result, r.error_code as "errorCode", r.error_message as "errorMessage",
-  r.http_status as "httpStatus", coalesce(r.credits_billed, 0) as "creditsBilled"`;
+  r.http_status as "httpStatus", coalesce(r.credits_billed, 0) as "creditsBilled", j.trace_parent as "traceParent"`;
 
 export interface NewJob extends ValidJob {
   id: string;
+  /** The submit span's traceparent (tracing on, sampled): stored on the row and in the queued job's data. */
+  traceParent?: string | null;
 }
 
 /** A job row to insert: any tenant, so one statement can carry a whole group commit. */
@@ -81,7 +85,8 @@ export interface NewJobRow extends NewJob {
  */
 export async function insertJobsQueued(tx: Tx, jobs: readonly NewJobRow[]): Promise<{ jobs: number; queued: number }> {
   if (jobs.length === 0) return { jobs: 0, queued: 0 };
-  const payload = jobs.map((j) => ({ id: j.id, tenant_id: j.tenantId, api: j.api, params: j.params, priority: j.priority, state: j.state, idempotency_key: j.idempotencyKey, fairness_key: j.fairnessKey ?? null, run_at: j.runAt?.toISOString() ?? null, retry_of: j.retryOf ?? null }));
+  // trace_parent only when traced: an untraced submission's payload is what it always was.
+  const payload = jobs.map((j) => ({ id: j.id, tenant_id: j.tenantId, api: j.api, params: j.params, priority: j.priority, state: j.state, idempotency_key: j.idempotencyKey, fairness_key: j.fairnessKey ?? null, run_at: j.runAt?.toISOString() ?? null, retry_of: j.retryOf ?? null, ...(j.traceParent ? { trace_parent: j.traceParent } : {}) }));
   const d = BOSS_QUEUE_DEFAULTS;
   const names = [...new Set(jobs.map((j) => queueName(j.tenantId, j.priority)))];
   // Ranks (scheduler/fair-keys.ts, the same rule): per (tenant, class, fairness key), the key's
@@ -92,13 +97,13 @@ export async function insertJobsQueued(tx: Tx, jobs: readonly NewJobRow[]): Prom
   const [row] = await tx`
     with x as (
       select x.* from jsonb_to_recordset(${tx.json(payload as never)}::jsonb)
-        as x(id uuid, tenant_id uuid, api text, params jsonb, priority text, state text, idempotency_key text, fairness_key text, run_at timestamptz, retry_of uuid)
+        as x(id uuid, tenant_id uuid, api text, params jsonb, priority text, state text, idempotency_key text, fairness_key text, run_at timestamptz, retry_of uuid, trace_parent text)
     ), j as (
-      insert into jobs (id, tenant_id, api, params, priority, state, idempotency_key, fairness_key, run_after, retry_of)
-      select x.id, x.tenant_id, x.api, x.params, x.priority, x.state, x.idempotency_key, x.fairness_key, greatest(now(), coalesce(x.run_at, now())), x.retry_of
+      insert into jobs (id, tenant_id, api, params, priority, state, idempotency_key, fairness_key, run_after, retry_of, trace_parent)
+      select x.id, x.tenant_id, x.api, x.params, x.priority, x.state, x.idempotency_key, x.fairness_key, greatest(now(), coalesce(x.run_at, now())), x.retry_of, x.trace_parent
       from x
       on conflict (tenant_id, idempotency_key) where idempotency_key is not null do nothing
-      returning id, tenant_id, api, params, priority, run_after, fairness_key
+      returning id, tenant_id, api, params, priority, run_after, fairness_key, state, trace_parent
     ), kb as (
       -- Each key of this insert once, with its base rank: the round after the head's (the head:
       -- the lowest rank still waiting and ready, pg-boss's fetch index, job_i11, answers it with
@@ -118,18 +123,29 @@ export async function insertJobsQueued(tx: Tx, jobs: readonly NewJobRow[]): Prom
       -- order (ids are time-ordered: submission order). The bases ride in the same stream as the
       -- jobs, first in each key's partition, so a window hands them on without a join (joining
       -- the insert's rows to anything left the planner guessing one row and probing once per job).
-      select ranked.id, ranked.tenant_id, ranked.api, ranked.params, ranked.priority, ranked.run_after, ranked.fk, ranked.rank from (
+      select ranked.id, ranked.tenant_id, ranked.api, ranked.params, ranked.priority, ranked.run_after, ranked.fk, ranked.rank, ranked.state, ranked.tp from (
         select u.*, least(max(u.base) over w + row_number() over w - 2, ${FAIR_RANK_MAX})::int as rank
         from (
-          select j.id, j.tenant_id, j.api, j.params, j.priority, j.run_after, coalesce(j.fairness_key, '') as fk, null::bigint as base from j
+          select j.id, j.tenant_id, j.api, j.params, j.priority, j.run_after, coalesce(j.fairness_key, '') as fk, null::bigint as base, j.state, j.trace_parent as tp from j
           union all
-          select null::uuid, kb.tenant_id, null::text, null::jsonb, kb.priority, null::timestamptz, kb.fk, kb.base from kb) u
+          select null::uuid, kb.tenant_id, null::text, null::jsonb, kb.priority, null::timestamptz, kb.fk, kb.base, null::text, null::text from kb) u
         window w as (partition by u.tenant_id, u.priority, u.fk order by u.id nulls first)) ranked
       where ranked.id is not null
     ), b as (
       insert into pgboss.job (id, name, data, priority, start_after, created_on, expire_seconds, deletion_seconds, keep_until,
         retry_limit, retry_delay, retry_backoff, retry_delay_max, policy, dead_letter, heartbeat_seconds)
-      select r.id, q.name, jsonb_build_object('tenantId', r.tenant_id, 'api', r.api, 'params', r.params), -r.rank,
+      select r.id, q.name,
+        -- A traced job's data also carries its trace (tracing/job-trace.ts reads it back at lease
+        -- time, on whichever node): its traceparent, its fairness key, when it entered the queue
+        -- (epoch ms) and why it waits from the start (its quota, or a runAt ahead: [reason, since, until]).
+        case when r.tp is null then jsonb_build_object('tenantId', r.tenant_id, 'api', r.api, 'params', r.params)
+        else jsonb_build_object('tenantId', r.tenant_id, 'api', r.api, 'params', r.params, 'tp', r.tp, 'fk', r.fk,
+          'ta', floor(extract(epoch from now()) * 1000)::bigint,
+          'tw', case
+            when r.state = 'WAITING_QUOTA' then jsonb_build_array(jsonb_build_array('QUOTA', floor(extract(epoch from now()) * 1000)::bigint))
+            when r.run_after > now() then jsonb_build_array(jsonb_build_array('SCHEDULED', floor(extract(epoch from now()) * 1000)::bigint, floor(extract(epoch from r.run_after) * 1000)::bigint))
+            else '[]'::jsonb end) end,
+        -r.rank,
         greatest(pgboss.job_now(), r.run_after), pgboss.job_now(),
         coalesce(q.expire_seconds, ${d.expireSeconds}), coalesce(q.deletion_seconds, ${d.deletionSeconds}),
         greatest(pgboss.job_now(), r.run_after) + coalesce(q.retention_seconds, ${d.retentionSeconds}) * interval '1s',
@@ -453,14 +469,14 @@ export async function requeueJob(tx: Tx, id: string, attempt: number, countsAsAt
  * back to QUEUED, each only while still on that attempt. The caller puts
  * their pg-boss jobs back.
  */
-export async function releaseLostJobs(tx: Tx, attempts: ReadonlyArray<{ jobId: string; attempt: number }>): Promise<Array<{ id: string; tenantId: string; priority: JobClass; api: string; params: Record<string, unknown> }>> {
+export async function releaseLostJobs(tx: Tx, attempts: ReadonlyArray<{ jobId: string; attempt: number }>): Promise<Array<{ id: string; tenantId: string; priority: JobClass; api: string; params: Record<string, unknown>; traceParent: string | null }>> {
   if (attempts.length === 0) return [];
   const rows = await tx`
     update jobs j set state = 'QUEUED', run_after = now(), updated_at = now()
     from jsonb_to_recordset(${tx.json(attempts.map((a) => ({ job_id: a.jobId, attempt: a.attempt })) as never)}::jsonb) as x(job_id uuid, attempt int)
     where j.id = x.job_id and j.state = 'RUNNING' and j.attempts = x.attempt
-    returning j.id, j.tenant_id, j.priority, j.api, j.params`;
-  return rows.map((r) => ({ id: r.id as string, tenantId: r.tenant_id as string, priority: r.priority as JobClass, api: r.api as string, params: r.params as Record<string, unknown> }));
+    returning j.id, j.tenant_id, j.priority, j.api, j.params, j.trace_parent`;
+  return rows.map((r) => ({ id: r.id as string, tenantId: r.tenant_id as string, priority: r.priority as JobClass, api: r.api as string, params: r.params as Record<string, unknown>, traceParent: (r.trace_parent as string | null) ?? null }));
 }
 
 /** QUEUED or WAITING_QUOTA → FAILED (the reconciler: its queue is gone); returns its attempts, or null when it was not waiting. */

@@ -33,6 +33,8 @@ import {
   DEFAULT_RETRY_AFTER_SECONDS,
   MAX_RETRY_AFTER_SECONDS,
 } from './classify.ts';
+import { outcomeAttributes, type TraceAttributes } from '../tracing/attributes.ts';
+import { endSpan, propagationHeaders, SpanKind, startSpan, tracing } from '../tracing/tracer.ts';
 import { HEADER, parseProviderStatus } from './headers.ts';
 import type { BatchItem, BatchOutcome, CallOutcome, CallRequest, ProviderClient, ProviderStatus } from './types.ts';
 
@@ -95,11 +97,13 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
     signal: AbortSignal | undefined,
     maxBytes: number,
     onSent: (() => void) | undefined,
+    traceHeaders: Record<string, string> | undefined,
   ): Promise<Raw> {
     return new Promise<Raw>((resolve) => {
       let settled = false;
       let requestSent = false;
       const headers: Record<string, string> = {
+        ...traceHeaders,
         [HEADER.apiKey]: apiKey,
         accept: 'application/json',
         'user-agent': userAgent,
@@ -168,8 +172,66 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
     if (closed) throw new Error('provider client is closed');
   }
 
+  /**
+   * A traced call's CLIENT span (the caller's lease span its parent, or for a batch a trace of its
+   * own linked to every job it carries), its traceparent sent to the provider; the answer's status,
+   * classification and rate-limit headers on it. Never the key, the params or the answer's body.
+   */
+  async function traced<T>(
+    req: Pick<CallRequest, 'trace'>,
+    method: string,
+    url: URL,
+    attributes: TraceAttributes,
+    run: (headers: Record<string, string>) => Promise<T>,
+    outcomeOf: (r: T) => CallOutcome,
+  ): Promise<T> {
+    const t = req.trace!;
+    const span = startSpan(`${method} ${url.pathname}`, {
+      parent: t.parent ?? null,
+      kind: SpanKind.CLIENT,
+      links: t.links,
+      attributes: { 'http.request.method': method, 'url.path': url.pathname, 'server.address': url.hostname, 'server.port': Number(url.port) || (isHttps ? 443 : 80), ...attributes },
+    });
+    try {
+      const r = await run(propagationHeaders(span));
+      const outcome = outcomeOf(r);
+      endSpan(span, { attributes: outcomeAttributes(outcome), error: outcome.kind === 'billed' ? null : outcome.kind });
+      return r;
+    } catch (err) {
+      endSpan(span, { error: 'exception' });
+      throw err;
+    }
+  }
+
   return {
-    async call(req: CallRequest): Promise<CallOutcome> {
+    call(req: CallRequest): Promise<CallOutcome> {
+      if (!(tracing.on && req.trace)) return call(req, undefined);
+      const method = opts.catalog.get(req.api)?.method ?? 'GET';
+      return traced(req, method, new URL(encodeURIComponent(req.api), base), {}, (h) => call(req, h), (o) => o);
+    },
+
+    callBatch(req: Omit<CallRequest, 'params'> & { items: BatchItem[] }): Promise<BatchOutcome> {
+      if (!(tracing.on && req.trace)) return callBatch(req, undefined);
+      return traced(req, 'POST', new URL(batchPath(req.api), base), { 'sluice.job.count': req.items.length, 'sluice.job.api': req.api }, (h) => callBatch(req, h), (o) => o.call);
+    },
+
+    lastStatus(apiKey?: string): ProviderStatus | null {
+      if (apiKey !== undefined) return statuses.get(apiKey) ?? null;
+      let newest: ProviderStatus | null = null;
+      for (const s of statuses.values()) {
+        if (!newest || s.observedAt.getTime() > newest.observedAt.getTime()) newest = s;
+      }
+      return newest;
+    },
+
+    async close(): Promise<void> {
+      closed = true;
+      agent.destroy();
+    },
+  };
+
+  async function call(req: CallRequest, traceHeaders: Record<string, string> | undefined): Promise<CallOutcome> {
+    {
       assertOpen();
       const cost = costOf(req.api);
       const method = opts.catalog.get(req.api)?.method ?? 'GET';
@@ -184,7 +246,7 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
         body = JSON.stringify(req.params);
       }
       const started = performance.now();
-      const raw = await send(method, url, req.apiKey, body, req.timeoutMs ?? opts.timeoutMs, req.signal, maxResultBytes, req.onSent);
+      const raw = await send(method, url, req.apiKey, body, req.timeoutMs ?? opts.timeoutMs, req.signal, maxResultBytes, req.onSent, traceHeaders);
       const latencyMs = performance.now() - started;
       if (!raw.ok) return classifyFailure({ ...raw, cost, timeoutBilling, latencyMs });
       const outcome = classifyResponse({
@@ -201,16 +263,18 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
       });
       remember(req.apiKey, outcome.status);
       return outcome;
-    },
+    }
+  }
 
-    async callBatch(req: Omit<CallRequest, 'params'> & { items: BatchItem[] }): Promise<BatchOutcome> {
+  async function callBatch(req: Omit<CallRequest, 'params'> & { items: BatchItem[] }, traceHeaders: Record<string, string> | undefined): Promise<BatchOutcome> {
+    {
       assertOpen();
       const cost = costOf(req.api);
       const total = cost * req.items.length;
       const url = new URL(batchPath(req.api), base);
       const started = performance.now();
       const batchMaxBytes = maxResultBytes * req.items.length;
-      const raw = await send('POST', url, req.apiKey, encodeBatchRequest(req.items), req.timeoutMs ?? opts.timeoutMs, req.signal, batchMaxBytes, req.onSent);
+      const raw = await send('POST', url, req.apiKey, encodeBatchRequest(req.items), req.timeoutMs ?? opts.timeoutMs, req.signal, batchMaxBytes, req.onSent, traceHeaders);
       const latencyMs = performance.now() - started;
       if (!raw.ok) return { call: classifyFailure({ ...raw, cost: total, timeoutBilling, latencyMs }), items: [] };
       const observedAt = new Date();
@@ -272,20 +336,6 @@ export function createProviderClient(opts: ProviderClientOptions): ProviderClien
         latencyMs,
       };
       return { call, items };
-    },
-
-    lastStatus(apiKey?: string): ProviderStatus | null {
-      if (apiKey !== undefined) return statuses.get(apiKey) ?? null;
-      let newest: ProviderStatus | null = null;
-      for (const s of statuses.values()) {
-        if (!newest || s.observedAt.getTime() > newest.observedAt.getTime()) newest = s;
-      }
-      return newest;
-    },
-
-    async close(): Promise<void> {
-      closed = true;
-      agent.destroy();
-    },
-  };
+    }
+  }
 }

@@ -114,6 +114,11 @@ export interface CallRequest {
    * client (or a wrapper) that sends must call it first.
    */
   onSent?: () => void;
+  /**
+   * Trace this call (tracing on): a CLIENT span under `parent` (a traceparent), or a trace of its
+   * own linked to each of `links` (a batch's jobs); its traceparent goes to the provider.
+   */
+  trace?: { parent?: string | null; links?: Array<{ traceparent: string; attributes?: Record<string, string | number> }> };
 }
 
 export interface ProviderClient {

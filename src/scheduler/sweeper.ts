@@ -27,6 +27,7 @@ import type { DesiredAlert } from '../alerts/rules.ts';
 import { syncAlerts, type AlertRow } from '../alerts/store.ts';
 import type { Sql } from '../db/client.ts';
 import { publishJobEvents } from '../events/bus.ts';
+import { queuedTrace } from '../tracing/job-trace.ts';
 import { finishJobs, releaseLostJobs } from '../jobs/store.ts';
 import { isDatabaseUnavailable } from '../db/availability.ts';
 import { queueName, reinsertJobs } from '../queue/boss.ts';
@@ -241,7 +242,8 @@ export class Sweeper {
     // Queue key order (tenant id, class), as every multi-row writer of sched_queues takes them
     // (releaseLostJobs' depth trigger has locked these rows already, in that order).
     for (const [queue, g] of [...byQueue].sort(([, a], [, b]) => compareQueueKeys(a, b))) {
-      await reinsertJobs(boss, tx, queue, g.jobs.map((j) => ({ id: j.id, data: { tenantId: j.tenantId, api: j.api, params: j.params } })));
+      // A traced job keeps its trace: the next lease continues it, with the lost lease as its wait's reason.
+      await reinsertJobs(boss, tx, queue, g.jobs.map((j) => ({ id: j.id, data: { tenantId: j.tenantId, api: j.api, params: j.params, ...(j.traceParent ? queuedTrace(j.traceParent, 'LEASE_LOST') : {}) } })));
       await markQueuesReady(tx, g.tenantId, [g.jobClass]);
     }
     // Past the attempt limit: FAILED with its own code, its result stored and pg-boss acked with it.

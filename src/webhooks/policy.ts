@@ -176,6 +176,8 @@ export interface JobJson {
   errorMessage: string | null;
   httpStatus: number | null;
   creditsBilled: number;
+  /** A traced job's traceparent (never in the body: its delivery's span joins the job's trace). */
+  traceParent?: string;
 }
 
 /**

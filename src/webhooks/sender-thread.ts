@@ -10,6 +10,7 @@
  * 30 s; back to 1 s once a thread has run for a minute); the process carries on meanwhile, and the
  * deliveries the dead thread had claimed are sent again when their claims expire (at least once).
  */
+import type { TracingConfig } from '../tracing/config.ts';
 import { Worker } from 'node:worker_threads';
 import type { Sql } from '../db/client.ts';
 import type { ConnectOptions } from '../db/client.ts';
@@ -24,6 +25,8 @@ export interface WebhookThreadData {
   sender: Omit<WebhookSenderOptions, 'sql' | 'listenSql' | 'log' | 'onAttempt'>;
   /** How often the thread posts its attempt counts (metrics). */
   countFlushMs: number;
+  /** The process's tracing configuration when tracing is on (the thread starts its own SDK). */
+  tracing?: TracingConfig | null;
 }
 
 export type ToThread = { type: 'poke' } | { type: 'stop' };

@@ -9,6 +9,7 @@
  * NOTIFY sluice_webhooks (from the trigger) wakes it; a poll finds the retries coming due, and a
  * timer the first token of a tenant that ran out.
  */
+import { endSpan, propagationHeaders, SpanKind, startSpan, tracing, type Span } from '../tracing/tracer.ts';
 import type { Sql } from '../db/client.ts';
 import type { Logger } from '../log.ts';
 import { WebhookClient, type DeliveryResult } from './deliver.ts';
@@ -196,12 +197,21 @@ export class WebhookSender {
     }
     const body = eventBody(d.event, d.payload, d.createdAt);
     const timestamp = Math.floor(Date.now() / 1000);
+    // A traced job's delivery attempt: a CLIENT span in the job's trace, its traceparent sent to
+    // the receiver. The URL is the tenant's (it may carry a token): only its host is on the span.
+    const span = tracing.on && d.payload.traceParent ? deliverySpan(d, d.payload.traceParent) : null;
     const result: DeliveryResult = await this.client.post(
       d.url,
-      { 'webhook-id': d.id, 'webhook-timestamp': String(timestamp), 'webhook-signature': signatureHeader(secrets, d.id, timestamp, body) },
+      { ...(span ? propagationHeaders(span) : {}), 'webhook-id': d.id, 'webhook-timestamp': String(timestamp), 'webhook-signature': signatureHeader(secrets, d.id, timestamp, body) },
       body,
     );
     const ok = result.kind === 'answer' && isDelivered(result.status);
+    if (span) {
+      endSpan(span, {
+        attributes: { 'http.response.status_code': result.kind === 'answer' ? result.status : null, 'sluice.webhook.delivered': ok },
+        error: ok ? null : result.kind === 'answer' ? String(result.status) : result.error,
+      });
+    }
     const next = afterAttempt(ok, d.attempts, d.now.getTime() - d.createdAt.getTime(), this.o.retry);
     return {
       ...base,
@@ -244,4 +254,32 @@ export class WebhookSender {
     })();
     return this.flushing;
   }
+}
+
+/** The span of one delivery attempt, under the job's traceparent. */
+function deliverySpan(d: ClaimedDelivery, traceParent: string): Span {
+  let host: string | undefined;
+  let port: number | undefined;
+  try {
+    const u = new URL(d.url);
+    host = u.hostname;
+    port = Number(u.port) || (u.protocol === 'https:' ? 443 : 80);
+  } catch {
+    // An unparseable URL fails its attempt (BAD_URL); the span names no host.
+  }
+  return startSpan('POST webhook', {
+    parent: traceParent,
+    kind: SpanKind.CLIENT,
+    attributes: {
+      'http.request.method': 'POST',
+      'server.address': host,
+      'server.port': port,
+      'sluice.tenant.id': d.tenantId,
+      'sluice.job.id': d.payload?.id,
+      'sluice.webhook.endpoint.id': d.endpointId,
+      'sluice.webhook.delivery.id': d.id,
+      'sluice.webhook.event': d.event,
+      'sluice.webhook.attempt': d.attempts,
+    },
+  });
 }

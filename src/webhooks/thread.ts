@@ -10,12 +10,15 @@ import { parentPort, threadId, workerData } from 'node:worker_threads';
 import { connectDedicated } from '../db/client.ts';
 import { createLogger } from '../log.ts';
 import { WebhookSender } from './sender.ts';
+import { startTracing, stopTracing } from '../tracing/tracer.ts';
 import type { FromThread, ToThread, WebhookThreadData } from './sender-thread.ts';
 
 const port = parentPort;
 if (!port) throw new Error('src/webhooks/thread.ts runs as a worker thread: WebhookThread starts it');
 const data = workerData as WebhookThreadData;
 const post = (m: FromThread) => port.postMessage(m);
+// This thread's own SDK (a thread has its own modules): its delivery spans join their jobs' traces.
+if (data.tracing) startTracing(data.tracing, { 'sluice.role': 'worker', 'sluice.thread': 'webhooks' });
 const log = createLogger(data.logLevel).child({ thread: 'webhooks', threadId });
 const sql = connectDedicated(data.databaseUrl, data.pool);
 
@@ -48,6 +51,7 @@ function stop(): Promise<void> {
     await sender.stop();
     postCounts();
     await sql.end({ timeout: 5 });
+    await stopTracing();
     post({ type: 'stopped' });
     // Nothing keeps the loop alive now: the thread exits.
     port!.close();

@@ -1,4 +1,5 @@
 import { FINAL_STATES, JOB_STATES, countJobs, findJobs, finishedSince, getJob, listJobs, retriedFrom, type JobRow } from '../../jobs/store.ts';
+import { traceIdOf, traceUrl } from '../../tracing/traceparent.ts';
 import { RESYNC } from '../../events/bus.ts';
 import { isTransientOutage } from '../../db/availability.ts';
 import { CLASSES } from '../../config/classes.ts';
@@ -66,6 +67,16 @@ export const JobRef = builder.objectRef<JobRow>('Job').implement({
       description: 'The FAILED or CANCELLED job this one was submitted again from by retryJob; null for a job submitted afresh.',
       // A page's jobs share one lookup (graphql/memo.ts).
       resolve: async (j, _a, ctx) => (await batchLoad(ctx, 'retriedFrom', (ids: string[]) => retriedFrom(ctx.services.sql, ids), j.id)) ?? null,
+    }),
+    traceId: t.string({
+      nullable: true,
+      description: "The OpenTelemetry trace the job's spans belong to (the submitting request's, continued from its traceparent header when one was sent); null when tracing was off or the trace not sampled.",
+      resolve: (j) => traceIdOf(j.traceParent),
+    }),
+    traceUrl: t.string({
+      nullable: true,
+      description: "A link to the job's trace in the operator's tracing UI (TRACE_URL_TEMPLATE); null without a template or a trace.",
+      resolve: (j, _a, ctx) => traceUrl(ctx.services.traceUrlTemplate, traceIdOf(j.traceParent)),
     }),
     createdAt: t.field({ type: 'DateTime', resolve: (j) => j.createdAt }),
     startedAt: t.field({ type: 'DateTime', nullable: true, resolve: (j) => j.startedAt }),

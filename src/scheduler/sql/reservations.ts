@@ -7,6 +7,7 @@
  * table"; test/table-owners.test.ts). Shared state changes with single conditional statements, never
  * read-then-write, and rows are locked in the one order of docs/ARCHITECTURE.md "Lock order".
  */
+import type { QueuedTrace } from '../../tracing/job-trace.ts';
 import type { Tx } from '../../db/client.ts';
 import { finishItem, type FinishedJob } from '../../jobs/store.ts';
 import type { JobClass } from '../../config/classes.ts';
@@ -34,7 +35,8 @@ export interface LeaseRow {
   tenantId: string;
   jobClass: JobClass;
   queue: string;
-  data: { tenantId: string; api: string; params: Record<string, unknown> };
+  /** The queued job's data; a traced job's also carries its trace (tracing/job-trace.ts QueuedTrace). */
+  data: { tenantId: string; api: string; params: Record<string, unknown> } & Partial<QueuedTrace>;
   credits: number;
   batched: boolean;
   windowSlot: boolean;
