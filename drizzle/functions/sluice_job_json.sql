@@ -1,7 +1,8 @@
 -- sluice_job_json: a job event's payload, the JobRow shape of src/jobs/store.ts (JOB_COLUMNS'
--- names, the state as sluice_job_state shows it, dates as ISO text; jobFromJson turns them back). One function for every publisher
--- (publishJobEvents and the settlement's own NOTIFY), so an event is byte for byte the same
--- whoever sends it; test/fanout.test.ts checks an event carries what a read gives.
+-- names, the state as it shows by sluice_job_state, dates as ISO text; jobFromJson turns them
+-- back). One function for every publisher (publishJobEvents and the settlement's own NOTIFY), so
+-- an event is byte for byte the same whoever sends it; test/fanout.test.ts checks an event
+-- carries what a read gives.
 CREATE OR REPLACE FUNCTION sluice_job_json(p_id uuid)
  RETURNS jsonb
  LANGUAGE sql
