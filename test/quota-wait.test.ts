@@ -15,6 +15,8 @@ import { inTransaction, queueName, startBoss } from '../src/queue/boss.ts';
 import { leaseJobs } from '../src/scheduler/sql/reservations.ts';
 import { markQueuesReady } from '../src/scheduler/sql/queues.ts';
 import { unblockQuota } from '../src/scheduler/sql/tenants.ts';
+import { eventFromPayload } from '../src/events/bus.ts';
+import { JOB_STATES, visibleJobState } from '../src/jobs/store.ts';
 import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
 import { watch } from './helpers/ws-watch.ts';
 
@@ -134,4 +136,18 @@ test('a tenant with a large backlog runs out of quota: the lease writes none of 
     await sub.client.dispose();
     await listener.unlisten();
   }
+});
+
+test('the state a job shows: the same mapping in SQL and TypeScript; the tenant-wide event parses', async () => {
+  for (const state of JOB_STATES) {
+    for (const blocked of [false, true, null]) {
+      const [r] = await sql`select sluice_job_state(${state}, ${blocked}::boolean) as s`;
+      assert.equal(r!.s, visibleJobState(state, blocked === true), `${state}, blocked ${blocked}`);
+    }
+  }
+  assert.equal(visibleJobState('QUEUED', true), 'WAITING_QUOTA');
+  assert.equal(visibleJobState('RUNNING', true), 'RUNNING');
+  const tenantId = randomUUID();
+  assert.deepEqual(eventFromPayload(JSON.stringify({ tenantId, state: 'WAITING_QUOTA', allWaiting: true })), { jobId: '', tenantId, state: 'WAITING_QUOTA', allWaiting: true });
+  assert.equal(eventFromPayload(JSON.stringify({ tenantId, state: 'WAITING_QUOTA' })), null, 'no jobId and not tenant-wide: not an event');
 });
