@@ -15,6 +15,8 @@ import { inTransaction, queueName, startBoss } from '../src/queue/boss.ts';
 import { leaseJobs } from '../src/scheduler/sql/reservations.ts';
 import { markQueuesReady } from '../src/scheduler/sql/queues.ts';
 import { unblockQuota } from '../src/scheduler/sql/tenants.ts';
+import { oldestQueuedAgeByClass, oldestWaitByClass } from '../src/scheduler/sql/classes.ts';
+import type { JobClass } from '../src/config/classes.ts';
 import { eventFromPayload } from '../src/events/bus.ts';
 import { JOB_STATES, visibleJobState } from '../src/jobs/store.ts';
 import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
@@ -42,15 +44,15 @@ after(async () => {
 });
 
 /** n QUEUED jobs of the tenant in bulk (jobs, pg-boss and the ready mark in one transaction). */
-async function addJobs(tenantId: string, n: number): Promise<string[]> {
+async function addJobs(tenantId: string, n: number, jobClass: JobClass = 'STANDARD'): Promise<string[]> {
   const jobs = Array.from({ length: n }, (_, i) => ({ id: randomUUID(), api: 'exchangerate', params: { x: i } }));
   await sql.begin(async (tx) => {
     await tx`
       insert into jobs (id, tenant_id, api, params, priority, state)
-      select x.id, ${tenantId}, x.api, x.params, 'STANDARD', 'QUEUED'
+      select x.id, ${tenantId}, x.api, x.params, ${jobClass}, 'QUEUED'
       from jsonb_to_recordset(${tx.json(jobs as never)}::jsonb) as x(id uuid, api text, params jsonb)`;
-    await boss.insert(queueName(tenantId, 'STANDARD'), jobs.map((j) => ({ id: j.id, data: { tenantId, api: j.api, params: j.params } })), { db: inTransaction(tx) });
-    await markQueuesReady(tx, tenantId, ['STANDARD']);
+    await boss.insert(queueName(tenantId, jobClass), jobs.map((j) => ({ id: j.id, data: { tenantId, api: j.api, params: j.params } })), { db: inTransaction(tx) });
+    await markQueuesReady(tx, tenantId, [jobClass]);
   });
   return jobs.map((j) => j.id);
 }
@@ -150,4 +152,24 @@ test('the state a job shows: the same mapping in SQL and TypeScript; the tenant-
   const tenantId = randomUUID();
   assert.deepEqual(eventFromPayload(JSON.stringify({ tenantId, state: 'WAITING_QUOTA', allWaiting: true })), { jobId: '', tenantId, state: 'WAITING_QUOTA', allWaiting: true });
   assert.equal(eventFromPayload(JSON.stringify({ tenantId, state: 'WAITING_QUOTA' })), null, 'no jobId and not tenant-wide: not an event');
+});
+
+test("a blocked tenant's jobs (stored QUEUED) do not age the class for the alerts and the starvation guard", async () => {
+  const blocked = await t.createTenant('blocked-old', 'PRO');
+  const other = await t.createTenant('servable', 'PRO');
+  await addJobs(blocked.id, 5, 'INTERACTIVE');
+  await sql`update jobs set created_at = now() - interval '1 hour' where tenant_id = ${blocked.id}`;
+  await addJobs(other.id, 1, 'INTERACTIVE');
+  await sql`update sched_tenants set quota_blocked = true where tenant_id = ${blocked.id}`;
+  const age = (await oldestQueuedAgeByClass(sql)).INTERACTIVE!;
+  assert.ok(age < 600, `the servable job's age, not the blocked tenant's hour: ${age}`);
+  assert.ok((await oldestWaitByClass(sql)).INTERACTIVE! < 600_000);
+  const plan = await sql.unsafe(`explain (analyze, format json) select extract(epoch from now() - coalesce(
+      (select o.created_at from (select created_at, tenant_id from jobs where priority = 'INTERACTIVE' and state = 'QUEUED' order by created_at limit 1000) o
+        where not exists (select 1 from sched_tenants t where t.tenant_id = o.tenant_id and t.quota_blocked) order by o.created_at limit 1), now()))`);
+  // The probe walks the index lazily, past the blocked tenant's 5 jobs to the servable one: no sort of up to 1,000.
+  assert.ok(!JSON.stringify(plan).includes('"Node Type":"Sort"'), 'no sort');
+  assert.ok(JSON.stringify(plan).includes('"Index Name":"jobs_queued_age_idx","Relation Name":"jobs","Alias":"jobs","Startup Cost"'), 'the index in created_at order');
+  await sql`update sched_tenants set quota_blocked = false where tenant_id = ${blocked.id}`;
+  assert.ok((await oldestQueuedAgeByClass(sql)).INTERACTIVE! >= 3600, 'unblocked, its jobs count again');
 });
