@@ -105,8 +105,9 @@ test('a tenant with a large backlog runs out of quota: the lease writes none of 
     assert.deepEqual(waitEvents, [{ tenantId: tenant.id, state: 'WAITING_QUOTA', allWaiting: true }], 'one tenant-wide event, not one per job');
 
     // What clients see: the job waits for quota, with its reason and the renewal as its estimate.
-    const JOB = `query($id: ID!) { job(id: $id) { state waitReason estimatedStartAt } me { usage { periodEnd } } }`;
+    const JOB = `query($id: ID!) { job(id: $id) { state waitReason estimatedStartAt } me { usage { periodEnd } queues { priority waitReason } } }`;
     const seen = await t.gql(JOB, { id: follow }, tenant.apiKey);
+    assert.equal(seen.body.data.me.queues.find((q: { priority: string }) => q.priority === 'STANDARD').waitReason, 'QUOTA');
     assert.equal(seen.body.data.job.state, 'WAITING_QUOTA');
     assert.equal(seen.body.data.job.waitReason, 'QUOTA');
     assert.equal(seen.body.data.job.estimatedStartAt, seen.body.data.me.usage.periodEnd);
