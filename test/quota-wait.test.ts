@@ -120,6 +120,17 @@ test('a tenant with a large backlog runs out of quota: the lease writes none of 
     assert.equal(queued.body.data.jobs.totalCount, 0, 'no job of a blocked tenant shows QUEUED');
     const running = await t.gql(COUNT, { s: 'RUNNING' }, tenant.apiKey);
     assert.equal(running.body.data.jobs.totalCount, 3);
+    // A job submitted while blocked is stored QUEUED and answered WAITING_QUOTA, a replay too.
+    const SUBMIT = `mutation($i: JobInput!) { submitJob(input: $i) { job { id state } } }`;
+    const input = { api: 'exchangerate', params: { currency1: 'EUR', currency2: 'USD' }, idempotencyKey: 'while-blocked' };
+    const submitted = await t.gql(SUBMIT, { i: input }, tenant.apiKey);
+    assert.equal(submitted.body.data?.submitJob.job.state, 'WAITING_QUOTA', JSON.stringify(submitted.body.errors));
+    const [stored] = await sql`select state from jobs where id = ${submitted.body.data.submitJob.job.id}`;
+    assert.equal(stored!.state, 'QUEUED');
+    assert.equal((await t.gql(SUBMIT, { i: input }, tenant.apiKey)).body.data.submitJob.job.state, 'WAITING_QUOTA');
+    const CANCEL = `mutation { cancelJobs(filter: { state: WAITING_QUOTA, idempotencyKey: "while-blocked" }) { cancelled more } }`;
+    const cancelled = await t.gql(CANCEL, {}, tenant.apiKey);
+    assert.equal(cancelled.body.data?.cancelJobs.cancelled, 1, JSON.stringify(cancelled.body.errors));
     // A subscriber to one waiting job sees it wait.
     await eventually(async () => JSON.stringify(sub.events).includes('WAITING_QUOTA'), 10_000, 20);
     // The depth counts it as it did (a waiting job either way).
