@@ -75,7 +75,10 @@ describe('three workers and an API process on one database', () => {
     // While it runs, the books must balance at every look (I4 in particular).
     await eventually(async () => {
       await assertLedgerBalances(sql);
-      const [row] = await sql`select count(*)::int as n from jobs where state in ('QUEUED', 'RUNNING')`;
+      // (A quota-blocked tenant's jobs stay QUEUED and show WAITING_QUOTA.)
+      const [row] = await sql`
+        select count(*)::int as n from jobs j left join sched_tenants qt on qt.tenant_id = j.tenant_id
+        where sluice_job_state(j.state, qt.quota_blocked) in ('QUEUED', 'RUNNING')`;
       return row!.n === 0;
     }, 60_000, 150);
     await eventually(async () => {

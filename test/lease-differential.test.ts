@@ -8,7 +8,7 @@
  * same turns, group batch turns into the same calls (many tenants' turns may
  * share one), fail and block the same, and take the same slots; and leave the
  * same state behind: credits reserved and in-flight counts per tenant, jobs
- * WAITING_QUOTA, every queue's virtual time and ready mark (the lift of
+ * showing WAITING_QUOTA, every queue's virtual time and ready mark (the lift of
  * lagging queues included) and the class clocks. Some tenants hold a reserved
  * share (multiples of 1/8, so sums are exact in any order; their sum may pass
  * 0.8, as the scheduler's copies may for a moment): the raised weight in the
@@ -266,8 +266,11 @@ async function sameAsModel(c: Case, seen: Seen): Promise<void> {
       assert.deepEqual(Object.fromEntries(ledger.map((r) => [r.tenant_id as string, r.reserved as number])), expected.reserved, 'credits reserved per tenant');
       const inFlight = await sql`select tenant_id, in_flight from sched_tenants where tenant_id = any(${tenantIds}::uuid[])`;
       assert.deepEqual(Object.fromEntries(inFlight.map((r) => [r.tenant_id as string, r.in_flight as number])), expected.inFlight, 'in-flight per tenant');
-      const waiting = (await sql`select id from jobs where state = 'WAITING_QUOTA'`).map((r) => r.id as string).sort();
-      assert.deepEqual(waiting, [...expected.waitingQuota].sort(), 'WAITING_QUOTA marks');
+      // As it shows (the block writes no job: a blocked tenant's QUEUED jobs show WAITING_QUOTA).
+      const waiting = (await sql`
+        select j.id from jobs j left join sched_tenants qt on qt.tenant_id = j.tenant_id
+        where sluice_job_state(j.state, qt.quota_blocked) = 'WAITING_QUOTA'`).map((r) => r.id as string).sort();
+      assert.deepEqual(waiting, [...expected.waitingQuota].sort(), 'jobs showing WAITING_QUOTA');
       const queues = await sql`
         select tenant_id, class, vtime, ready_at is not null as marked, (tenant_dormant or scheduled or held_api is not null) as dormant
         from sched_queues where tenant_id = any(${tenantIds}::uuid[])`;

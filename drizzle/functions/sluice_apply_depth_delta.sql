@@ -14,7 +14,7 @@
 -- returns = ANY matches in index order), or a merge join on the key. A separate SELECT ... FOR
 -- UPDATE in key order did the same at twice the cost (each row locked, then written): 2.8 ms of
 -- every lease's and settlement's 3.7 ms here with 10,000 tenants. A statement whose delta nets to
--- nothing (QUEUED -> WAITING_QUOTA) names no row and locks none.
+-- nothing (a job moving between the two waiting states) names no row and locks none.
 -- The counter is not clamped: a delta taking it below zero raises (CHECK depth >= 0).
 CREATE OR REPLACE FUNCTION sluice_apply_depth_delta(delta jsonb)
  RETURNS void

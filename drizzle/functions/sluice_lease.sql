@@ -495,13 +495,13 @@ BEGIN
         PERFORM pg_notify('sluice_job_events', jsonb_build_object('jobId', over_id, 'tenantId', q.tenant_id, 'state', 'FAILED')::text);
       ELSE
         -- WAIT: the tenant waits for quota, visibly; its queues go dormant (out of the fair index;
-        -- the renewal brings them back at the class clock). QUEUED → WAITING_QUOTA leaves depth as
-        -- it is (the trigger writes nothing). Only the queue rows free now are marked: a row another
-        -- transaction holds stays in the index, and is not picked while the tenant is blocked.
+        -- the renewal brings them back at the class clock). O(1) whatever the backlog: the flag
+        -- changes, its jobs stay QUEUED and show WAITING_QUOTA while it is set (sluice_job_state),
+        -- and one tenant-wide event (no jobId, "allWaiting") tells subscribers their waiting jobs
+        -- changed. Only the queue rows free now are marked: a row another transaction holds stays
+        -- in the index, and is not picked while the tenant is blocked.
         UPDATE sched_tenants SET quota_blocked = true, quota_blocked_cost = costs[fit + 1] WHERE sched_tenants.tenant_id = q.tenant_id;
-        WITH b AS (UPDATE jobs SET state = 'WAITING_QUOTA', updated_at = now()
-          WHERE jobs.tenant_id = q.tenant_id AND state = 'QUEUED' RETURNING id)
-        SELECT count(*) INTO i FROM (SELECT pg_notify('sluice_job_events', jsonb_build_object('jobId', b.id, 'tenantId', q.tenant_id, 'state', 'WAITING_QUOTA')::text) FROM b) z;
+        PERFORM pg_notify('sluice_job_events', jsonb_build_object('tenantId', q.tenant_id, 'state', 'WAITING_QUOTA', 'allWaiting', true)::text);
         UPDATE sched_queues sq SET tenant_dormant = true
           FROM (SELECT l.class FROM sched_queues l WHERE l.tenant_id = q.tenant_id ORDER BY l.class FOR UPDATE SKIP LOCKED) l
           WHERE sq.tenant_id = q.tenant_id AND sq.class = l.class;

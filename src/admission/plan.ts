@@ -34,7 +34,7 @@ export interface PlanInput<J extends PlannedJob = PlannedJob> {
   /** `${tenantId}:${key}` → the job stored under that idempotency key. */
   originals: ReadonlyMap<string, KnownJob>;
   tenantDepth: ReadonlyMap<string, number>;
-  /** State new jobs of a tenant take (WAITING_QUOTA while it waits for quota). */
+  /** State new jobs of a tenant show (WAITING_QUOTA while it waits for quota; they are stored QUEUED either way). */
   newState: (tenantId: string) => 'QUEUED' | 'WAITING_QUOTA';
   globalDepth: number;
   globalBound: number;

@@ -21,11 +21,19 @@ import type { JobRow } from '../jobs/store.ts';
 export const JOB_EVENTS_CHANNEL = 'sluice_job_events';
 
 export interface JobEvent {
+  /** '' for a tenant-wide event (allWaiting). */
   jobId: string;
   tenantId: string;
   state: string;
   /** The committed row, for a final state whose row fits in the payload. */
   job?: JobRow;
+  /**
+   * A tenant-wide event: every waiting job of the tenant now shows `state`. The lease's quota WAIT
+   * sends one (WAITING_QUOTA) instead of one per job: the jobs stay QUEUED and show WAITING_QUOTA
+   * while the tenant is blocked (visibleJobState), so the block writes no job and sends one NOTIFY
+   * whatever the backlog. A subscriber to one job re-reads it (jobUpdated).
+   */
+  allWaiting?: true;
 }
 
 /**
@@ -89,12 +97,13 @@ export function jobFromJson(json: unknown): JobRow | null {
 
 /** A NOTIFY payload as an event (its row parsed once, for every subscriber); null when it is not one. */
 export function eventFromPayload(payload: string): JobEvent | null {
-  let raw: { jobId?: unknown; tenantId?: unknown; state?: unknown; job?: unknown };
+  let raw: { jobId?: unknown; tenantId?: unknown; state?: unknown; job?: unknown; allWaiting?: unknown };
   try {
     raw = JSON.parse(payload) as typeof raw;
   } catch {
     return null;
   }
+  if (raw?.allWaiting === true && typeof raw.tenantId === 'string' && typeof raw.state === 'string') return { jobId: '', tenantId: raw.tenantId, state: raw.state, allWaiting: true };
   if (typeof raw?.jobId !== 'string' || typeof raw.tenantId !== 'string' || typeof raw.state !== 'string') return null;
   const event: JobEvent = { jobId: raw.jobId, tenantId: raw.tenantId, state: raw.state };
   const job = raw.job === undefined ? null : jobFromJson(raw.job);

@@ -19,7 +19,7 @@ import { SluiceError } from '../errors.ts';
 import { publishJobEvents } from '../events/bus.ts';
 import { inTransaction, lockBossJob, lockBossJobs, queueName } from '../queue/boss.ts';
 import { type JobClass } from '../config/classes.ts';
-import { cancelQueuedJob, cancelQueuedJobs, getJob, insertJobsQueued, jobClassOf, originalsByIdempotencyKey, waitingJobsMatching, type JobFilter, type JobRow, type JobState, type NewJob, type NewJobRow } from './store.ts';
+import { cancelQueuedJob, cancelQueuedJobs, getJob, insertJobsQueued, jobClassOf, originalsByIdempotencyKey, waitingJobsMatching, type JobFilter, type JobRow, type JobState, type NewJob, type NewJobRow, visibleJobState } from './store.ts';
 import { newJobIds } from './ids.ts';
 import { DEFAULT_SCHEDULE_MAX_AHEAD_SECONDS, validateSubmission, type JobInput, type ParamLimits } from './validate.ts';
 import type { CommitGate } from '../http/deadline.ts';
@@ -313,7 +313,7 @@ export class JobService {
         subs: open.map(({ s }) => ({ tenantId: s.tenant.id, tenantBound: effectiveLimits(s.tenant).queueBound, jobs: s.jobs })),
         originals,
         tenantDepth: new Map([...tenants].map(([id, t]) => [id, t.depth])),
-        newState: (id) => (tenants.get(id)?.quotaBlocked ? 'WAITING_QUOTA' : 'QUEUED'),
+        newState: (id) => visibleJobState('QUEUED', tenants.get(id)?.quotaBlocked ?? false) as 'QUEUED' | 'WAITING_QUOTA',
         globalDepth,
         globalBound: admission.globalBound,
         classShare: admission.classShare,
@@ -327,7 +327,7 @@ export class JobService {
       plans = plan(sum(await reconcileGate(tx)));
     }
 
-    const accepted = plans.flatMap((p, k) => (p.kind === 'accept' ? p.insert.map((j) => ({ ...j, tenantId: open[k]!.s.tenant.id, state: p.state })) : []));
+    const accepted = plans.flatMap((p, k) => (p.kind === 'accept' ? p.insert.map((j) => ({ ...j, tenantId: open[k]!.s.tenant.id, state: 'QUEUED' as const })) : []));
     const out: Outcome[] = early.map((e) => e ?? (null as never));
     open.forEach(({ i }, k) => (out[i] = plans[k]!));
     return { out, accepted };

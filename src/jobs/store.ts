@@ -19,6 +19,24 @@ import { isUuid } from '../uuid.ts';
 export const JOB_STATES = ['QUEUED', 'WAITING_QUOTA', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'] as const;
 export type JobState = (typeof JOB_STATES)[number];
 export const FINAL_STATES: readonly JobState[] = ['SUCCEEDED', 'FAILED', 'CANCELLED'];
+/** States a waiting job shows (QUEUED, or WAITING_QUOTA while its tenant is quota-blocked). */
+export const WAITING_STATES: readonly JobState[] = ['QUEUED', 'WAITING_QUOTA'];
+
+/**
+ * The state a job shows, from its stored state and whether its tenant is quota-blocked: a quota
+ * wait sets the tenant's flag (sched_tenants.quota_blocked) and leaves its jobs QUEUED, so the
+ * lease blocks a tenant in O(1) whatever its backlog; a QUEUED job of a blocked tenant shows
+ * WAITING_QUOTA. The same mapping as sluice_job_state (drizzle/functions/), which every read of
+ * this module applies (JOB_COLUMNS, the filters by state): TypeScript uses this one.
+ */
+export function visibleJobState(stored: JobState, quotaBlocked: boolean): JobState {
+  return stored === 'QUEUED' && quotaBlocked ? 'WAITING_QUOTA' : stored;
+}
+
+/** A job's state as it shows (visibleJobState) in SQL, for `jobs j` joined with QUOTA_JOIN. */
+const VISIBLE_STATE = 'sluice_job_state(j.state, qt.quota_blocked)';
+/** The join VISIBLE_STATE reads the tenant's quota block through (one row per tenant). */
+const QUOTA_JOIN = 'left join sched_tenants qt on qt.tenant_id = j.tenant_id';
 
 type Tx = Sql | postgres.TransactionSql;
 
@@ -49,9 +67,9 @@ export interface JobRow {
   traceParent?: string | null;
 }
 
-/** A job row as reads return it; sluice_job_json (drizzle/functions/sluice_job_json.sql) gives the same shape for events. */
+/** A job row as reads return it (its state as it shows: from jobs j, job_results r and QUOTA_JOIN); sluice_job_json (drizzle/functions/sluice_job_json.sql) gives the same shape for events. */
 const JOB_COLUMNS = `
-  j.id, j.tenant_id as "tenantId", j.api, j.params, j.priority, j.state,
+  j.id, j.tenant_id as "tenantId", j.api, j.params, j.priority, ${VISIBLE_STATE} as state,
   j.idempotency_key as "idempotencyKey", j.fairness_key as "fairnessKey", j.attempts, j.created_at as "createdAt",
   (extract(epoch from j.created_at) * 1000000)::bigint::text as "createdAtMicros", j.run_after as "runAfter",
   j.started_at as "startedAt", j.finished_at as "finishedAt",
@@ -67,7 +85,8 @@ export interface NewJob extends ValidJob {
 /** A job row to insert: any tenant, so one statement can carry a whole group commit. */
 export interface NewJobRow extends NewJob {
   tenantId: string;
-  state: 'QUEUED' | 'WAITING_QUOTA';
+  /** Always QUEUED: a quota-blocked tenant's jobs show WAITING_QUOTA by visibleJobState. */
+  state: 'QUEUED';
 }
 
 /**
@@ -197,7 +216,7 @@ export interface OriginalJob {
 export async function originalsByIdempotencyKey(tx: Tx, pairs: ReadonlyArray<{ tenantId: string; key: string }>): Promise<Map<string, OriginalJob>> {
   if (pairs.length === 0) return new Map();
   const rows = await tx`
-    select j.id, j.state, j.api, j.params, j.tenant_id, j.idempotency_key from jobs j
+    select j.id, ${tx.unsafe(VISIBLE_STATE)} as state, j.api, j.params, j.tenant_id, j.idempotency_key from jobs j ${tx.unsafe(QUOTA_JOIN)}
     join jsonb_to_recordset(${tx.json(pairs.map((p) => ({ t: p.tenantId, k: p.key })) as never)}::jsonb) as x(t uuid, k text)
       on j.tenant_id = x.t and j.idempotency_key = x.k`;
   return new Map(
@@ -207,7 +226,7 @@ export async function originalsByIdempotencyKey(tx: Tx, pairs: ReadonlyArray<{ t
 
 export async function getJob(sql: Tx, tenantId: string | null, id: string): Promise<JobRow | null> {
   const rows = await sql.unsafe(
-    `select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id
+    `select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id ${QUOTA_JOIN}
      where j.id = $1 and ($2::uuid is null or j.tenant_id = $2::uuid)`,
     [id, tenantId],
   );
@@ -230,9 +249,9 @@ export async function listJobs(
   after: { createdAtMicros: string; id: string } | null,
 ): Promise<JobRow[]> {
   const rows = await sql.unsafe(
-    `select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id
+    `select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id ${QUOTA_JOIN}
      where j.tenant_id = $1
-       and ($2::text is null or j.state = $2) and ($3::text is null or j.api = $3) and ($4::text is null or j.priority = $4)
+       and ($2::text is null or ${VISIBLE_STATE} = $2) and ($3::text is null or j.api = $3) and ($4::text is null or j.priority = $4)
        and ($8::text is null or j.idempotency_key = $8)
        and ($5::bigint is null or (j.created_at, j.id) < (to_timestamp($5::bigint / 1000000.0), $6::uuid))
      order by j.created_at desc, j.id desc
@@ -244,12 +263,12 @@ export async function listJobs(
 
 export async function countJobs(sql: Tx, tenantId: string, filter: JobFilter): Promise<number> {
   const [row] = await sql`
-    select count(*)::int as n from jobs
-    where tenant_id = ${tenantId}
-      and (${filter.state ?? null}::text is null or state = ${filter.state ?? null})
-      and (${filter.api ?? null}::text is null or api = ${filter.api ?? null})
-      and (${filter.priority ?? null}::text is null or priority = ${filter.priority ?? null})
-      and (${filter.idempotencyKey ?? null}::text is null or idempotency_key = ${filter.idempotencyKey ?? null})`;
+    select count(*)::int as n from jobs j ${sql.unsafe(QUOTA_JOIN)}
+    where j.tenant_id = ${tenantId}
+      and (${filter.state ?? null}::text is null or ${sql.unsafe(VISIBLE_STATE)} = ${filter.state ?? null})
+      and (${filter.api ?? null}::text is null or j.api = ${filter.api ?? null})
+      and (${filter.priority ?? null}::text is null or j.priority = ${filter.priority ?? null})
+      and (${filter.idempotencyKey ?? null}::text is null or j.idempotency_key = ${filter.idempotencyKey ?? null})`;
   return row!.n as number;
 }
 
@@ -264,13 +283,13 @@ export async function earliestRunAfter(sql: Tx, tenantId: string): Promise<Map<J
 /** The tenant's waiting jobs (QUEUED, WAITING_QUOTA) matching the filter, oldest first, at most `limit` (cancelJobs' pick). */
 export async function waitingJobsMatching(tx: Tx, tenantId: string, filter: JobFilter, limit: number): Promise<Array<{ id: string; priority: JobClass }>> {
   const rows = await tx`
-    select id, priority from jobs
-    where tenant_id = ${tenantId} and state in ('QUEUED', 'WAITING_QUOTA')
-      and (${filter.state ?? null}::text is null or state = ${filter.state ?? null})
-      and (${filter.api ?? null}::text is null or api = ${filter.api ?? null})
-      and (${filter.priority ?? null}::text is null or priority = ${filter.priority ?? null})
-      and (${filter.idempotencyKey ?? null}::text is null or idempotency_key = ${filter.idempotencyKey ?? null})
-    order by created_at, id limit ${limit}`;
+    select j.id, j.priority from jobs j ${tx.unsafe(QUOTA_JOIN)}
+    where j.tenant_id = ${tenantId} and j.state in ('QUEUED', 'WAITING_QUOTA')
+      and (${filter.state ?? null}::text is null or ${tx.unsafe(VISIBLE_STATE)} = ${filter.state ?? null})
+      and (${filter.api ?? null}::text is null or j.api = ${filter.api ?? null})
+      and (${filter.priority ?? null}::text is null or j.priority = ${filter.priority ?? null})
+      and (${filter.idempotencyKey ?? null}::text is null or j.idempotency_key = ${filter.idempotencyKey ?? null})
+    order by j.created_at, j.id limit ${limit}`;
   return rows.map((r) => ({ id: r.id as string, priority: r.priority as JobClass }));
 }
 
@@ -293,7 +312,7 @@ export async function cancelQueuedJobs(tx: Tx, tenantId: string, ids: readonly s
 export async function findJobs(sql: Tx, text: string, limit: number): Promise<JobRow[]> {
   const id = isUuid(text) ? text : null;
   const rows = await sql.unsafe(
-    `select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id
+    `select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id ${QUOTA_JOIN}
      where ($1::uuid is not null and j.id = $1::uuid) or j.idempotency_key = $2
      order by j.created_at desc, j.id desc
      limit $3`,
@@ -335,7 +354,10 @@ export async function cancelTenantWaitingJobs(tx: Tx, tenantId: string): Promise
   return rows.map((r) => r.id as string);
 }
 
-/** A lifted quota block: the tenant's WAITING_QUOTA jobs → QUEUED; returns each one's class. */
+/**
+ * A lifted quota block: the tenant's jobs stored WAITING_QUOTA (by a version that wrote the wait
+ * into each job; a block now leaves them QUEUED) → QUEUED; returns each one's class.
+ */
 export async function queueQuotaWaitingJobs(tx: Tx, tenantId: string): Promise<JobClass[]> {
   const rows = await tx`
     update jobs set state = 'QUEUED', updated_at = now() where tenant_id = ${tenantId} and state = 'WAITING_QUOTA'
@@ -494,7 +516,7 @@ export async function failWaitingJob(tx: Tx, id: string): Promise<number | null>
  */
 export async function finishedSince(sql: Tx, tenantId: string, since: Date, limit = 10_000): Promise<{ rows: JobRow[]; dbNow: Date }> {
   const rows = await sql.unsafe(
-    `select ${JOB_COLUMNS}, now() as "dbNow" from jobs j left join job_results r on r.job_id = j.id
+    `select ${JOB_COLUMNS}, now() as "dbNow" from jobs j left join job_results r on r.job_id = j.id ${QUOTA_JOIN}
      where j.tenant_id = $1 and j.state in ('SUCCEEDED', 'FAILED', 'CANCELLED') and j.finished_at >= $2
      order by j.finished_at, j.id
      limit $3`,

@@ -62,9 +62,9 @@
  *   rest by weight; idle, it counts nowhere.
  *
  * And what the call leaves behind (the differential test compares it too):
- * the credits reserved and the cap slots taken per tenant; the jobs of a
- * tenant newly blocked (policy WAIT) that were not claimed, now
- * WAITING_QUOTA; the ready marks (a queue with nothing pg-boss would hand out
+ * the credits reserved and the cap slots taken per tenant; the jobs that show
+ * WAITING_QUOTA (the unclaimed jobs of blocked tenants: the block sets the
+ * tenant's flag, not its jobs); the ready marks (a queue with nothing pg-boss would hand out
  * keeps a mark only while jobs wait in it, and goes dormant: held by its head
  * job's API when that is held, else scheduled; a blocked tenant's queues keep
  * theirs and go dormant; a queue that claimed its last waiting job goes idle);
@@ -177,7 +177,11 @@ export interface LeasePicks {
   reserved: Record<string, number>;
   /** Every tenant's in-flight count after the call. */
   inFlight: Record<string, number>;
-  /** Jobs now WAITING_QUOTA: the unclaimed jobs of the tenants this call blocked. */
+  /**
+   * Jobs that show WAITING_QUOTA after the call: the unclaimed jobs of the blocked tenants (before
+   * the call or by it). Derived, not written: they stay QUEUED, their tenant's flag makes them show
+   * it (visibleJobState), so a block writes no job.
+   */
   waitingQuota: string[];
   /** Every queue's virtual time after the call (`${tenantId}/${class}`), the lift included. */
   vtimes: Record<string, number>;
@@ -426,7 +430,8 @@ export function planPicks(input: LeaseInput): LeasePicks {
     out.dormant[key] = dormant(key);
   }
   for (const t of tenants.values()) out.inFlight[t.tenantId] = t.inFlight;
-  const blocked = new Set(out.blocked);
+  // Blocked before the call or by it (t.quotaBlocked is set as the call blocks).
+  const blocked = new Set([...tenants.values()].filter((t) => t.quotaBlocked).map((t) => t.tenantId));
   const claimedIds = new Set(out.turns.flatMap((x) => x.jobIds));
   for (const [key, jobs] of Object.entries(input.jobs)) {
     if (blocked.has(key.slice(0, key.indexOf('/')))) for (const j of jobs) if (!claimedIds.has(j.id) && !out.failed.includes(j.id)) out.waitingQuota.push(j.id);

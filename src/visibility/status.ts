@@ -68,7 +68,8 @@ export function classStatuses(windowSpecs: Services['windows'], tenant: TenantRe
     const reason = waitReason({
       depth: q.depth,
       suspended: state?.suspended ?? false,
-      scheduled: (r.earliestRunAfter?.get(jobClass)?.getTime() ?? now) > now,
+      // A quota-blocked tenant's jobs are stored QUEUED but show WAITING_QUOTA: not "scheduled".
+      scheduled: !(state?.quotaBlocked ?? false) && (r.earliestRunAfter?.get(jobClass)?.getTime() ?? now) > now,
       accountStopped: account.dispatchStoppedUntil !== null,
       keyUnusable: paused && w!.pauseReason === 'KEY_UNUSABLE',
       windowPaused: paused,

@@ -94,7 +94,10 @@ export async function assertCountersMatchRows(sql: postgres.Sql): Promise<void> 
 
 /** I6/I7: every job ended (or waits), has at most one result row, and pg-boss holds nothing unacknowledged. */
 export async function assertJobsAccountedFor(sql: postgres.Sql): Promise<Record<string, number>> {
-  const rows = await sql`select state, count(*)::int as n from jobs group by state`;
+  // States as they show (a quota-blocked tenant's QUEUED jobs show WAITING_QUOTA).
+  const rows = await sql`
+    select sluice_job_state(j.state, qt.quota_blocked) as state, count(*)::int as n
+    from jobs j left join sched_tenants qt on qt.tenant_id = j.tenant_id group by 1`;
   const byState = Object.fromEntries(rows.map((r) => [r.state as string, r.n as number]));
   assert.equal(byState.RUNNING ?? 0, 0, 'no job left RUNNING');
   const [dupes] = await sql`select count(*)::int as n from (select job_id from job_results group by job_id having count(*) > 1) d`;

@@ -1,4 +1,4 @@
-import { FINAL_STATES, JOB_STATES, countJobs, findJobs, finishedSince, getJob, listJobs, retriedFrom, type JobRow } from '../../jobs/store.ts';
+import { FINAL_STATES, JOB_STATES, countJobs, findJobs, finishedSince, getJob, listJobs, retriedFrom, WAITING_STATES, type JobRow } from '../../jobs/store.ts';
 import { traceIdOf, traceUrl } from '../../tracing/traceparent.ts';
 import { RESYNC } from '../../events/bus.ts';
 import { isTransientOutage } from '../../db/availability.ts';
@@ -333,7 +333,8 @@ builder.subscriptionFields((t) => ({
       const tenantId = tenantOf(ctx).id;
       const jobId = asId(id, 'job');
       // Listen before reading, so a change between the read and the listen is not missed.
-      const events = ctx.services.bus.subscribe((e) => e.jobId === jobId && e.tenantId === tenantId, { resync: true, socket: ctx.socket });
+      // A tenant-wide event (the quota block: one for all the tenant's waiting jobs) is read as this job's.
+      const events = ctx.services.bus.subscribe((e) => e.tenantId === tenantId && (e.jobId === jobId || e.allWaiting === true), { resync: true, socket: ctx.socket });
       try {
         const current = await getJob(ctx.services.sql, tenantId, jobId);
         if (!current) throw new SluiceError('NOT_FOUND', `no job with id ${jobId}`);
@@ -352,14 +353,28 @@ builder.subscriptionFields((t) => ({
             if (FINAL_STATES.includes(last)) return;
             continue;
           }
-          const state = event.state as JobRow['state'];
+          if (event.allWaiting) {
+            // Every waiting job of the tenant changed: this one's row says whether it is one of them.
+            if (!(WAITING_STATES as string[]).includes(last)) continue;
+            const job = await readThroughOutage(() => getJob(ctx.services.sql, tenantId, jobId));
+            if (!job) return;
+            if (job.state === last) continue;
+            last = job.state;
+            yield job;
+            if (FINAL_STATES.includes(last)) return;
+            continue;
+          }
+          let state = event.state as JobRow['state'];
           if (state === last) continue;
-          last = state;
           // A final state's row rides in the event (or is read once per event in this process); a passing state is read.
           const load = () => readThroughOutage(() => getJob(ctx.services.sql, tenantId, jobId));
           const job = FINAL_STATES.includes(state) ? await ctx.services.bus.jobOf(event, load) : await load();
           if (!job) return;
-          // The row may already be further along than this event: report the state the event announced.
+          // The row may already be further along than this event: report the state the event
+          // announced, as it shows (a job put back QUEUED shows WAITING_QUOTA while its tenant is blocked).
+          if (state === 'QUEUED' && job.state === 'WAITING_QUOTA') state = job.state;
+          if (state === last) continue;
+          last = state;
           yield { ...job, state };
           if (FINAL_STATES.includes(state)) return;
         }

@@ -71,14 +71,19 @@ export async function unblockableTenants(sql: Tx): Promise<Array<{ tenantId: str
   return rows.map((r) => ({ tenantId: r.tenant_id as string, periodAnchor: r.period_anchor as Date, quota: Number(r.quota), cost: r.quota_blocked_cost as number }));
 }
 
-/** Lifts the quota block: WAITING_QUOTA jobs are QUEUED again and their queues ready. */
+/**
+ * Lifts the quota block: the tenant's waiting jobs show QUEUED again (they are stored QUEUED; the
+ * flag made them show WAITING_QUOTA) and its queues with work are ready. Returns how many jobs
+ * wait (the queues' depth).
+ */
 export async function unblockQuota(tx: Tx, tenantId: string): Promise<number> {
   const [t] = await tx`update sched_tenants set quota_blocked = false, quota_blocked_cost = 0 where tenant_id = ${tenantId} and quota_blocked returning tenant_id`;
   if (!t) return 0;
-  const released = await queueQuotaWaitingJobs(tx, tenantId);
+  // Jobs an older version stored WAITING_QUOTA (none once the migration ran; an index probe).
+  await queueQuotaWaitingJobs(tx, tenantId);
   // Back in the fair index at the class clock (the block took them out, marks kept).
   await syncQueuesDormancy(tx, tenantId);
-  const classes = [...new Set(released)];
-  await markQueuesReady(tx, tenantId, classes);
-  return released.length;
+  const queues = await tx`select class, depth from sched_queues where tenant_id = ${tenantId} and depth > 0 order by class`;
+  await markQueuesReady(tx, tenantId, queues.map((q) => q.class as JobClass));
+  return queues.reduce((n, q) => n + Number(q.depth), 0);
 }
