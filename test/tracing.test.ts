@@ -263,6 +263,9 @@ describe('tracing across an API node and a worker node', () => {
   });
 
   test('a batch call: a span of its own that links to every job it carries, not a child of one', async () => {
+    // The worker exports on its own schedule: the batch call's span may land after the API node's
+    // spans the first test waited for.
+    await eventually(async () => otlp.spans.some((s) => s.name === 'POST /v1/emailvalidator/batch') && ids.batch!.every((id) => spansOf(id).some((s) => s.name === 'sluice.lease')), 15_000);
     const leases = ids.batch!.map((id) => one(spansOf(id), 'sluice.lease'));
     const batch = otlp.spans.filter((s) => s.name === 'POST /v1/emailvalidator/batch');
     assert.equal(batch.length, 1, 'one batch call');
