@@ -10,3 +10,7 @@ BEGIN
     WHERE state IN ('QUEUED', 'WAITING_QUOTA') GROUP BY tenant_id, priority) x;
   RETURN NULL;
 END $function$;
+
+-- The trigger executing it (as pg_get_triggerdef prints it).
+CREATE TRIGGER jobs_depth_ins AFTER INSERT ON jobs REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT EXECUTE FUNCTION sluice_jobs_depth_ins();

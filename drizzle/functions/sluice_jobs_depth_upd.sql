@@ -13,3 +13,7 @@ BEGIN
     ) c GROUP BY tenant_id, priority HAVING sum(n) <> 0) x;
   RETURN NULL;
 END $function$;
+
+-- The trigger executing it (as pg_get_triggerdef prints it).
+CREATE TRIGGER jobs_depth_upd AFTER UPDATE ON jobs REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+  FOR EACH STATEMENT EXECUTE FUNCTION sluice_jobs_depth_upd();

@@ -9,3 +9,7 @@ BEGIN
   SELECT tenant_id, priority, -count(*) FROM old_rows WHERE state = 'RUNNING' GROUP BY tenant_id, priority;
   RETURN NULL;
 END $function$;
+
+-- The trigger executing it (as pg_get_triggerdef prints it).
+CREATE TRIGGER jobs_running_del AFTER DELETE ON jobs REFERENCING OLD TABLE AS old_rows
+  FOR EACH STATEMENT EXECUTE FUNCTION sluice_jobs_running_del();

@@ -16,3 +16,8 @@ BEGIN
   ) c GROUP BY tenant_id, priority HAVING sum(n) <> 0;
   RETURN NULL;
 END $function$;
+
+-- The trigger executing it (as pg_get_triggerdef prints it).
+-- Jobs are never inserted RUNNING, so there is no insert trigger.
+CREATE TRIGGER jobs_running_upd AFTER UPDATE ON jobs REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+  FOR EACH STATEMENT EXECUTE FUNCTION sluice_jobs_running_upd();

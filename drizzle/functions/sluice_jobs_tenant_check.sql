@@ -22,3 +22,7 @@ BEGIN
   END IF;
   RETURN NULL;
 END $function$;
+
+-- The trigger executing it (as pg_get_triggerdef prints it).
+CREATE TRIGGER jobs_tenant_check_ins AFTER INSERT ON jobs REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT EXECUTE FUNCTION sluice_jobs_tenant_check();

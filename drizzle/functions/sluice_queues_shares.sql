@@ -26,3 +26,15 @@ BEGIN
     CASE WHEN st.reserved_share > 0 THEN sign * st.weight ELSE 0 END);
   RETURN NULL;
 END $function$;
+
+-- The triggers executing it (as pg_get_triggerdef prints them).
+-- Only a row entering or leaving the fair index calls the function: a depth or virtual-time write
+-- (nearly every write of the table) is judged by the WHEN clause alone.
+CREATE TRIGGER sched_queues_shares_upd AFTER UPDATE ON sched_queues FOR EACH ROW
+  WHEN ((((old.ready_at IS NOT NULL) AND (NOT old.tenant_dormant) AND (NOT old.scheduled) AND (old.held_api IS NULL))
+    IS DISTINCT FROM ((new.ready_at IS NOT NULL) AND (NOT new.tenant_dormant) AND (NOT new.scheduled) AND (new.held_api IS NULL))))
+  EXECUTE FUNCTION sluice_queues_shares();
+
+CREATE TRIGGER sched_queues_shares_del AFTER DELETE ON sched_queues FOR EACH ROW
+  WHEN (((old.ready_at IS NOT NULL) AND (NOT old.tenant_dormant) AND (NOT old.scheduled) AND (old.held_api IS NULL)))
+  EXECUTE FUNCTION sluice_queues_shares();

@@ -22,3 +22,7 @@ BEGIN
   FROM s GROUP BY tenant_id, period_start, hour, api, class;
   RETURN NULL;
 END $function$;
+
+-- The trigger executing it (as pg_get_triggerdef prints it).
+CREATE TRIGGER reservations_usage AFTER UPDATE ON reservations REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+  FOR EACH STATEMENT EXECUTE FUNCTION sluice_reservations_usage();

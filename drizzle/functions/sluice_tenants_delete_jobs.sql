@@ -8,3 +8,7 @@ BEGIN
   DELETE FROM jobs j USING old_rows o WHERE j.tenant_id = o.id;
   RETURN NULL;
 END $function$;
+
+-- The trigger executing it (as pg_get_triggerdef prints it).
+CREATE TRIGGER tenants_delete_jobs AFTER DELETE ON tenants REFERENCING OLD TABLE AS old_rows
+  FOR EACH STATEMENT EXECUTE FUNCTION sluice_tenants_delete_jobs();

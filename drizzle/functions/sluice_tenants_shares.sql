@@ -20,3 +20,11 @@ BEGIN
     WHERE q.tenant_id = OLD.tenant_id AND q.ready_at IS NOT NULL AND NOT q.tenant_dormant AND NOT q.scheduled AND q.held_api IS NULL;
   RETURN NULL;
 END $function$;
+
+-- The triggers executing it (as pg_get_triggerdef prints them).
+CREATE TRIGGER sched_tenants_shares_upd AFTER UPDATE OF weight, reserved_share ON sched_tenants FOR EACH ROW
+  WHEN (((old.weight IS DISTINCT FROM new.weight) OR (old.reserved_share IS DISTINCT FROM new.reserved_share)))
+  EXECUTE FUNCTION sluice_tenants_shares();
+
+CREATE TRIGGER sched_tenants_shares_del AFTER DELETE ON sched_tenants FOR EACH ROW
+  EXECUTE FUNCTION sluice_tenants_shares();

@@ -1,11 +1,12 @@
 /**
  * Sluice's SQL functions have one source file each: `drizzle/functions/<name>.sql`, a header
  * comment saying what the function does and why, then the one `CREATE OR REPLACE FUNCTION`
- * statement written as `pg_get_functiondef` prints it. `git log -p` on that file is the function's
- * history. The migration that installs a change is generated from the files
+ * statement written as `pg_get_functiondef` prints it, then the `CREATE TRIGGER` statements of the
+ * triggers that execute it (each as `pg_get_triggerdef` prints it, `;`-terminated, comments
+ * allowed between them). `git log -p` on that file is the function's and its triggers' history. The migration that installs a change is generated from the files
  * (`npm run db:function -- <migration-name> <function>...`, src/scripts/db-function.ts), and
  * test/sql-functions.test.ts fails when the newest migration defining a function differs from its
- * file, or a migrated database's definition differs from it.
+ * file, or a migrated database's definition (functions and triggers) differs from it.
  */
 import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
@@ -18,8 +19,73 @@ export interface FunctionSource {
   name: string;
   /** The file's whole text (header comment included): what a generated migration carries. */
   text: string;
-  /** The CREATE statement alone, normalised (see `normaliseDefinition`). */
+  /** The CREATE FUNCTION statement alone, normalised (see `normaliseDefinition`). */
   definition: string;
+  /** The function's part of the file (header comment and CREATE FUNCTION statement). */
+  functionText: string;
+  /** The triggers executing the function, in file order. */
+  triggers: TriggerSource[];
+}
+
+export interface TriggerSource {
+  name: string;
+  table: string;
+  /** The statement as written (its comment lines included), without the semicolon. */
+  text: string;
+  /** Normalised (see `normaliseTrigger`). */
+  definition: string;
+}
+
+const FUNCTION_END = /\$function\$;[ \t]*(?:\r?\n|$)/g;
+const CREATE_TRIGGER = /^CREATE\s+TRIGGER\s+("?)([a-z_][a-z0-9_]*)\1\s[\s\S]*?\sON\s+(?:public\.)?("?)([a-z_][a-z0-9_]*)\3\s/i;
+
+/**
+ * A trigger compared as text: comment lines dropped, runs of blanks read as one space, no schema
+ * prefix on the table, no trailing semicolon: `pg_get_triggerdef`'s one line matches a file's
+ * statement broken over lines.
+ */
+export function normaliseTrigger(sql: string): string {
+  return sql
+    .replace(/^\s*--.*$/gm, '')
+    .replace(/\s+/g, ' ')
+    .trim()
+    .replace(/;$/, '')
+    .replace(/ ON public\./, ' ON ')
+    .trim();
+}
+
+/** Splits a function file into its function part and its trigger statements. */
+export function splitFunctionFile(text: string, file = 'a function file'): { functionText: string; triggers: TriggerSource[] } {
+  const ends = [...text.matchAll(FUNCTION_END)];
+  if (ends.length === 0) throw new Error(`${file}: the CREATE FUNCTION statement must end with $function$;`);
+  const end = ends[0]!.index + ends[0]![0].length;
+  const functionText = text.slice(0, end);
+  const triggers: TriggerSource[] = [];
+  for (const raw of text.slice(end).split(/;[ \t]*(?:\r?\n|$)/)) {
+    const statement = raw.replace(/^\s*--.*$/gm, '').trim();
+    if (statement === '') continue;
+    const m = CREATE_TRIGGER.exec(statement);
+    if (!m) throw new Error(`${file}: only CREATE TRIGGER statements may follow the function (found: ${statement.slice(0, 60)})`);
+    triggers.push({ name: m[2]!.toLowerCase(), table: m[4]!.toLowerCase(), text: raw.trim(), definition: normaliseTrigger(statement) });
+  }
+  return { functionText, triggers };
+}
+
+/** The name of the trigger a statement creates, or null when it creates none. */
+export function createdTrigger(statement: string): string | null {
+  const m = CREATE_TRIGGER.exec(statement.replace(/^\s*--.*$/gm, '').trim());
+  return m ? m[2]!.toLowerCase() : null;
+}
+
+/**
+ * What a migration carries for one function: the function, then for each of its triggers a drop
+ * and a create (CREATE TRIGGER has no OR REPLACE that keeps it a single idempotent form).
+ */
+export function installStatements(source: FunctionSource): string[] {
+  return [
+    source.functionText.trimEnd(),
+    ...source.triggers.flatMap((t) => [`DROP TRIGGER IF EXISTS ${t.name} ON ${t.table};`, `${t.text};`]),
+  ];
 }
 
 const CREATE = /CREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+(?:public\.)?("?)([a-z_][a-z0-9_]*)\1\s*\(/i;
@@ -55,9 +121,10 @@ export function readFunctionSources(dir = FUNCTIONS_DIR): FunctionSource[] {
     .map((f) => {
       const text = readFileSync(path.join(dir, f), 'utf8');
       const name = f.slice(0, -'.sql'.length);
-      const created = createdFunction(text);
+      const { functionText, triggers } = splitFunctionFile(text, `drizzle/functions/${f}`);
+      const created = createdFunction(functionText);
       if (created !== name) throw new Error(`drizzle/functions/${f} must create function ${name} (it creates ${created ?? 'none'})`);
-      return { name, text, definition: normaliseDefinition(text) };
+      return { name, text, functionText, triggers, definition: normaliseDefinition(functionText) };
     });
 }
 
@@ -82,6 +149,28 @@ export function newestMigrationDefinitions(dir = MIGRATIONS_DIR): Map<string, { 
     for (const statement of text.split('--> statement-breakpoint')) {
       const name = createdFunction(statement);
       if (name) out.set(name, { tag, definition: normaliseDefinition(statement) });
+    }
+  }
+  return out;
+}
+
+/**
+ * For each trigger, the normalised definition the newest migration (in journal order) creating it
+ * gives it. A trigger some migration dropped without creating it again is absent.
+ */
+export function newestMigrationTriggers(dir = MIGRATIONS_DIR): Map<string, { tag: string; definition: string }> {
+  const out = new Map<string, { tag: string; definition: string }>();
+  for (const { tag } of readJournal(dir).entries) {
+    const text = readFileSync(path.join(dir, `${tag}.sql`), 'utf8');
+    for (const statement of text.split('--> statement-breakpoint')) {
+      const stripped = statement.replace(/^\s*--.*$/gm, '').trim();
+      const created = createdTrigger(stripped);
+      if (created) {
+        out.set(created, { tag, definition: normaliseTrigger(stripped) });
+        continue;
+      }
+      const dropped = /^DROP\s+TRIGGER\s+(?:IF\s+EXISTS\s+)?("?)([a-z_][a-z0-9_]*)\1\s/i.exec(stripped);
+      if (dropped) out.delete(dropped[2]!.toLowerCase());
     }
   }
   return out;

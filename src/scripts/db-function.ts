@@ -1,19 +1,20 @@
 /**
  * `npm run db:function -- <migration-name> <function> [<function>...]` (or `--changed` instead of
  * names): writes the migration that installs the named functions' current source files
- * (drizzle/functions/<name>.sql). drizzle-kit makes the migration (`generate --custom`, so its
+ * (drizzle/functions/<name>.sql): each function, then for each trigger its file defines a
+ * `DROP TRIGGER IF EXISTS` and its `CREATE TRIGGER`. drizzle-kit makes the migration (`generate --custom`, so its
  * journal and snapshots stay its own), numbered after the newest migration
  * (scripts/numbered-migration.ts); this script fills it.
  *
- * `--changed` picks every function whose file differs from what the newest migration defining it
- * says (the same comparison test/sql-functions.test.ts makes).
+ * `--changed` picks every function whose file (function or triggers) differs from what the newest
+ * migrations defining them say (the same comparison test/sql-functions.test.ts makes).
  *
  * A change of a function's arguments or return type cannot be made by CREATE OR REPLACE: add
  * `DROP FUNCTION <name>(<old argument types>);` and a breakpoint at the top of the generated file.
  */
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { MIGRATIONS_DIR, newestMigrationDefinitions, readFunctionSources } from '../db/functions.ts';
+import { installStatements, MIGRATIONS_DIR, newestMigrationDefinitions, newestMigrationTriggers, readFunctionSources } from '../db/functions.ts';
 import { generateNumbered } from './numbered-migration.ts';
 
 const args = process.argv.slice(2);
@@ -26,7 +27,10 @@ const sources = new Map(readFunctionSources().map((s) => [s.name, s]));
 let names: string[];
 if (rest.includes('--changed')) {
   const installed = newestMigrationDefinitions();
-  names = [...sources.values()].filter((s) => installed.get(s.name)?.definition !== s.definition).map((s) => s.name);
+  const triggers = newestMigrationTriggers();
+  names = [...sources.values()]
+    .filter((s) => installed.get(s.name)?.definition !== s.definition || s.triggers.some((t) => triggers.get(t.name)?.definition !== t.definition))
+    .map((s) => s.name);
   if (names.length === 0) {
     console.log('every function file matches its newest migration: nothing to generate');
     process.exit(0);
@@ -51,6 +55,6 @@ const header = [
 writeFileSync(
   path.join(MIGRATIONS_DIR, `${tag}.sql`),
   // The header rides with the first statement: a statement of comments alone is an empty query.
-  `${header}\n${names.map((n) => sources.get(n)!.text.trimEnd()).join('\n--> statement-breakpoint\n')}\n`,
+  `${header}\n${names.flatMap((n) => installStatements(sources.get(n)!)).join('\n--> statement-breakpoint\n')}\n`,
 );
 console.log(`wrote drizzle/${tag}.sql (${names.join(', ')})`);
