@@ -68,8 +68,8 @@ describe('a pace learned from the provider', () => {
     const start = await primary();
     assert.equal(start.configuredRatePerMinute, 2160, 'configured: 2,400 × 0.9');
     assert.equal(start.paceReason, 'START', 'a new window starts slowly');
-    assert.ok(Math.abs(start.ratePerMinute - 216) < 1e-6, `at PACE_START (0.1) of the configured rate (${start.ratePerMinute})`);
-    assert.ok(start.burst <= 11, `with its burst scaled down (${start.burst})`);
+    assert.ok(Math.abs(start.ratePerMinute - 540) < 1e-6, `at PACE_START (0.25) of the configured rate (${start.ratePerMinute})`);
+    assert.ok(start.burst <= 27 + 1e-6, `with its burst scaled down (${start.burst})`);
     const r0 = rateLimited();
     await submit(1500, 'a');
 

@@ -122,7 +122,7 @@ export const envSchema = z.object({
   PACE_STEP_MS: int(2_000, 0),
   PACE_DECREASE: z.coerce.number().gt(0).max(1).default(0.5),
   PACE_MIN: z.coerce.number().gt(0).max(1).default(0.05),
-  PACE_START: z.coerce.number().gt(0).max(1).default(0.1),
+  PACE_START: z.coerce.number().gt(0).max(1).default(0.25),
   /** Class-to-window map, e.g. `INTERACTIVE=sub1,BULK=sub2`; default: INTERACTIVE on sub1 when a sub-key exists. */
   CLASS_WINDOWS: z.string().default(''),
   /** Starvation guard: a lower class waiting longer than this is served anyway (`STANDARD=30,BULK=120`). */
@@ -264,11 +264,12 @@ export const envSchema = z.object({
   WEBHOOK_MAX_SOCKETS: int(128, 1),
   /**
    * Per-tenant delivery budget of each sender: deliveries a second (0 = no rate limit), the burst a
-   * quiet tenant may send at once, and deliveries in flight. The burst covers a normal batch's
-   * completions (a thousand jobs finishing together go out at once); the rate bounds a flood.
+   * quiet tenant may send at once, and deliveries in flight. The burst covers batches of
+   * completions back to back (a thousand jobs finishing together, again two seconds later, go out
+   * at once); the rate bounds a flood. Between tenants the round-robin claims share the sender.
    */
-  WEBHOOK_TENANT_DELIVERIES_PER_SECOND: z.coerce.number().min(0).default(200),
-  WEBHOOK_TENANT_DELIVERY_BURST: int(1_000, 1),
+  WEBHOOK_TENANT_DELIVERIES_PER_SECOND: z.coerce.number().min(0).default(1_000),
+  WEBHOOK_TENANT_DELIVERY_BURST: int(2_000, 1),
   WEBHOOK_TENANT_CONCURRENCY: int(32, 1),
   /**
    * The key that encrypts webhook signing secrets at rest (AES-256-GCM; 32 bytes, base64 or hex).
