@@ -343,19 +343,11 @@ builder.subscriptionFields((t) => ({
         let last = current.state;
         if (FINAL_STATES.includes(last)) return;
         for await (const event of events) {
-          if (event === RESYNC) {
-            // Events were missed while the LISTEN connection was down: the row says where the job is now.
-            const job = await readThroughOutage(() => getJob(ctx.services.sql, tenantId, jobId));
-            if (!job) return;
-            if (job.state === last) continue;
-            last = job.state;
-            yield job;
-            if (FINAL_STATES.includes(last)) return;
-            continue;
-          }
-          if (event.allWaiting) {
-            // Every waiting job of the tenant changed: this one's row says whether it is one of them.
-            if (!(WAITING_STATES as string[]).includes(last)) continue;
+          // Events were missed while the LISTEN connection was down (RESYNC), or every waiting job of
+          // the tenant changed (allWaiting; only a waiting job can be one of them): the row says where
+          // the job is now.
+          if (event === RESYNC || event.allWaiting) {
+            if (event !== RESYNC && !(WAITING_STATES as string[]).includes(last)) continue;
             const job = await readThroughOutage(() => getJob(ctx.services.sql, tenantId, jobId));
             if (!job) return;
             if (job.state === last) continue;

@@ -9,6 +9,7 @@
 import type { Tx } from '../../db/client.ts';
 import type { BucketState } from '../pacer.ts';
 import type { WindowSpec } from '../windows.ts';
+import { burstFor } from '../learned-pace.ts';
 
 /**
  * How a rate-limit 429 changes the learned pace: the rate × `decrease`, not below `floor` of the
@@ -98,7 +99,8 @@ export interface StartPace {
  */
 export async function upsertWindows(sql: Tx, specs: readonly WindowSpec[], learning: StartPace | null = null): Promise<void> {
   for (const w of specs) {
-    const start = learning && w.pacedPerMinute !== null && learning.start < 1 ? { rate: w.pacedPerMinute * learning.start, burst: Math.max(1, w.burst * learning.start) } : null;
+    const startRate = learning && w.pacedPerMinute !== null && learning.start < 1 ? w.pacedPerMinute * learning.start : null;
+    const start = startRate === null ? null : { rate: startRate, burst: burstFor(w.burst, w.pacedPerMinute!, startRate) };
     const rate = start ? start.rate : w.pacedPerMinute;
     const burst = start ? start.burst : w.burst;
     // Kept: what the window learned, under the same configuration, while it is in use.
