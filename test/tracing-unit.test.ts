@@ -6,6 +6,7 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { keepForLinks, parseSampler, tracingConfig } from '../src/tracing/config.ts';
+import { apiHoldKey, HOLD_MERGE_GAP_MS, HoldLog, HOLDS_PER_KEY, windowHoldKey } from '../src/tracing/holds.ts';
 import { addWaitMark, allowedAttributes, MAX_ATTRIBUTE_CHARS, MAX_WAIT_MARKS, outcomeAttributes, requeueReason, TRACE_ATTRIBUTES, waitEvents } from '../src/tracing/attributes.ts';
 import { formatTraceparent, parseTraceparent, traceIdOf, traceUrl } from '../src/tracing/traceparent.ts';
 import { queuedTrace, requeuedData } from '../src/tracing/job-trace.ts';
@@ -116,6 +117,39 @@ describe('wait reasons', () => {
     assert.equal(data.ta, 100);
     assert.deepEqual(waitEvents(data.tw, data.ta, 2000), [{ reason: 'RETRY', atMs: 100 }, { reason: 'RATE', atMs: 1100 }]);
     assert.equal(requeueReason(false), 'PUT_BACK');
+  });
+  test('holds of its window and API that overlapped the wait are events; RATE after the last ends', () => {
+    const holds = [
+      { reason: 'WINDOW_PAUSED', fromMs: 500, untilMs: 2000 },
+      { reason: 'BREAKER_OPEN', fromMs: 3000, untilMs: 4000 },
+      { reason: 'KEY_UNUSABLE', fromMs: 9000, untilMs: 9500 },
+    ];
+    assert.deepEqual(waitEvents(undefined, 1000, 6000, holds), [
+      { reason: 'WINDOW_PAUSED', atMs: 1000 },
+      { reason: 'BREAKER_OPEN', atMs: 3000 },
+      { reason: 'RATE', atMs: 4000 },
+    ]);
+    // Leased while the hold still stood (a pause lifted early, a probe): no RATE after it.
+    assert.deepEqual(waitEvents([['SCHEDULED', 1000, 1500]], 1000, 3500, holds), [
+      { reason: 'SCHEDULED', atMs: 1000 },
+      { reason: 'WINDOW_PAUSED', atMs: 1000 },
+      { reason: 'BREAKER_OPEN', atMs: 3000 },
+    ]);
+  });
+  test('a hold log merges the looks at one hold and keeps a bounded history per key', () => {
+    const log = new HoldLog();
+    log.note(apiHoldKey('dnslookup'), 'BREAKER_OPEN', 1000);
+    log.note(apiHoldKey('dnslookup'), 'BREAKER_OPEN', 1500);
+    log.note(apiHoldKey('dnslookup'), 'BREAKER_OPEN', 1000 + 500 + HOLD_MERGE_GAP_MS);
+    log.note(apiHoldKey('dnslookup'), 'BREAKER_OPEN', 10_000 + HOLD_MERGE_GAP_MS * 2);
+    log.note(windowHoldKey('primary'), 'WINDOW_PAUSED', 1200, 5000);
+    assert.deepEqual(log.overlapping([apiHoldKey('dnslookup'), windowHoldKey('primary')], 0, 4000), [
+      { reason: 'BREAKER_OPEN', fromMs: 1000, untilMs: 1000 + 500 + HOLD_MERGE_GAP_MS },
+      { reason: 'WINDOW_PAUSED', fromMs: 1200, untilMs: 5000 },
+    ]);
+    assert.deepEqual(log.overlapping([apiHoldKey('other')], 0, 1e9), []);
+    for (let i = 0; i < HOLDS_PER_KEY + 5; i++) log.note(windowHoldKey('w'), i % 2 ? 'WINDOW_PAUSED' : 'KEY_UNUSABLE', i * 10_000);
+    assert.equal(log.overlapping([windowHoldKey('w')], 0, 1e9).length, HOLDS_PER_KEY);
   });
   test('an untraced job is left as it is', () => {
     const data: { tenantId: string; tp?: string } = { tenantId: 't' };

@@ -78,7 +78,7 @@ export class Dispatcher {
       leases: this.leases,
       settler: this.settler,
       running: () => this.running,
-      ...(this.pace ? { onAnswer: (w: WindowSpec, o: CallOutcome) => this.pace!.observe(w, o) } : {}),
+      ...(this.pace ? { onAnswer: (w: WindowSpec, o: CallOutcome) => this.pace!.observe(w, o), paceOf: (w: WindowSpec) => this.pace!.rateOf(w) } : {}),
     });
   }
 

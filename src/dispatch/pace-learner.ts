@@ -91,6 +91,11 @@ export class PaceLearner {
     await this.running;
   }
 
+  /** The window's shared rate as this process last read or set it (its configured pace before the first sample). */
+  rateOf(w: WindowSpec): number | null {
+    return this.memory.get(w.name)?.rate ?? w.pacedPerMinute;
+  }
+
   /** One answer on a window (a batch call is one answer): it joins the window's sample, with its headers if any. */
   observe(w: WindowSpec, outcome: CallOutcome): void {
     const status = outcome.status;

@@ -34,6 +34,7 @@ import type { Attempt, AttemptLeases, BatchAttempt } from './attempt-leases.ts';
 import type { Settler } from './settler.ts';
 import { tracing } from '../tracing/tracer.ts';
 import { leaseTrace } from '../tracing/job-trace.ts';
+import { apiHoldKey, HoldLog, windowHoldKey } from '../tracing/holds.ts';
 
 export interface WindowLoopsOptions {
   sql: Sql;
@@ -62,6 +63,8 @@ export interface WindowLoopsOptions {
   running: () => boolean;
   /** Called with every answer the provider gave on the window (a batch call once): the learned pace's samples. */
   onAnswer?: ((window: WindowSpec, outcome: CallOutcome) => void) | undefined;
+  /** The window's pace as this process last read it (the learned pace); absent: the configured one. */
+  paceOf?: ((window: WindowSpec) => number | null) | undefined;
   /** Called once per lease with how many jobs of each class it dispatched on the window. */
   onLeased?: ((window: string, jobClass: JobClass, jobs: number) => void) | undefined;
   log: Logger;
@@ -102,6 +105,8 @@ export class WindowLoops {
   oldestWaitMs: Partial<Record<JobClass, number>> = {};
   /** Windows one of this process's loops is leasing right now. */
   private readonly leasing = new Set<string>();
+  /** What held the windows and APIs, as this process saw it: traced jobs' wait reasons (only while tracing). */
+  private readonly holds = new HoldLog();
 
   constructor(options: WindowLoopsOptions) {
     this.options = options;
@@ -184,6 +189,7 @@ export class WindowLoops {
       if (v === 'hold') hold.push(api);
       else if (v === 'probe') probes.push(api);
     }
+    if (tracing.on) for (const api of hold) this.holds.note(apiHoldKey(api), 'BREAKER_OPEN', Date.now());
     let leased: Leased | 'busy' | 'changed';
     try {
       leased = await this.lease(w, pool, order, hold);
@@ -207,11 +213,20 @@ export class WindowLoops {
     for (const api of probes) breakers.release(api);
     const [state] = await readWindows(sql, [w.name]);
     if (!state) throw new Error(`window ${w.name} is not in the database`);
+    if (tracing.on) this.noteWindowHold(w, state);
     // Credits exhausted: nothing leaves on any window until the renewal or an admin resumes.
     if (state.accountStoppedUntil !== null && state.accountStoppedUntil > state.dbNow) return idlePollMs;
     if (pool - state.inFlight <= 0) return Math.min(idlePollMs, 50); // a settle here pokes; another node's does not
     if (takeable(state, state.dbNow) < 1) return Math.min(idlePollMs, Math.max(1, msUntilTokens(state, state.dbNow, 1)));
     return idlePollMs;
+  }
+
+  /** A window seen stopped or paused after an empty lease: a hold, until when the row says (wall clock). */
+  private noteWindowHold(w: WindowSpec, state: { dbNow: number; accountStoppedUntil: number | null; pausedUntil: number | null; pauseReason: string | null }): void {
+    const now = Date.now();
+    const until = (at: number) => now + (at - state.dbNow);
+    if (state.accountStoppedUntil !== null && state.accountStoppedUntil > state.dbNow) this.holds.note(windowHoldKey(w.name), 'CREDITS_EXHAUSTED', now, until(state.accountStoppedUntil));
+    else if (state.pausedUntil !== null && state.pausedUntil > state.dbNow) this.holds.note(windowHoldKey(w.name), state.pauseReason === 'KEY_UNUSABLE' ? 'KEY_UNUSABLE' : 'WINDOW_PAUSED', now, until(state.pausedUntil));
   }
 
   /**
@@ -249,7 +264,7 @@ export class WindowLoops {
     // for its own items (the lease took a token for each), never for another's.
     const calls = new Map<number, { call: BatchAttempt; byKey: Map<string, BatchAttempt['items'][number]> }>();
     const perClass = new Map<JobClass, number>();
-    const leaseFacts = tracing.on ? { window: w.name, pacedPerMinute: w.pacedPerMinute, pool, jobs: rows.length, startMs: leaseStartMs, endMs: Date.now() } : null;
+    const leaseFacts = tracing.on ? { window: w.name, pacedPerMinute: this.options.paceOf?.(w) ?? w.pacedPerMinute, pool, jobs: rows.length, startMs: leaseStartMs, endMs: Date.now(), holds: this.holds } : null;
     for (const r of rows) {
       const a: Attempt = {
         queue: r.queue,

@@ -22,9 +22,9 @@ export const TRACE_ATTRIBUTES = {
   'sluice.credits.reserved': 'credits the attempt reserved at lease time',
   'sluice.credits.billed': 'credits billed for the attempt',
   // The wait and the lease.
-  'sluice.wait.reason': 'why the job waited (on a queue.wait event): SCHEDULED, QUOTA, RETRY, PUT_BACK, LEASE_LOST, RATE',
+  'sluice.wait.reason': 'why the job waited (on a queue.wait event): SCHEDULED, QUOTA, RETRY, PUT_BACK, LEASE_LOST, WINDOW_PAUSED, KEY_UNUSABLE, CREDITS_EXHAUSTED, BREAKER_OPEN, RATE',
   'sluice.window': 'the upstream window (key) the job was leased on',
-  'sluice.window.paced_per_minute': "the window's configured pace at lease time (absent: unlimited)",
+  'sluice.window.paced_per_minute': "the window's pace at lease time, learned or configured (absent: unlimited)",
   'sluice.window.pool': "the window's pool (concurrent calls) at lease time",
   'sluice.lease.jobs': 'jobs the lease call handed out',
   'sluice.outcome': 'how the provider answered, classified (billed, rate_limited, server_error, timeout, ...)',
@@ -139,14 +139,23 @@ export function requeueReason(countsAsAttempt: boolean): string {
 
 /**
  * The events of a job's queue.wait span, from `sinceMs` (it entered the queue) to `leasedAtMs`:
- * each reason it was marked with since then, and then its turn in the pace (RATE) from when it was
- * due: the end of the last mark's known wait, or at once when nothing held it. Pure.
+ * each reason it was marked with since then, each hold of its window or API that overlapped the
+ * wait (holds.ts: a pause, an open breaker, seen by the leasing node), and then its turn in the
+ * pace (RATE) from when it was due: the end of the last mark's known wait and of every hold, or
+ * at once when nothing held it. Pure.
  */
-export function waitEvents(marks: readonly WaitMark[] | undefined, sinceMs: number, leasedAtMs: number): Array<{ reason: string; atMs: number }> {
+export function waitEvents(
+  marks: readonly WaitMark[] | undefined,
+  sinceMs: number,
+  leasedAtMs: number,
+  holds: ReadonlyArray<{ reason: string; fromMs: number; untilMs: number }> = [],
+): Array<{ reason: string; atMs: number }> {
   const mine = (marks ?? []).filter(([, at]) => at >= sinceMs && at <= leasedAtMs);
-  const out = mine.map(([reason, atMs]) => ({ reason, atMs }));
+  const held = holds.filter((h) => h.untilMs >= sinceMs && h.fromMs <= leasedAtMs);
+  const out = [...mine.map(([reason, atMs]) => ({ reason, atMs })), ...held.map((h) => ({ reason: h.reason, atMs: Math.max(h.fromMs, sinceMs) }))].sort((a, b) => a.atMs - b.atMs);
   const last = mine.at(-1);
-  const due = last ? last[2] : sinceMs;
-  if (due !== undefined && due <= leasedAtMs) out.push({ reason: 'RATE', atMs: Math.max(due, last?.[1] ?? sinceMs) });
+  const markDue = last ? last[2] : sinceMs;
+  const due = markDue === undefined ? undefined : Math.max(markDue, ...held.map((h) => h.untilMs));
+  if (due !== undefined && due <= leasedAtMs) out.push({ reason: 'RATE', atMs: Math.max(due, out.at(-1)?.atMs ?? sinceMs) });
   return out;
 }

@@ -12,6 +12,7 @@
  */
 import { ROOT_CONTEXT, trace, type Context, type Span } from '@opentelemetry/api';
 import { addWaitMark, jobAttributes, waitEvents, type TraceAttributes, type WaitMark } from './attributes.ts';
+import { apiHoldKey, windowHoldKey, type HoldLog } from './holds.ts';
 import { endSpan, setAttributes, startSpan, traceparentOf } from './tracer.ts';
 
 /** The trace fields of a traced job's queued (pg-boss) data. */
@@ -60,12 +61,15 @@ export interface LeasedJob {
 
 export interface LeaseFacts {
   window: string;
+  /** The window's pace when it leased: the learned one when the pace is learned. */
   pacedPerMinute: number | null;
   pool: number;
   jobs: number;
   /** When the lease call was sent and when it returned (epoch ms). */
   startMs: number;
   endMs: number;
+  /** What held the window and the APIs on this node (the wait's events). */
+  holds?: HoldLog;
 }
 
 function attrsOf(j: LeasedJob): TraceAttributes {
@@ -82,7 +86,7 @@ export function leaseTrace(j: LeasedJob, l: LeaseFacts): AttemptTrace | null {
   const base = attrsOf(j);
   const since = typeof j.data.ta === 'number' ? Math.min(j.data.ta, l.startMs) : l.startMs;
   const wait = startSpan('sluice.queue.wait', { parent: tp, startMs: since, attributes: base });
-  const events = waitEvents(j.data.tw, since, l.endMs);
+  const events = waitEvents(j.data.tw, since, l.endMs, l.holds?.overlapping([windowHoldKey(l.window), apiHoldKey(j.data.api)], since, l.endMs));
   for (const e of events) wait.addEvent('wait', { 'sluice.wait.reason': e.reason }, e.atMs);
   endSpan(wait, { endMs: l.endMs, attributes: { 'sluice.wait.reason': events.at(-1)?.reason } });
   const lease = startSpan('sluice.lease', {
