@@ -13,14 +13,13 @@ import { connect, connectDedicated, connectDirect, databaseTargets, ensureDataba
 import { startEmbeddedPostgres, type EmbeddedDatabase } from './db/embedded.ts';
 import { runMigrations, shippedMigrations } from './db/migrate.ts';
 import { resolveAdminToken, resolveKeyChecksumSecret } from './db/settings.ts';
-import { Dispatcher } from './dispatch/dispatcher.ts';
+import { Dispatcher, dispatcherSettings } from './dispatch/dispatcher.ts';
 import { Breakers } from './dispatch/breakers.ts';
 import { createMetrics } from './metrics.ts';
 import { queryLimitsFromEnv } from './http/hardening.ts';
 import { RequestBudget } from './http/budget.ts';
-import { systemStatus, windowCallRates } from './visibility/status.ts';
-import { tokensAt } from './scheduler/pacer.ts';
-import { desiredAlerts } from './alerts/rules.ts';
+import { windowCallRates } from './visibility/status.ts';
+import { metricsSnapshot } from './metrics-snapshot.ts';
 import { createNotifier } from './alerts/notifier.ts';
 import { EventBus } from './events/bus.ts';
 import type { Services } from './graphql/context.ts';
@@ -35,36 +34,27 @@ import { parseTrustProxy } from './http/client-address.ts';
 import { SubscriptionRegistry } from './events/subscriptions.ts';
 import { Retention } from './retention/retention.ts';
 import type { Worker } from 'node:worker_threads';
-import { WebhookThread } from './webhooks/sender-thread.ts';
+import { WebhookThread, senderSettings } from './webhooks/sender-thread.ts';
 import { SecretBox } from './webhooks/secret-box.ts';
 import { webhookSecretKeys } from './webhooks/secret-keys.ts';
 import { GRAPHQL_PATH, createHttpServer } from './server.ts';
-import { startSimulator, type Simulator, type SimulatorOptions } from './simulator/index.ts';
-import { simulatorOptionsFromEnv } from './simulator/env.ts';
+import type { Simulator, SimulatorOptions } from './simulator/index.ts';
+import { resolveUpstream } from './upstream.ts';
 import { TenantStore } from './tenants/store.ts';
 import { KeyUseRecorder } from './tenants/key-use.ts';
 import { KeyCache } from './tenants/key-cache.ts';
-import { publishProviderStatus, readAccount } from './scheduler/sql/account.ts';
-import { publishBreakers, readBreakers } from './scheduler/sql/breakers.ts';
-import { ensureClasses, oldestQueuedAgeByClass, oldestWaitByClass } from './scheduler/sql/classes.ts';
-import { foldRunning, tenantDepths } from './scheduler/sql/queues.ts';
+import { ensureClasses } from './scheduler/sql/classes.ts';
 import { syncTenant, unscheduledTenantIds } from './scheduler/sql/tenants.ts';
-import { readWindows, recentCappedAsks, reportWindowLatency, upsertWindows } from './scheduler/sql/windows.ts';
+import { readWindows, upsertWindows } from './scheduler/sql/windows.ts';
 import { SLOW_START_IDLE_MS, slowStartRate } from './scheduler/learned-pace.ts';
-import { failedExpiries } from './scheduler/sql/reservations.ts';
-import { recentAttemptLost } from './jobs/store.ts';
 import { Sweeper } from './scheduler/sweeper.ts';
+import { sweeperDuties } from './scheduler/sweeper-duties.ts';
 import { Reconciler } from './scheduler/reconcile.ts';
 import { parseClassWindows, planWindows } from './scheduler/windows.ts';
 import { parseClassNumbers, parseClassSeconds } from './config/classes.ts';
 import { WindowHistory } from './visibility/history.ts';
 import { tracingConfig } from './tracing/config.ts';
 import { startTracing, stopTracing } from './tracing/tracer.ts';
-
-/** Sweeper rounds the RUNNING fold may step aside for leases before it folds regardless. */
-const FOLD_FORCE_AFTER = 5;
-/** Alerts about recent events (a capped pause, jobs failed ATTEMPT_LOST) stay raised this long after the last one. */
-const ALERT_RECENT_SECONDS = 3_600;
 
 export interface SluiceApp {
   /** http://host:port/graphql when this process serves the API. */
@@ -177,27 +167,10 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
 
     // 2. Provider: the real account, or the simulator in demo mode (same plan, rate and keys).
     const catalog = buildCatalog(env.API_COSTS, env.BATCH_DISABLED_APIS);
-    let simulator: Simulator | null = null;
-    let primaryKey: string | undefined = env.APIVERVE_API_KEY;
-    let subKeys: readonly string[] = env.APIVERVE_SUB_KEYS;
-    let baseUrl = env.APIVERVE_BASE_URL;
-    if (!primaryKey) {
-      const fromEnv = simulatorOptionsFromEnv(process.env);
-      const demoSubKeys = env.APIVERVE_SUB_KEYS.length > 0 ? env.APIVERVE_SUB_KEYS : (fromEnv.subKeys ?? []).map((k) => (typeof k === 'string' ? k : k.key));
-      simulator = await startSimulator({
-        ...fromEnv,
-        port: 0,
-        catalog,
-        plan: env.APIVERVE_PLAN,
-        ...(env.APIVERVE_RATE_PER_MINUTE !== undefined ? { ratePerMinute: env.APIVERVE_RATE_PER_MINUTE } : {}),
-        ...(env.APIVERVE_CONCURRENT_CALLS !== undefined ? { concurrentCalls: env.APIVERVE_CONCURRENT_CALLS } : {}),
-        subKeys: demoSubKeys,
-        ...overrides.simulator,
-      });
-      cleanups.push(() => simulator!.stop());
-      primaryKey = simulator.apiKey;
-      subKeys = simulator.subKeys;
-      baseUrl = simulator.url;
+    const upstream = await resolveUpstream(env, catalog, overrides.simulator);
+    const { simulator, primaryKey, subKeys, baseUrl } = upstream;
+    if (simulator) {
+      cleanups.push(() => simulator.stop());
       log.warn({ simulator: simulator.url }, 'DEMO MODE: no APIVERVE_API_KEY is set, so jobs run against the bundled provider simulator, not the real APIVerve');
     }
     const realClient = createProviderClient({ baseUrl, timeoutMs: env.PROVIDER_TIMEOUT_MS, catalog, timeoutBilling: env.TIMEOUT_BILLING, maxResultBytes: env.MAX_RESULT_BYTES, maxRetryAfterSeconds: env.RETRY_AFTER_MAX_SECONDS });
@@ -292,28 +265,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     }
 
     const metrics = createMetrics({ tenantLabels: env.METRICS_TENANT_LABELS, onCollectError: (err) => log.warn({ err }, 'metrics collector failed') });
-    metrics.setCollector(async () => {
-      const status = await systemStatus(services);
-      const tenantRows = metrics.tenantLabels ? await tenantDepths(sql) : [];
-      return {
-        queues: status.classes.map((c) => ({ class: c.priority, depth: c.depth, oldestAgeSeconds: c.oldestAgeSeconds })),
-        windows: status.windows.map((w) => ({
-          window: w.name,
-          tokens: w.ratePerMinute === null ? null : tokensAt(w, w.dbNow),
-          poolSize: w.poolSize,
-          busy: w.inFlight,
-          ratePerMinute: w.ratePerMinute,
-          configuredRatePerMinute: w.configuredRatePerMinute,
-        })),
-        breakers: status.breakers.map((b) => ({ api: b.api, state: b.state === 'OPEN' ? 'open' : b.state === 'HALF_OPEN' ? 'half-open' : 'closed' })),
-        alerts: status.alerts.map((a) => ({ alert: a.key.split(':')[0]!, active: true })),
-        ...(metrics.tenantLabels ? { tenantQueues: tenantRows } : {}),
-        fairness: {
-          worst: status.fairness.worst,
-          tenants: status.fairness.tenants.map((t) => ({ tenant: t.tenantId, lag: t.lag, bound: t.bound })),
-        },
-      };
-    });
+    metrics.setCollector(() => metricsSnapshot(services, metrics.tenantLabels));
 
     // 4. The parts this process runs.
     let url: string | null = null;
@@ -406,45 +358,14 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         catalog,
         windows: windowSpecs,
         nodeId,
-        poolMax: env.POOL_MAX,
-        initialLatencyMs: env.INITIAL_LATENCY_MS,
-        leaseMax: env.LEASE_MAX,
-        loopsPerWindow: env.DISPATCH_LOOPS,
-        batchQuantum: env.BATCH_QUANTUM,
-        batchMax: env.BATCH_MAX,
-        idlePollMs: env.DISPATCH_IDLE_POLL_MS,
-        maxWaitMs: parseClassSeconds(env.CLASS_MAX_WAIT_SECONDS),
-        retryLimit: env.JOB_RETRY_LIMIT,
-        retryDelaySeconds: env.JOB_RETRY_DELAY_SECONDS,
-        leaseSeconds: env.ATTEMPT_LEASE_SECONDS ?? env.NODE_TIMEOUT_SECONDS,
-        callTimeoutMs: env.PROVIDER_TIMEOUT_MS,
-        settleIntervalMs: env.SETTLE_INTERVAL_MS,
-        timeoutBilling: env.TIMEOUT_BILLING,
+        ...dispatcherSettings(env),
         breakers,
-        creditsStopSeconds: env.CREDITS_STOP_SECONDS,
-        ...(env.PACE_LEARN
-          ? {
-              pace: {
-                rules: {
-                  fraction: env.PACE_FRACTION,
-                  step: env.PACE_STEP,
-                  stepMs: env.PACE_STEP_MS,
-                  decrease: env.PACE_DECREASE,
-                  min: env.PACE_MIN,
-                  start: env.PACE_START,
-                  startStepMs: env.PACE_SAMPLE_MS,
-                },
-                sampleMs: env.PACE_SAMPLE_MS,
-              },
-            }
-          : {}),
         onLeased: (window, jobClass, jobs) => metrics.dispatched(window, jobClass, jobs),
         onSettled: ({ outcome, billed, reserved }) => metrics.attemptSettled(outcome, billed, reserved),
         log,
       });
       const reconciler = new Reconciler({ boss, intervalMs: env.RECONCILE_INTERVAL_SECONDS * 1000, log });
-      // Rounds in a row whose RUNNING fold stepped aside for a lease (sluice_fold_running).
-      let foldsSteppedAside = 0;
+      const duties = sweeperDuties({ sql, windows: windowSpecs, dispatcher, breakers, client, retention, agePromisesMs: agePromises });
       const sweeper = new Sweeper({
         sql,
         boss,
@@ -456,42 +377,8 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         timeoutBilling: env.TIMEOUT_BILLING,
         retryLimit: env.JOB_RETRY_LIMIT,
         log,
-        onRound: async () => {
-          for (const w of windowSpecs) {
-            const lat = dispatcher.latency.get(w.name)!;
-            if (lat.count > 0) await reportWindowLatency(sql, w.name, dispatcher.poolFor(w), lat.percentile(50), lat.percentile(95));
-          }
-          dispatcher.oldestWaitMs = await oldestWaitByClass(sql);
-          await publishBreakers(sql, breakers.states().map((b) => ({ ...b, retryAt: b.state === 'OPEN' ? new Date(breakers.retryAt(b.api) ?? Date.now()) : null })));
-          const status = client.lastStatus();
-          if (status) await publishProviderStatus(sql, status);
-          // The fold steps aside while a lease runs (a queue row it held made the lease pass that
-          // queue over); after FOLD_FORCE_AFTER rounds in a row it folds all the same.
-          foldsSteppedAside = (await foldRunning(sql, foldsSteppedAside >= FOLD_FORCE_AFTER)) === null ? foldsSteppedAside + 1 : 0;
-          await retention.maybeRun();
-        },
-        desiredAlerts: async (tx) => {
-          // Only the oldest ages: classTotals' sums read every queue's row, once a second here.
-          const [oldest, account, windows, breakerRows, cappedAsks, stuck, lost] = await Promise.all([
-            oldestQueuedAgeByClass(tx),
-            readAccount(tx),
-            readWindows(tx),
-            readBreakers(tx),
-            recentCappedAsks(tx, ALERT_RECENT_SECONDS),
-            failedExpiries(tx),
-            recentAttemptLost(tx, ALERT_RECENT_SECONDS),
-          ]);
-          return desiredAlerts({
-            oldestAgeSeconds: oldest,
-            agePromiseSeconds: Object.fromEntries(Object.entries(agePromises).map(([c, ms]) => [c, ms! / 1000])),
-            accountStop: account.dispatchStoppedUntil ? { reason: account.stopReason ?? 'STOPPED', until: account.dispatchStoppedUntil } : null,
-            windowsStopped: windows.filter((w) => w.pausedUntil !== null && w.pausedUntil > w.dbNow && w.pauseReason === 'KEY_UNUSABLE').map((w) => ({ name: w.name, reason: w.pauseReason! })),
-            openBreakers: breakerRows.filter((b) => b.state === 'OPEN').map((b) => b.api),
-            cappedAsks,
-            failedExpiries: stuck,
-            attemptLost: lost,
-          });
-        },
+        onRound: duties.onRound,
+        desiredAlerts: duties.desiredAlerts,
         notifier: createNotifier({ webhookUrl: env.ALERT_WEBHOOK_URL, log, onRaised: (name) => metrics.alertRaised(name) }),
         reconcile: (tx) => reconciler.reconcile(tx),
       });
@@ -506,21 +393,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
           pool: { ...poolSettings, max: 2 },
           logLevel: log.level,
           tracing: traceConfig.enabled ? traceConfig : null,
-          sender: {
-            concurrency: env.WEBHOOK_CONCURRENCY,
-            perEndpoint: env.WEBHOOK_ENDPOINT_CONCURRENCY,
-            timeoutMs: env.WEBHOOK_TIMEOUT_MS,
-            connectTimeoutMs: env.WEBHOOK_CONNECT_TIMEOUT_MS,
-            headersTimeoutMs: env.WEBHOOK_HEADERS_TIMEOUT_MS,
-            idleSocketTimeoutMs: env.WEBHOOK_IDLE_SOCKET_TIMEOUT_MS,
-            maxSockets: env.WEBHOOK_MAX_SOCKETS,
-            tenantBudget: { ratePerSecond: env.WEBHOOK_TENANT_DELIVERIES_PER_SECOND, burst: env.WEBHOOK_TENANT_DELIVERY_BURST, concurrency: env.WEBHOOK_TENANT_CONCURRENCY },
-            secretKeys: webhookKeys.map((k) => k.toString('base64')),
-            allowPrivate: env.WEBHOOK_ALLOW_PRIVATE,
-            retry: { baseMs: env.WEBHOOK_RETRY_BASE_MS, maxMs: env.WEBHOOK_RETRY_MAX_MS, retryForMs: env.WEBHOOK_RETRY_FOR_SECONDS * 1000 },
-            disableAfterMs: env.WEBHOOK_DISABLE_AFTER_SECONDS * 1000,
-            pollMs: env.WEBHOOK_POLL_MS,
-          },
+          sender: senderSettings(env, webhookKeys),
         },
         // Behind a transaction-mode pooler a LISTEN is lost with its server connection: it needs the direct one.
         // It stays on this thread (one session per node); the notices are forwarded to the sender's thread.

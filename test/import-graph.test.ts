@@ -123,11 +123,11 @@ export const FLOORS: [prefix: string, floor: number][] = [
   ['scheduler/sql/', 3], ['jobs/store.ts', 3], ['tenants/', 3], ['admission/', 3], ['alerts/', 3], ['usage/', 3],
   ['queue/', 3], ['webhooks/', 3], ['events/', 3],
   ['jobs/', 4],
-  ['dispatch/', 5], ['scheduler/sweeper.ts', 5], ['scheduler/reconcile.ts', 5], ['tenants/lifecycle.ts', 5], ['retention/', 5],
+  ['dispatch/', 5], ['scheduler/sweeper.ts', 5], ['scheduler/sweeper-duties.ts', 5], ['scheduler/reconcile.ts', 5], ['tenants/lifecycle.ts', 5], ['retention/', 5],
   ['visibility/', 6],
   ['graphql/', 7], ['http/budget.ts', 7],
-  ['http/', 8], ['metrics.ts', 8],
-  ['server.ts', 9], ['app.ts', 9], ['main.ts', 9], ['scripts/', 9], ['simulator/', 9],
+  ['http/', 8], ['metrics.ts', 8], ['metrics-snapshot.ts', 8],
+  ['server.ts', 9], ['app.ts', 9], ['upstream.ts', 9], ['main.ts', 9], ['scripts/', 9], ['simulator/', 9],
 ];
 
 export function floorOf(module: string): number {

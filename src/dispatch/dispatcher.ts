@@ -24,6 +24,8 @@
  * through `onLeased` and `onSettled` (src/app.ts).
  */
 import type { Sql } from '../db/client.ts';
+import type { Env } from '../config/env.ts';
+import { parseClassSeconds } from '../config/classes.ts';
 import { WORK_CHANNEL } from '../jobs/service.ts';
 import { type JobClass } from '../config/classes.ts';
 import type { LatencyTracker } from '../scheduler/pool.ts';
@@ -51,6 +53,43 @@ export type DispatcherOptions = Omit<WindowLoopsOptions, 'leases' | 'settler' | 
     /** The provider client's per-call timeout (PROVIDER_TIMEOUT_MS): a sent call's attempt lease outlasts it. */
     callTimeoutMs: number;
   };
+
+/** The dispatcher's settings from the environment (what is not a connection, a client or a callback). */
+export function dispatcherSettings(env: Env) {
+  return {
+    poolMax: env.POOL_MAX,
+    initialLatencyMs: env.INITIAL_LATENCY_MS,
+    leaseMax: env.LEASE_MAX,
+    loopsPerWindow: env.DISPATCH_LOOPS,
+    batchQuantum: env.BATCH_QUANTUM,
+    batchMax: env.BATCH_MAX,
+    idlePollMs: env.DISPATCH_IDLE_POLL_MS,
+    maxWaitMs: parseClassSeconds(env.CLASS_MAX_WAIT_SECONDS),
+    retryLimit: env.JOB_RETRY_LIMIT,
+    retryDelaySeconds: env.JOB_RETRY_DELAY_SECONDS,
+    leaseSeconds: env.ATTEMPT_LEASE_SECONDS ?? env.NODE_TIMEOUT_SECONDS,
+    callTimeoutMs: env.PROVIDER_TIMEOUT_MS,
+    settleIntervalMs: env.SETTLE_INTERVAL_MS,
+    timeoutBilling: env.TIMEOUT_BILLING,
+    creditsStopSeconds: env.CREDITS_STOP_SECONDS,
+    ...(env.PACE_LEARN
+      ? {
+          pace: {
+            rules: {
+              fraction: env.PACE_FRACTION,
+              step: env.PACE_STEP,
+              stepMs: env.PACE_STEP_MS,
+              decrease: env.PACE_DECREASE,
+              min: env.PACE_MIN,
+              start: env.PACE_START,
+              startStepMs: env.PACE_SAMPLE_MS,
+            },
+            sampleMs: env.PACE_SAMPLE_MS,
+          },
+        }
+      : {}),
+  } satisfies Partial<DispatcherOptions>;
+}
 
 export class Dispatcher {
   private readonly options: DispatcherOptions;

@@ -10,12 +10,32 @@
  * 30 s; back to 1 s once a thread has run for a minute); the process carries on meanwhile, and the
  * deliveries the dead thread had claimed are sent again when their claims expire (at least once).
  */
+import type { Env } from '../config/env.ts';
 import type { TracingConfig } from '../tracing/config.ts';
 import { Worker } from 'node:worker_threads';
 import type { Sql } from '../db/client.ts';
 import type { ConnectOptions } from '../db/client.ts';
 import type { Logger } from '../log.ts';
 import { WEBHOOK_CHANNEL, type WebhookSenderOptions } from './sender.ts';
+
+/** The sender's settings from the environment; the signing keys as the thread gets them (base64). */
+export function senderSettings(env: Env, secretKeys: readonly Buffer[]): WebhookThreadData['sender'] {
+  return {
+    concurrency: env.WEBHOOK_CONCURRENCY,
+    perEndpoint: env.WEBHOOK_ENDPOINT_CONCURRENCY,
+    timeoutMs: env.WEBHOOK_TIMEOUT_MS,
+    connectTimeoutMs: env.WEBHOOK_CONNECT_TIMEOUT_MS,
+    headersTimeoutMs: env.WEBHOOK_HEADERS_TIMEOUT_MS,
+    idleSocketTimeoutMs: env.WEBHOOK_IDLE_SOCKET_TIMEOUT_MS,
+    maxSockets: env.WEBHOOK_MAX_SOCKETS,
+    tenantBudget: { ratePerSecond: env.WEBHOOK_TENANT_DELIVERIES_PER_SECOND, burst: env.WEBHOOK_TENANT_DELIVERY_BURST, concurrency: env.WEBHOOK_TENANT_CONCURRENCY },
+    secretKeys: secretKeys.map((k) => k.toString('base64')),
+    allowPrivate: env.WEBHOOK_ALLOW_PRIVATE,
+    retry: { baseMs: env.WEBHOOK_RETRY_BASE_MS, maxMs: env.WEBHOOK_RETRY_MAX_MS, retryForMs: env.WEBHOOK_RETRY_FOR_SECONDS * 1000 },
+    disableAfterMs: env.WEBHOOK_DISABLE_AFTER_SECONDS * 1000,
+    pollMs: env.WEBHOOK_POLL_MS,
+  };
+}
 
 /** What the thread is started with: everything structured-clonable (no pool, no logger: it makes its own). */
 export interface WebhookThreadData {
