@@ -42,7 +42,10 @@ export async function run(pg: BenchPostgres, flags: FlagReader): Promise<{ summa
   let sluice: Awaited<ReturnType<typeof startSluiceFor>> | null = null;
   const sql = postgres(db.url, { max: 2, onnotice: () => {} });
   try {
-    const rig = await startPacedProvider({ databaseUrl: db.url, ratePerMinute: o.ratePerMinute, paceFraction: o.paceFraction, latencyMs: o.latencyMs, latencyP95Ms: o.latencyMs * 3, seed: 30, extraEnv: o.extraEnv });
+    const rig = await startPacedProvider({ databaseUrl: db.url, ratePerMinute: o.ratePerMinute, paceFraction: o.paceFraction, latencyMs: o.latencyMs, latencyP95Ms: o.latencyMs * 3, seed: 30,
+      // The subject is the share, not the pace: the window opens at its configured rate (a slow
+      // start's ramp would count against the reserved tenant's jobs per second of the pace).
+      extraEnv: { PACE_START: '1', ...o.extraEnv } });
     sim = rig.sim;
     const env = rig.env;
     // The backlogs go in through an API-only process; the dispatcher starts once they are all in,
