@@ -30,7 +30,7 @@ import { progress } from './lib/log.ts';
 import { cpuMeter, procCpuSeconds } from './lib/machine.ts';
 import { freshDatabase, type BenchPostgres } from './lib/pg.ts';
 import { ADMIN_TOKEN, parseEnvFlag, startSluiceFor } from './lib/sluice.ts';
-import { check, mapLimit, median, percentile, round, type Check } from './lib/stats.ts';
+import { check, mapLimit, median, percentile, round, sleep, type Check } from './lib/stats.ts';
 
 export const description = 'submitJobs of 10,000 vs boss.insert; 64 clients of single submitJob for 20 s (1 and 1,000 tenants) vs boss.insert loops';
 
@@ -217,15 +217,37 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
     progress('[ingest] counting SQL statements per accepted submission (API-only child, SLUICE_COUNT_SQL=1)');
     const counted = await startSluiceFor({ ...env, SLUICE_ROLE: 'api', SLUICE_COUNT_SQL: '1' }, 'child');
     let sqlPerSubmission: { single: number | null; bulkPerJob: number | null; singleAccepted: number; note: string };
+    let writesPerJob: Record<string, unknown> | null = null;
+    // WAL bytes (the server's, so only meaningful on a quiet server) and rows written (table
+    // counters, flushed by idle backends within a second: read after 2 s) over a phase.
+    const writes = async () => {
+      await sleep(2_000);
+      const [w] = await sql`
+        select pg_current_wal_lsn()::text as lsn,
+          (select coalesce(sum(n_tup_ins), 0) from pg_stat_user_tables)::bigint as ins,
+          (select coalesce(sum(n_tup_upd), 0) from pg_stat_user_tables)::bigint as upd,
+          (select coalesce(sum(n_tup_del), 0) from pg_stat_user_tables)::bigint as del`;
+      return w!;
+    };
+    const perJob = async (a: Awaited<ReturnType<typeof writes>>, b: Awaited<ReturnType<typeof writes>>, n: number) => {
+      const [{ bytes }] = (await sql`select pg_wal_lsn_diff(${b.lsn}::pg_lsn, ${a.lsn}::pg_lsn)::bigint as bytes`) as unknown as [{ bytes: string }];
+      const per = (x: unknown, y: unknown) => round((Number(y) - Number(x)) / Math.max(1, n), 2);
+      return { jobs: n, walBytes: per(0, bytes), rowsInserted: per(a.ins, b.ins), rowsUpdated: per(a.upd, b.upd), rowsDeleted: per(a.del, b.del) };
+    };
     try {
       const t = await createTenant(counted.url!, ADMIN_TOKEN, 'ingest-count', limits);
+      const w0 = await writes();
       const s0 = await counted.statements();
       const loop = await closedLoop('(s) counted singles', [t.apiKey], { url: counted.url!, seconds: countSeconds });
       const s1 = await counted.statements();
+      const w1 = await writes();
       const jobs = Array.from({ length: bulkN }, (_, i) => jobSpec(10_000_000 + i));
       const res = await fetch(counted.url!, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${t.apiKey}` }, body: JSON.stringify({ query: SUBMIT_MANY, variables: { i: { jobs } } }) });
       await res.json();
       const s2 = await counted.statements();
+      const w2 = await writes();
+      writesPerJob = { single: await perJob(w0, w1, loop.acceptedJobs), bulk: await perJob(w1, w2, bulkN), note: 'per accepted job, API-only child: WAL bytes (pg_current_wal_lsn difference, the whole server) and rows inserted/updated/deleted (pg_stat_user_tables, all tables)' };
+      progress(`[ingest] per accepted job: single ${JSON.stringify(writesPerJob.single)}, bulk ${JSON.stringify(writesPerJob.bulk)}`);
       sqlPerSubmission = {
         single: s0 === null || s1 === null ? null : round((s1 - s0) / Math.max(1, loop.acceptedJobs), 3),
         bulkPerJob: s1 === null || s2 === null ? null : round((s2 - s1) / bulkN, 4),
@@ -256,6 +278,7 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
       },
       targets,
       sqlPerSubmission,
+      writesPerJob,
       detail: { bulk, single, singleRaw, spread, spreadRaw, full: full.detail },
       setup: {
         sluice: { mode, role: apiOnly ? 'api' : 'all (dispatcher running against a 60/min simulator)', extraEnv },
