@@ -7,7 +7,8 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { admit, retryAfterSeconds } from '../src/admission/rules.ts';
-import { planGroup, sameRequest, type PlannedJob } from '../src/admission/plan.ts';
+import { edgeRefusals, planGroup, sameRequest, type PlannedJob } from '../src/admission/plan.ts';
+import { Pressure } from '../src/admission/edge.ts';
 import { DEFAULT_CATALOG } from '../src/config/apis.ts';
 import { SluiceError } from '../src/errors.ts';
 import { GroupCommit } from '../src/jobs/group-commit.ts';
@@ -171,5 +172,46 @@ describe('GroupCommit', () => {
     const r = await Promise.allSettled([1, 2, 3].map((n) => gc.submit(n)));
     assert.deepEqual(r.map((x) => x.status), ['rejected', 'rejected', 'rejected']);
     assert.deepEqual(flushed, [[1, 2, 3]]);
+  });
+});
+
+describe('the edge', () => {
+  const job = (id: string, key: string | null = null): PlannedJob => ({ id, api: 'dnslookup', params: { domain: `${id}.example` }, priority: 'STANDARD', idempotencyKey: key });
+  const input = (subs: Array<{ tenantId: string; jobs: PlannedJob[] }>, depth: Record<string, number>, globalDepth: number, originals = new Map()) => ({
+    subs: subs.map((s) => ({ ...s, tenantBound: 5 })),
+    originals,
+    tenantDepth: new Map(Object.entries(depth)),
+    newState: () => 'QUEUED' as const,
+    globalDepth,
+    globalBound: 100,
+    classShare: { STANDARD: 1 },
+  });
+
+  test('each submission is judged alone: refused only when it cannot fit even if the others of its group were refused', () => {
+    // Together a and b pass the tenant bound (5); alone each fits: both go to the gate, which decides in order.
+    const r = edgeRefusals(input([{ tenantId: 't', jobs: [job('a1'), job('a2')] }, { tenantId: 't', jobs: [job('b1'), job('b2')] }], { t: 2 }, 0));
+    assert.deepEqual(r, [null, null]);
+    const full = edgeRefusals(input([{ tenantId: 't', jobs: [job('c1')] }, { tenantId: 'u', jobs: [job('d1')] }], { t: 5, u: 0 }, 99));
+    assert.equal(full[0]?.scope, 'TENANT');
+    assert.equal(full[1], null, 'one more fits the global bound exactly');
+    const global = edgeRefusals(input([{ tenantId: 'u', jobs: [job('e1'), job('e2')] }], { u: 0 }, 99));
+    assert.deepEqual([global[0]?.scope, global[0]?.retryable, global[0]?.excess], ['GLOBAL', true, 1]);
+  });
+
+  test('a replay is never refused at the edge, and a conflict goes on to the gate', () => {
+    const original = { id: 'o', state: 'QUEUED', api: 'dnslookup', params: { domain: 'k1.example' } };
+    const originals = new Map([['t:k', original]]);
+    assert.deepEqual(edgeRefusals(input([{ tenantId: 't', jobs: [{ ...job('k1', 'k') }] }], { t: 5 }, 100, originals)), [null]);
+    assert.deepEqual(edgeRefusals(input([{ tenantId: 't', jobs: [{ ...job('k2', 'k') }] }], { t: 5 }, 100, originals)), [null]);
+  });
+
+  test('pressure: a refusal puts its scope under it for holdMs', () => {
+    const p = new Pressure(1_000);
+    assert.equal(p.applies('a', 0), false);
+    p.note('TENANT', 'a', 10);
+    assert.deepEqual([p.applies('a', 500), p.applies('b', 500), p.globalFull(500)], [true, false, false]);
+    assert.equal(p.applies('a', 1_011), false);
+    p.note('GLOBAL', 'a', 2_000);
+    assert.deepEqual([p.applies('b', 2_500), p.globalFull(2_500), p.applies('b', 3_001)], [true, true, false]);
   });
 });

@@ -5,6 +5,7 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import postgres from 'postgres';
 import { collect, startTestApp, type TestApp } from './helpers/app.ts';
 
 const SUBMIT_MANY = `mutation($i: SubmitJobsInput!) { submitJobs(input: $i) { jobs { id state } } }`;
@@ -82,6 +83,62 @@ describe('admission', () => {
       for (const e of all.body.data.jobs.edges) await t.gql(`mutation($id: ID!) { cancelJob(id: $id) { id } }`, { id: e.node.id }, key);
     }
     assert.ok((await waiting()) <= 10);
+  });
+
+  test('under pressure a submission that cannot fit is refused at the edge while the gate is held; one that could fit waits for the gate', async () => {
+    const f = await t.createTenant('edge', 'FREE');
+    await t.gql(`mutation($i: UpdateTenantInput!) { updateTenant(input: $i) { id } }`, { i: { id: f.id, queueBound: 2 } });
+    const g = await t.createTenant('edge-room', 'FREE');
+    assert.equal((await t.gql(SUBMIT_MANY, { i: { jobs: jobs(2, 'INTERACTIVE') } }, f.apiKey)).body.data.submitJobs.jobs.length, 2);
+    // The first refusal is decided at the gate; it puts the tenant under pressure.
+    assert.equal((await t.gql(SUBMIT_MANY, { i: { jobs: jobs(1, 'INTERACTIVE') } }, f.apiKey)).status, 429);
+    const sql = postgres(t.databaseUrl, { max: 2, onnotice: () => {} });
+    try {
+      let release!: () => void;
+      const released = new Promise<void>((r) => (release = r));
+      let held!: () => void;
+      const holding = new Promise<void>((r) => (held = r));
+      // Another transaction holds the gate (every admission_totals row, as lockGate takes them).
+      const holder = sql.begin(async (tx) => {
+        await tx`select class from admission_totals order by class for update`;
+        held();
+        await released;
+      });
+      await holding;
+      try {
+        let timer: NodeJS.Timeout | undefined;
+        const refused = await Promise.race([
+          t.gql(SUBMIT_MANY, { i: { jobs: jobs(1, 'INTERACTIVE') } }, f.apiKey),
+          new Promise<null>((r) => (timer = setTimeout(() => r(null), 10_000))),
+        ]);
+        clearTimeout(timer);
+        assert.ok(refused, 'the refusal waited for the gate: it was not answered while another transaction held it');
+        assert.equal(refused.status, 429);
+        assert.equal(refused.body.errors[0].extensions.code, 'QUEUE_FULL');
+        assert.equal(refused.body.errors[0].extensions.scope, 'TENANT');
+        assert.ok(Number(refused.headers.get('retry-after')) >= 1);
+        // Another tenant's submission could fit: it goes to the gate and waits there for the holder.
+        const fits = t.gql(SUBMIT_MANY, { i: { jobs: jobs(1, 'INTERACTIVE') } }, g.apiKey);
+        for (;;) {
+          const [w] = await sql`select count(*)::int as n from pg_stat_activity where wait_event_type = 'Lock' and query ilike '%admission_totals%for update%'`;
+          if (w!.n > 0) break;
+          await new Promise((r) => setTimeout(r, 20));
+        }
+        release();
+        await holder;
+        assert.equal((await fits).body.data.submitJobs.jobs.length, 1);
+      } finally {
+        release();
+        await holder.catch(() => {});
+      }
+    } finally {
+      await sql.end();
+    }
+    // Leave room for the tests after this one.
+    for (const key of [f.apiKey, g.apiKey]) {
+      const all = await t.gql(`{ jobs(first: 100, filter: { state: QUEUED }) { edges { node { id } } } }`, {}, key);
+      for (const e of all.body.data.jobs.edges) await t.gql(`mutation($id: ID!) { cancelJob(id: $id) { id } }`, { id: e.node.id }, key);
+    }
   });
 
   test('a tenant whose quota is spent and whose policy is FAIL is refused at the door', async () => {

@@ -84,7 +84,7 @@ test('the circle finder finds a circle', () => {
 });
 
 test('pure decision modules load no I/O library, directly or through our modules', () => {
-  const pure = ['scheduler/fair.ts', 'scheduler/pacer.ts', 'scheduler/pool.ts', 'scheduler/ledger.ts', 'scheduler/lease.ts', 'scheduler/waits.ts', 'admission/rules.ts', 'admission/plan.ts', 'dispatch/retry.ts', 'dispatch/batching.ts', 'provider/classify.ts'];
+  const pure = ['scheduler/fair.ts', 'scheduler/pacer.ts', 'scheduler/pool.ts', 'scheduler/ledger.ts', 'scheduler/lease.ts', 'scheduler/waits.ts', 'admission/rules.ts', 'admission/plan.ts', 'admission/edge.ts', 'dispatch/retry.ts', 'dispatch/batching.ts', 'provider/classify.ts'];
   const io = /^(pg-boss|postgres|drizzle-orm|graphql-yoga|ws|node:http|node:net)$/;
   for (const start of pure) {
     const seen = new Set<string>();
@@ -116,7 +116,7 @@ test('pure decision modules load no I/O library, directly or through our modules
 export const FLOORS: [prefix: string, floor: number][] = [
   ['config/', 0], ['errors.ts', 0], ['uuid.ts', 0], ['log.ts', 0], ['tracing/', 0], ['provider/', 0],
   ['http/input.ts', 0], ['http/client-address.ts', 0], ['http/deadline.ts', 0], ['tenants/keys.ts', 0],
-  ['scheduler/', 1], ['admission/rules.ts', 1], ['admission/plan.ts', 1], ['dispatch/retry.ts', 1],
+  ['scheduler/', 1], ['admission/rules.ts', 1], ['admission/plan.ts', 1], ['admission/edge.ts', 1], ['dispatch/retry.ts', 1],
   ['dispatch/batching.ts', 1], ['dispatch/liveness.ts', 1], ['dispatch/settle-groups.ts', 1], ['jobs/validate.ts', 1],
   ['tenants/policy.ts', 1], ['tenants/api-keys.ts', 1], ['graphql/cost.ts', 1], ['db/availability.ts', 1],
   ['db/', 2],

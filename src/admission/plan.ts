@@ -92,3 +92,18 @@ export function planGroup<J extends PlannedJob>(input: PlanInput<J>): Array<Subm
     return { kind: 'accept', insert, state, answers };
   });
 }
+
+/**
+ * The edge's decision, before the gate (jobs/service.ts): which submissions
+ * surely cannot fit, each judged alone against a lock-free snapshot of the
+ * depths (no running totals: a submission refused here would not fit even if
+ * every other one of its group were refused at the gate). A refusal here is
+ * what the gate would answer on the same snapshot; anything that could fit,
+ * replays and conflicts go on to the gate, which decides exactly. Pure.
+ */
+export function edgeRefusals<J extends PlannedJob>(input: PlanInput<J>): Array<Refusal | null> {
+  return input.subs.map((sub) => {
+    const [plan] = planGroup({ ...input, subs: [sub] });
+    return plan!.kind === 'refuse' ? plan!.refusal : null;
+  });
+}

@@ -83,13 +83,30 @@ export async function readTenants(tx: Tx, tenants: ReadonlyArray<{ id: string; p
 export async function reconcileGate(tx: Tx): Promise<Partial<Record<JobClass, number>>> {
   const rows = await tx`
     update admission_totals a set depth = coalesce(s.n, 0), reconciled_at = now()
-    from (select c.class,
-            coalesce((select sum(q.depth) from sched_queues q where q.class = c.class and q.depth > 0), 0)
-              + coalesce((select sum(r.jobs) from admission_reservations r where r.class = c.class), 0) as n
-          from admission_totals c) s
+    from (${waitingByClass(tx)}) s
     where a.class = s.class
     returning a.class, a.depth`;
   return Object.fromEntries(rows.map((r) => [r.class, Number(r.depth)]));
+}
+
+/**
+ * The exact waiting jobs per class (what reconcileGate writes into the gate), read without the
+ * gate: the edge's view of the global depth (jobs/service.ts). One snapshot of the trigger-kept
+ * counters, which every commit that adds or removes a waiting job keeps current: a refusal on it is
+ * the one the gate would give on the same snapshot. O(queues), only while the global bound refuses.
+ */
+export async function countWaiting(sql: Tx): Promise<Partial<Record<JobClass, number>>> {
+  const rows = await sql`${waitingByClass(sql)}`;
+  return Object.fromEntries(rows.map((r) => [r.class, Number(r.n)]));
+}
+
+/** Per class: the sum of sched_queues.depth plus the room live admission reservations hold. */
+function waitingByClass(sql: Tx) {
+  return sql`
+    select c.class,
+      coalesce((select sum(q.depth) from sched_queues q where q.class = c.class and q.depth > 0), 0)
+        + coalesce((select sum(r.jobs) from admission_reservations r where r.class = c.class), 0) as n
+    from admission_totals c`;
 }
 
 /** Adds what this transaction admitted to the gate's counts. */

@@ -26,8 +26,9 @@ import type { CommitGate } from '../http/deadline.ts';
 import { databaseUnavailable } from '../db/availability.ts';
 import postgres from 'postgres';
 import { retryAfterSeconds, tenantDrainRate, type Refusal } from '../admission/rules.ts';
-import { planGroup, type SubmissionPlan } from '../admission/plan.ts';
-import { addAdmitted, claimRoom, lockGate, readTenants, reconcileGate, reserveRoom, type ReservedRoom, type TenantAdmissionState } from '../admission/store.ts';
+import { edgeRefusals, planGroup, type KnownJob, type PlanInput, type SubmissionPlan } from '../admission/plan.ts';
+import { Pressure } from '../admission/edge.ts';
+import { addAdmitted, claimRoom, countWaiting, lockGate, readTenants, reconcileGate, reserveRoom, type ReservedRoom, type TenantAdmissionState } from '../admission/store.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
 import { markManyQueuesReady } from '../scheduler/sql/queues.ts';
 import { busyWeights, lockTenants, tenantSchedState } from '../scheduler/sql/tenants.ts';
@@ -90,6 +91,16 @@ function perClass(jobs: ReadonlyArray<{ priority: JobClass }>): Partial<Record<J
   return out;
 }
 
+/** The idempotency keys of submissions' jobs, with their tenants (to look up the originals). Pure. */
+function keysOf(subs: readonly Submission[]): Array<{ tenantId: string; key: string }> {
+  return subs.flatMap((s) => s.jobs.filter((j) => j.idempotencyKey !== null).map((j) => ({ tenantId: s.tenant.id, key: j.idempotencyKey! })));
+}
+
+/** Waiting jobs of all classes, from per-class counts. Pure. */
+function sumClasses(d: Partial<Record<JobClass, number>>): number {
+  return Object.values(d).reduce((a, n) => a + (n ?? 0), 0);
+}
+
 /** The room accepted jobs take, per tenant and class (an admission reservation's rows). Pure. */
 function roomOf(jobs: ReadonlyArray<{ tenantId: string; priority: JobClass }>): ReservedRoom[] {
   const room = new Map<string, ReservedRoom>();
@@ -127,6 +138,8 @@ export interface JobServiceDeps {
   onRefused?: (code: string, jobClass: JobClass | null) => void;
   /** Observes each committed group's size (metrics). */
   onGroupCommitted?: (size: number) => void;
+  /** How long after a QUEUE_FULL refusal submissions (all, or the tenant's) are screened at the edge first (default 2,000 ms). */
+  pressureHoldMs?: number;
 }
 
 export interface AdmissionConfig {
@@ -161,9 +174,20 @@ class NotCommitted extends Error {
 /** What a committed group decided for one submission: its answer, or the refusal to turn into an error. */
 type Outcome = SubmissionPlan<NewJob> | SluiceError;
 
+/**
+ * How long a refusal's drain-rate reads (windows, busy weights, the tenant's scheduler row) are
+ * reused for the next refusals' Retry-After: an estimate either way, and under pressure thousands
+ * of refusals a second would otherwise each read them (the busy weights are O(tenants)).
+ */
+const RATE_READ_TTL_MS = 1_000;
+
 export class JobService {
   private readonly deps: JobServiceDeps;
   private readonly group: GroupCommit<Submission, Outcome> | null;
+  /** The edge: concurrent screens share one lock-free read round (no transaction, no gate). */
+  private readonly edge: GroupCommit<Submission, Outcome | null>;
+  private readonly pressure: Pressure;
+  private readonly rateReads = new Map<string, { at: number; value: Promise<unknown> }>();
   constructor(deps: JobServiceDeps) {
     this.deps = deps;
     const gc = deps.groupCommit ?? { windowMs: 2, maxItems: 200 };
@@ -171,6 +195,8 @@ export class JobService {
       gc.maxItems > 1
         ? new GroupCommit((subs) => this.commit(subs), { ...gc, onGroup: deps.onGroupCommitted, splittable: (err) => err instanceof NotCommitted })
         : null;
+    this.edge = new GroupCommit((subs) => this.screen(subs), { windowMs: gc.windowMs, maxItems: Math.max(gc.maxItems, 200) });
+    this.pressure = new Pressure(deps.pressureHoldMs ?? 2_000);
   }
 
   async submit(tenant: TenantRecord, inputs: readonly JobInput[], opts: { bulk?: boolean; gate?: CommitGate } = {}): Promise<SubmittedJob[]> {
@@ -196,6 +222,12 @@ export class JobService {
   }
 
   private async submitValid(sub: Submission): Promise<SubmittedJob[]> {
+    // Under pressure, a submission that surely cannot fit is refused at the edge, without the
+    // gate: the gate then serves only submissions that could fit (screen).
+    if (this.pressure.applies(sub.tenant.id, Date.now())) {
+      const refused = await this.edge.submit(sub);
+      if (refused) return this.answer(sub, refused);
+    }
     let outcome: Outcome;
     for (let attempt = 1; ; attempt++) {
       try {
@@ -292,13 +324,12 @@ export class JobService {
    * of their keys; writes nothing.
    */
   private async decide(tx: postgres.TransactionSql, subs: readonly Submission[]): Promise<{ out: Outcome[]; accepted: NewJobRow[] }> {
-    const { admission } = this.deps;
     const now = new Date();
     // Lock order: the gate, then the inserts (admission/store.ts).
     // The three reads are pipelined: one round trip under the gate, not three. Postgres still runs
     // them in order, each with its own snapshot taken when it starts, so the reads see everything
     // the previous gate holder committed (a read folded into the locking statement would not).
-    const keyed = subs.flatMap((s) => s.jobs.filter((j) => j.idempotencyKey !== null).map((j) => ({ tenantId: s.tenant.id, key: j.idempotencyKey! })));
+    const keyed = keysOf(subs);
     const [gate, tenants, originals] = await Promise.all([
       lockGate(tx),
       readTenants(tx, subs.map((s) => ({ id: s.tenant.id, periodStart: quotaPeriod(s.tenant.periodAnchor, now).start }))),
@@ -308,29 +339,60 @@ export class JobService {
     // Refusals that do not depend on the queues: one place for the tenant's own state.
     const early = subs.map((s) => this.tenantRefusal(s, tenants.get(s.tenant.id), now));
     const open = subs.map((s, i) => ({ s, i })).filter(({ i }) => early[i] === null);
-    const plan = (globalDepth: number) =>
-      planGroup({
-        subs: open.map(({ s }) => ({ tenantId: s.tenant.id, tenantBound: effectiveLimits(s.tenant).queueBound, jobs: s.jobs })),
-        originals,
-        tenantDepth: new Map([...tenants].map(([id, t]) => [id, t.depth])),
-        newState: (id) => visibleJobState('QUEUED', tenants.get(id)?.quotaBlocked ?? false) as 'QUEUED' | 'WAITING_QUOTA',
-        globalDepth,
-        globalBound: admission.globalBound,
-        classShare: admission.classShare,
-      });
-    const sum = (d: Partial<Record<JobClass, number>>) => Object.values(d).reduce((a, n) => a + (n ?? 0), 0);
-    let plans = plan(sum(gate));
+    const plan = (globalDepth: number) => planGroup(this.planInput(open.map(({ s }) => s), tenants, originals, globalDepth));
+    let plans = plan(sumClasses(gate));
     const refusedGlobally = plans.some((p) => p.kind === 'refuse' && p.refusal.scope === 'GLOBAL' && p.refusal.retryable);
     if (refusedGlobally) {
       // The gate's estimate only drifts upward (dispatch does not lower it): count exactly before
       // refusing. O(queues), once per refusing group, never on the accepting path.
-      plans = plan(sum(await reconcileGate(tx)));
+      plans = plan(sumClasses(await reconcileGate(tx)));
     }
 
     const accepted = plans.flatMap((p, k) => (p.kind === 'accept' ? p.insert.map((j) => ({ ...j, tenantId: open[k]!.s.tenant.id, state: 'QUEUED' as const })) : []));
     const out: Outcome[] = early.map((e) => e ?? (null as never));
     open.forEach(({ i }, k) => (out[i] = plans[k]!));
     return { out, accepted };
+  }
+
+  /** What planGroup and edgeRefusals decide on: the submissions and the depths read for them. */
+  private planInput(subs: readonly Submission[], tenants: ReadonlyMap<string, TenantAdmissionState>, originals: ReadonlyMap<string, KnownJob>, globalDepth: number): PlanInput<NewJob> {
+    const { admission } = this.deps;
+    return {
+      subs: subs.map((s) => ({ tenantId: s.tenant.id, tenantBound: effectiveLimits(s.tenant).queueBound, jobs: s.jobs })),
+      originals,
+      tenantDepth: new Map([...tenants].map(([id, t]) => [id, t.depth])),
+      newState: (id) => visibleJobState('QUEUED', tenants.get(id)?.quotaBlocked ?? false) as 'QUEUED' | 'WAITING_QUOTA',
+      globalDepth,
+      globalBound: admission.globalBound,
+      classShare: admission.classShare,
+    };
+  }
+
+  /**
+   * The edge, for submissions arriving under pressure: one round of lock-free reads for the
+   * whole screen group, outside any transaction (the group's tenants, their keys' originals and,
+   * while the global bound refuses, the exact waiting jobs per class), then each submission judged
+   * alone (edgeRefusals). A submission that surely cannot fit, or that its tenant's state refuses,
+   * gets its refusal here (null: on to the gate). Nothing is locked or written, so refusals never
+   * queue behind the gate and cost the gate nothing; what could fit is decided exactly under it.
+   */
+  private async screen(subs: readonly Submission[]): Promise<Array<ItemResult<Outcome | null>>> {
+    const { sql } = this.deps;
+    const now = new Date();
+    const keyed = keysOf(subs);
+    const [tenants, originals, waiting] = await Promise.all([
+      readTenants(sql, subs.map((s) => ({ id: s.tenant.id, periodStart: quotaPeriod(s.tenant.periodAnchor, now).start }))),
+      originalsByIdempotencyKey(sql, keyed),
+      this.pressure.globalFull(now.getTime()) ? countWaiting(sql) : null,
+    ]);
+    // Without the global count (only tenants refuse), a global depth of 0: the global bound then
+    // refuses only what can never fit, whatever the depth.
+    const refusals = edgeRefusals(this.planInput(subs, tenants, originals, waiting ? sumClasses(waiting) : 0));
+    return subs.map((s, i): ItemResult<Outcome | null> => {
+      const early = this.tenantRefusal(s, tenants.get(s.tenant.id), now);
+      const refusal = refusals[i];
+      return { ok: true, value: early ?? (refusal ? { kind: 'refuse', refusal } : null) };
+    });
   }
 
   /**
@@ -442,8 +504,9 @@ export class JobService {
     this.deps.onRefused?.(r.code, r.jobClass);
     const ext = { scope: r.scope, retryable: r.retryable, ...(r.jobClass ? { priority: r.jobClass } : {}) };
     if (!r.retryable) return new SluiceError('QUEUE_FULL', r.message, ext, 413);
-    const classes = [...new Set(sub.jobs.map((j) => j.priority))];
-    const rates = await this.drainRates(this.deps.sql, sub.tenant, classes);
+    this.pressure.note(r.scope, sub.tenant.id, Date.now());
+    const classes = [...new Set(sub.jobs.map((j) => j.priority))].sort();
+    const rates = await this.refusalRates(sub.tenant, classes);
     const seconds = retryAfterSeconds(r.excess, r.scope === 'TENANT' ? rates.tenant : rates.global);
     return new SluiceError('QUEUE_FULL', r.message, { ...ext, retryAfterSeconds: seconds }, 429, { 'Retry-After': String(seconds) });
   }
@@ -453,6 +516,30 @@ export class JobService {
     // Independent reads, side by side: a refusal's answer waits for them.
     const [windows, state, busy] = await Promise.all([readWindows(sql), tenantSchedState(sql, tenant.id), busyWeights(sql, classes)]);
     return this.drainRatesFrom(tenant, classes, { windows, state, busy });
+  }
+
+  /** drainRates for a refusal's Retry-After, from reads reused for RATE_READ_TTL_MS. */
+  private async refusalRates(tenant: TenantRecord, classes: readonly JobClass[]): Promise<{ tenant: number; global: number }> {
+    const { sql } = this.deps;
+    const [windows, state, busy] = await Promise.all([
+      this.reused('windows', () => readWindows(sql)),
+      this.reused(`tenant:${tenant.id}`, () => tenantSchedState(sql, tenant.id)),
+      this.reused(`busy:${classes.join(',')}`, () => busyWeights(sql, classes)),
+    ]);
+    return this.drainRatesFrom(tenant, classes, { windows, state, busy });
+  }
+
+  /** A read shared by every caller within RATE_READ_TTL_MS of it (a failed one is not kept). */
+  private reused<T>(key: string, read: () => Promise<T>): Promise<T> {
+    const now = Date.now();
+    const hit = this.rateReads.get(key);
+    if (hit && now - hit.at < RATE_READ_TTL_MS) return hit.value as Promise<T>;
+    // Bounded by the tenants refused within the TTL: expired entries go once the map grows.
+    if (this.rateReads.size > 10_000) for (const [k, v] of this.rateReads) if (now - v.at >= RATE_READ_TTL_MS) this.rateReads.delete(k);
+    const value = read();
+    value.catch(() => this.rateReads.delete(key));
+    this.rateReads.set(key, { at: now, value });
+    return value;
   }
 
   /** drainRates from reads the caller already made (the queue status reads windows and the scheduler row once for every class). */
