@@ -5,6 +5,8 @@
  * Phases (each on a fresh database and a fresh Sluice child, role all):
  *  - 1,000 subscribers = 200 tenants × 5 (the shape measured on main: p50 102 ms, p99 433 ms from finishedAt);
  *  - 5,000 subscribers = 1,000 tenants × 5 (`--large-tenants`).
+ * `--warm`: one job per tenant first, finished before the subscribers connect, so every pool
+ * connection of the fresh child has settled once (what a long-running process looks like).
  * Each subscriber is its own WebSocket from the bench process. Once all are
  * connected and idle, the Sluice child's VmRSS is compared with its RSS
  * before they connected: memory per idle subscriber. Then one job per tenant
@@ -87,7 +89,7 @@ function perSubscriberKb(before: MemoryReport, after: MemoryReport, n: number) {
   return { heapUsed: kb(before.heapUsedMb, after.heapUsedMb), external: kb(before.externalMb, after.externalMb), rss: kb(before.rssMb, after.rssMb) };
 }
 
-async function phase(pg: BenchPostgres, tenants: number, perTenant: number, mode: 'child' | 'inproc', extraEnv: Record<string, string>, o: { waitS: number }) {
+async function phase(pg: BenchPostgres, tenants: number, perTenant: number, mode: 'child' | 'inproc', extraEnv: Record<string, string>, o: { waitS: number; warm: boolean }) {
   const label = `${tenants}x${perTenant}`;
   const db = await freshDatabase(pg.adminUrl, `fanout_${tenants}`);
   let sim: Simulator | null = null;
@@ -107,6 +109,20 @@ async function phase(pg: BenchPostgres, tenants: number, perTenant: number, mode
       const r = await gql<{ createTenant: { apiKey: string } }>(url, ADMIN_TOKEN, 'mutation($i: CreateTenantInput!) { createTenant(input: $i) { apiKey } }', { i: { name: `fanout-${i}`, tier: 'PRO' } });
       return r.createTenant.apiKey;
     });
+    if (o.warm) {
+      // One job per tenant first, finished before anyone subscribes: Sluice's pool connections have
+      // each run the settlement once (Postgres plans a PL/pgSQL function's statements per connection).
+      progress(`[fanout ${label}] warm-up: one job per tenant`);
+      await mapLimit(keys, 20, (key, i) => gql(url, key, 'mutation($i: JobInput!) { submitJob(input: $i) { job { id } } }', { i: { api: 'dnslookup', params: { domain: `w${i}.example.com` }, priority: 'INTERACTIVE' } }));
+      const wsql = postgres(db.url, { max: 1, onnotice: () => {} });
+      try {
+        for (const until = Date.now() + o.waitS * 1000; Date.now() < until; await sleep(250)) {
+          if (Number((await wsql`select count(*) from jobs where state in ('SUCCEEDED', 'FAILED')`)[0]!.count) >= tenants) break;
+        }
+      } finally {
+        await wsql.end({ timeout: 2 }).catch(() => {});
+      }
+    }
     await sleep(1_000);
     const memBefore = await sluice.memory();
     const rssBefore = rssMb(sluice.pid);
@@ -154,7 +170,7 @@ async function phase(pg: BenchPostgres, tenants: number, perTenant: number, mode
     const deadline = Date.now() + o.waitS * 1000;
     try {
       while (Date.now() < deadline) {
-        jobsFinished = Number((await sql`select count(*) from jobs where state in ('SUCCEEDED', 'FAILED')`)[0]!.count);
+        jobsFinished = Number((await sql`select count(*) from jobs where state in ('SUCCEEDED', 'FAILED')`)[0]!.count) - (o.warm ? tenants : 0);
         if (jobsFinished >= tenants && receipts.length >= expected) break;
         await sleep(250);
       }
@@ -225,12 +241,13 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
   const large = flags.number('large-tenants', 1_000);
   const perTenant = flags.number('per-tenant', 5);
   const waitS = flags.number('wait', 300);
+  const warm = flags.bool('warm');
   const mode = flags.bool('inproc') ? ('inproc' as const) : ('child' as const);
   const extraEnv = parseEnvFlag(flags.optionalString('env'));
   flags.done();
 
-  const phases = [await phase(pg, small, perTenant, mode, extraEnv, { waitS })];
-  if (large > 0) phases.push(await phase(pg, large, perTenant, mode, extraEnv, { waitS }));
+  const phases = [await phase(pg, small, perTenant, mode, extraEnv, { waitS, warm })];
+  if (large > 0) phases.push(await phase(pg, large, perTenant, mode, extraEnv, { waitS, warm }));
   const targets: Record<string, Check> = {};
   for (const p of phases) {
     const k = `s${p.subscribers}`;
