@@ -5,6 +5,8 @@
  * Phases (each on a fresh database and a fresh Sluice child, role all):
  *  - 1,000 subscribers = 200 tenants × 5 (the shape measured on main: p50 102 ms, p99 433 ms from finishedAt);
  *  - 5,000 subscribers = 1,000 tenants × 5 (`--large-tenants`).
+ * `--warm`: one job per tenant first, finished before the subscribers connect, so every pool
+ * connection of the fresh child has settled once (what a long-running process looks like).
  * Each subscriber is its own WebSocket from the bench process. Once all are
  * connected and idle, the Sluice child's VmRSS is compared with its RSS
  * before they connected: memory per idle subscriber. Then one job per tenant
@@ -59,6 +61,25 @@ async function commitListener(databaseUrl: string) {
   };
 }
 
+/**
+ * When the simulator wrote each tenant's answer (bench clock), from its call log: the job of tenant
+ * i looks up `t<i>.example.com`; a job called more than once (a retry) counts its last answer.
+ */
+function answersByTenant(sim: Simulator, tenants: number): Map<number, number> {
+  const out = new Map<number, number>();
+  for (let since = 0; ; ) {
+    const page = sim.calls(since, 10_000);
+    for (const c of page.calls) {
+      const m = /^t(\d+)\.example\.com$/.exec(String(c.params.domain ?? ''));
+      const tenant = m ? Number(m[1]) : -1;
+      if (tenant < 0 || tenant >= tenants || c.answeredAtMs === null) continue;
+      out.set(tenant, Math.max(out.get(tenant) ?? 0, c.answeredAtMs));
+    }
+    if (page.calls.length === 0) return out;
+    since = page.next;
+  }
+}
+
 function roundMem(m: MemoryReport) {
   return { rss: round(m.rssMb, 1), heapUsed: round(m.heapUsedMb, 1), external: round(m.externalMb, 1) };
 }
@@ -68,7 +89,7 @@ function perSubscriberKb(before: MemoryReport, after: MemoryReport, n: number) {
   return { heapUsed: kb(before.heapUsedMb, after.heapUsedMb), external: kb(before.externalMb, after.externalMb), rss: kb(before.rssMb, after.rssMb) };
 }
 
-async function phase(pg: BenchPostgres, tenants: number, perTenant: number, mode: 'child' | 'inproc', extraEnv: Record<string, string>, o: { waitS: number }) {
+async function phase(pg: BenchPostgres, tenants: number, perTenant: number, mode: 'child' | 'inproc', extraEnv: Record<string, string>, o: { waitS: number; warm: boolean }) {
   const label = `${tenants}x${perTenant}`;
   const db = await freshDatabase(pg.adminUrl, `fanout_${tenants}`);
   let sim: Simulator | null = null;
@@ -76,7 +97,8 @@ async function phase(pg: BenchPostgres, tenants: number, perTenant: number, mode
   const clients: Client[] = [];
   let listener: Awaited<ReturnType<typeof commitListener>> | null = null;
   try {
-    sim = await startSimulator({ plan: 'MEGA', concurrentCalls: 500, latencyMs: 20, latencyP95Ms: 60, seed: 1, credits: 100_000_000, maxCredits: 100_000_000 });
+    // The call log stamps each answer as the simulator writes it: the provider's answer, on the bench's clock.
+    sim = await startSimulator({ plan: 'MEGA', concurrentCalls: 500, latencyMs: 20, latencyP95Ms: 60, seed: 1, credits: 100_000_000, maxCredits: 100_000_000, callLog: true });
     sluice = await startSluiceFor(
       { DATABASE_URL: db.url, APIVERVE_API_KEY: sim.apiKey, APIVERVE_BASE_URL: sim.url, APIVERVE_PLAN: 'MEGA', APIVERVE_CONCURRENT_CALLS: '500', ...extraEnv },
       mode,
@@ -87,6 +109,20 @@ async function phase(pg: BenchPostgres, tenants: number, perTenant: number, mode
       const r = await gql<{ createTenant: { apiKey: string } }>(url, ADMIN_TOKEN, 'mutation($i: CreateTenantInput!) { createTenant(input: $i) { apiKey } }', { i: { name: `fanout-${i}`, tier: 'PRO' } });
       return r.createTenant.apiKey;
     });
+    if (o.warm) {
+      // One job per tenant first, finished before anyone subscribes: Sluice's pool connections have
+      // each run the settlement once (Postgres plans a PL/pgSQL function's statements per connection).
+      progress(`[fanout ${label}] warm-up: one job per tenant`);
+      await mapLimit(keys, 20, (key, i) => gql(url, key, 'mutation($i: JobInput!) { submitJob(input: $i) { job { id } } }', { i: { api: 'dnslookup', params: { domain: `w${i}.example.com` }, priority: 'INTERACTIVE' } }));
+      const wsql = postgres(db.url, { max: 1, onnotice: () => {} });
+      try {
+        for (const until = Date.now() + o.waitS * 1000; Date.now() < until; await sleep(250)) {
+          if (Number((await wsql`select count(*) from jobs where state in ('SUCCEEDED', 'FAILED')`)[0]!.count) >= tenants) break;
+        }
+      } finally {
+        await wsql.end({ timeout: 2 }).catch(() => {});
+      }
+    }
     await sleep(1_000);
     const memBefore = await sluice.memory();
     const rssBefore = rssMb(sluice.pid);
@@ -134,7 +170,7 @@ async function phase(pg: BenchPostgres, tenants: number, perTenant: number, mode
     const deadline = Date.now() + o.waitS * 1000;
     try {
       while (Date.now() < deadline) {
-        jobsFinished = Number((await sql`select count(*) from jobs where state in ('SUCCEEDED', 'FAILED')`)[0]!.count);
+        jobsFinished = Number((await sql`select count(*) from jobs where state in ('SUCCEEDED', 'FAILED')`)[0]!.count) - (o.warm ? tenants : 0);
         if (jobsFinished >= tenants && receipts.length >= expected) break;
         await sleep(250);
       }
@@ -144,9 +180,22 @@ async function phase(pg: BenchPostgres, tenants: number, perTenant: number, mode
     }
     const busy = cpu.end();
     const { commits } = listener;
+    const answers = answersByTenant(sim, tenants);
     const fromFinishedAt = receipts.map((r) => r.at - r.finishedAt);
     const fromCommit = receipts.filter((r) => commits.has(r.id)).map((r) => r.at - commits.get(r.id)!.at);
     const dist = (xs: number[]) => (xs.length ? { p50: round(median(xs), 1), p99: round(percentile(xs, 99), 1), max: round(Math.max(...xs), 1) } : null);
+    // The three stamps of each job (the answer, its settlement's commit, each receipt) and finishedAt between the first two.
+    const jobs = new Map<string, { answer: number | undefined; finishedAt: number; commit: number | undefined }>();
+    for (const r of receipts) if (!jobs.has(r.id)) jobs.set(r.id, { answer: answers.get(r.tenant), finishedAt: r.finishedAt, commit: commits.get(r.id)?.at });
+    const perJob = (f: (j: { answer: number; finishedAt: number; commit: number }) => number) =>
+      [...jobs.values()].filter((j): j is { answer: number; finishedAt: number; commit: number } => j.answer !== undefined && j.commit !== undefined).map(f);
+    const stages = {
+      answerToFinishedAtMs: dist(perJob((j) => j.finishedAt - j.answer)),
+      finishedAtToCommitMs: dist(perJob((j) => j.commit - j.finishedAt)),
+      answerToCommitMs: dist(perJob((j) => j.commit - j.answer)),
+      commitToReceiptMs: dist(fromCommit),
+      answerToReceiptMs: dist(receipts.filter((r) => answers.has(r.tenant)).map((r) => r.at - answers.get(r.tenant)!)),
+    };
     const perTenantReceived = new Map<number, number>();
     for (const r of receipts) perTenantReceived.set(r.tenant, (perTenantReceived.get(r.tenant) ?? 0) + 1);
     const result = {
@@ -160,6 +209,7 @@ async function phase(pg: BenchPostgres, tenants: number, perTenant: number, mode
       subscriptionErrors: errors,
       tenantsFullyServed: [...perTenantReceived.values()].filter((n) => n === perTenant).length,
       latencyMs: dist(fromCommit),
+      stages,
       receiptsWithoutCommitStamp: receipts.length - fromCommit.length,
       latencyFromFinishedAtMs: dist(fromFinishedAt),
       finalNotificationsCarryingRow: `${[...commits.values()].filter((c) => c.carriesRow).length} of ${commits.size}`,
@@ -172,7 +222,10 @@ async function phase(pg: BenchPostgres, tenants: number, perTenant: number, mode
       wallS: round((Date.now() - started) / 1000, 1),
       machineCpuBusy: busy,
     };
-    progress(`[fanout ${label}] delivered ${result.delivered}/${expected}; from commit p50 ${result.latencyMs?.p50} ms, p99 ${result.latencyMs?.p99} ms; from finishedAt p50 ${result.latencyFromFinishedAtMs?.p50} ms, p99 ${result.latencyFromFinishedAtMs?.p99} ms`);
+    const pp = (d: { p50: number; p99: number } | null) => (d ? `p50 ${d.p50} / p99 ${d.p99} ms` : 'n/a');
+    progress(
+      `[fanout ${label}] delivered ${result.delivered}/${expected}; answer → commit ${pp(stages.answerToCommitMs)} (answer → finishedAt ${pp(stages.answerToFinishedAtMs)}, finishedAt → commit ${pp(stages.finishedAtToCommitMs)}); commit → receipt ${pp(stages.commitToReceiptMs)}; finishedAt → receipt ${pp(result.latencyFromFinishedAtMs)}; answer → receipt ${pp(stages.answerToReceiptMs)}`,
+    );
     return result;
   } finally {
     await Promise.all(clients.map((c) => c.dispose()));
@@ -188,28 +241,42 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
   const large = flags.number('large-tenants', 1_000);
   const perTenant = flags.number('per-tenant', 5);
   const waitS = flags.number('wait', 300);
+  const warm = flags.bool('warm');
   const mode = flags.bool('inproc') ? ('inproc' as const) : ('child' as const);
   const extraEnv = parseEnvFlag(flags.optionalString('env'));
   flags.done();
 
-  const phases = [await phase(pg, small, perTenant, mode, extraEnv, { waitS })];
-  if (large > 0) phases.push(await phase(pg, large, perTenant, mode, extraEnv, { waitS }));
+  const phases = [await phase(pg, small, perTenant, mode, extraEnv, { waitS, warm })];
+  if (large > 0) phases.push(await phase(pg, large, perTenant, mode, extraEnv, { waitS, warm }));
   const targets: Record<string, Check> = {};
   for (const p of phases) {
     const k = `s${p.subscribers}`;
     targets[`${k}_allDelivered`] = check(p.delivered, `== ${p.subscribers} (every job finished, every subscriber got its event)`, p.delivered === p.subscribers && p.subscriptionErrors === 0);
     targets[`${k}_p99Ms`] = check(p.latencyMs?.p99 ?? null, '< 50 ms (commit to receipt)', p.latencyMs ? p.latencyMs.p99 < 50 : false);
+    targets[`${k}_p99FromFinishedAtMs`] = check(p.latencyFromFinishedAtMs?.p99 ?? null, '< 50 ms (finishedAt to receipt)', p.latencyFromFinishedAtMs ? p.latencyFromFinishedAtMs.p99 < 50 : false);
     const mem = p.memoryPerIdleSubscriberKb;
     targets[`${k}_memoryPerIdleSubscriberKb`] = check(mem ? mem.rss : null, 'reported (RSS growth after a full GC, per subscriber; heap and off-heap in the phase)', null);
   }
   return {
-    summary: Object.fromEntries(phases.map((p) => [`s${p.subscribers}`, { delivered: p.delivered, latencyFromCommitMs: p.latencyMs, latencyFromFinishedAtMs: p.latencyFromFinishedAtMs, memoryPerIdleSubscriberKb: p.memoryPerIdleSubscriberKb }])),
+    summary: Object.fromEntries(
+      phases.map((p) => [
+        `s${p.subscribers}`,
+        {
+          delivered: p.delivered,
+          latencyFromCommitMs: p.latencyMs,
+          latencyFromFinishedAtMs: p.latencyFromFinishedAtMs,
+          answerToCommitMs: p.stages.answerToCommitMs,
+          answerToReceiptMs: p.stages.answerToReceiptMs,
+          memoryPerIdleSubscriberKb: p.memoryPerIdleSubscriberKb,
+        },
+      ]),
+    ),
     targets,
     setup: {
       shape: 'N tenants x 5 graphql-ws subscribers on jobsCompleted (one WebSocket each, from the bench process), one INTERACTIVE dnslookup job per tenant',
       plan: 'MEGA (no pacer), concurrency 500, simulator latency median 20 ms',
       latency:
-        "latencyMs: receipt time (bench process, graphql-ws next) minus the commit: when the job's final-state NOTIFY reached a LISTEN connection in a separate bench process (Postgres delivers a notification at its transaction's commit). latencyFromFinishedAtMs: receipt minus the job's finishedAt (now() of the settling transaction, before its commit; includes settlement time).",
+        "latencyMs: receipt time (bench process, graphql-ws next) minus the commit: when the job's final-state NOTIFY reached a LISTEN connection in a separate bench process (Postgres delivers a notification at its transaction's commit). latencyFromFinishedAtMs: receipt minus the job's finishedAt (now() of the settling transaction, before its commit; includes settlement time). stages: the answer is when the simulator wrote the job's answer (its call log); answer -> finishedAt is Sluice reading the answer and the settlement queue, finishedAt -> commit the settling statement and its commit, commit -> receipt the fan-out.",
       sluice: { mode, extraEnv },
     },
     phases,

@@ -599,6 +599,8 @@ describe('admin endpoints', () => {
       // Billed credits in the log add up to the account's.
       assert.equal(all.calls.reduce((a, c) => a + c.credits, 0), sim.stats().totals.creditsBilled);
       assert.deepEqual(all.calls.map((c) => c.seq), [1, 2, 3, 4, 5, 6]);
+      // Each answer is stamped as the server writes it, after its latency; a hang never is.
+      assert.deepEqual(all.calls.map((c) => c.answeredAtMs !== null && c.answeredAtMs >= c.atMs), [true, true, true, true, true, false]);
 
       const page = (await (await fetch(`${sim.adminUrl}/calls?since=2&limit=2`)).json()) as { calls: { seq: number }[]; next: number };
       assert.deepEqual([page.calls.map((c) => c.seq), page.next], [[3, 4], 4]);

@@ -67,6 +67,8 @@ export interface Reply {
   delayMs: number | null;
   /** Held against the concurrent-call limit until the server calls release(). */
   slot: Slot | null;
+  /** The server calls it as it writes the answer (the call log stamps answeredAtMs). */
+  answered?: () => void;
 }
 
 export interface Slot {
@@ -152,6 +154,8 @@ export interface CallRecord {
   seq: number;
   /** When the simulator decided the answer (a call is billed then, at arrival). */
   atMs: number;
+  /** When the server wrote the answer, after its latency (null until then, and for a hang). */
+  answeredAtMs: number | null;
   key: string;
   api: string;
   params: Record<string, unknown>;
@@ -505,9 +509,23 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
     creditsByInput.set(input, (creditsByInput.get(input) ?? 0) + cost);
   }
 
-  function logCall(apiKey: string | null, api: string, params: Record<string, unknown>, status: number | null, billed: number, batch: boolean) {
-    if (!callLog || !apiKey || !keys.has(apiKey)) return;
-    callLog.push({ seq: ++callSeq, atMs: clock(), key: apiKey, api, params, status, credits: billed, batch });
+  function logCall(apiKey: string | null, api: string, params: Record<string, unknown>, status: number | null, billed: number, batch: boolean): CallRecord | null {
+    if (!callLog || !apiKey || !keys.has(apiKey)) return null;
+    const record: CallRecord = { seq: ++callSeq, atMs: clock(), answeredAtMs: null, key: apiKey, api, params, status, credits: billed, batch };
+    callLog.push(record);
+    return record;
+  }
+
+  /** The reply stamps its records' answer time when the server writes it. */
+  function stampAnswer(r: Reply, records: readonly (CallRecord | null)[]): Reply {
+    const logged = records.filter((x): x is CallRecord => x !== null);
+    if (logged.length > 0 && r.delayMs !== null) {
+      r.answered = () => {
+        const at = clock();
+        for (const x of logged) x.answeredAtMs = at;
+      };
+    }
+    return r;
   }
 
   const engine: Engine = {
@@ -761,20 +779,17 @@ export function createEngine(opts: SimulatorOptions = {}): Engine {
   engine.handleCall = (req) => {
     const before = creditsBilledEver;
     const r = handleCall(req);
-    logCall(req.apiKey, req.api, req.params, r.delayMs === null ? null : r.status, creditsBilledEver - before, false);
-    return r;
+    return stampAnswer(r, [logCall(req.apiKey, req.api, req.params, r.delayMs === null ? null : r.status, creditsBilledEver - before, false)]);
   };
   engine.handleBatch = (req) => {
     batchItemCredits = [];
     batchItems = null;
     const r = handleBatch(req);
     const parsed = req.body === undefined ? null : parseBatchRequest(req.body);
-    if (parsed?.ok) {
-      parsed.value.requests.forEach((item, i) =>
-        logCall(req.apiKey, req.api, item.params, r.delayMs === null ? null : (batchItems?.[i]?.status ?? r.status), batchItemCredits[i] ?? 0, true),
-      );
-    } else logCall(req.apiKey, req.api, {}, r.status, 0, true);
-    return r;
+    const records = parsed?.ok
+      ? parsed.value.requests.map((item, i) => logCall(req.apiKey, req.api, item.params, r.delayMs === null ? null : (batchItems?.[i]?.status ?? r.status), batchItemCredits[i] ?? 0, true))
+      : [logCall(req.apiKey, req.api, {}, r.status, 0, true)];
+    return stampAnswer(r, records);
   };
   return engine;
 }

@@ -123,6 +123,7 @@ export async function startSimulator(opts: SimulatorOptions = {}): Promise<Simul
     if (reply.delayMs === null) return; // hang: answered never; the slot frees when the client gives up
     const write = () => {
       if (res.destroyed || res.writableEnded) return;
+      reply.answered?.();
       res.writeHead(reply.status, { ...reply.headers, 'content-length': String(Buffer.byteLength(reply.body)) });
       res.end(reply.body);
     };
