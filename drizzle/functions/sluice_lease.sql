@@ -1,69 +1,50 @@
 -- sluice_lease: the lease in one round trip. Leases up to p_max jobs of window p_window across as
 -- many tenants as the weighted fair order allows, in ONE call (one transaction), and activates
 -- their pg-boss jobs in it. src/scheduler/lease.ts (planPicks) is the pure model of the same
--- decisions; test/lease-differential.test.ts checks that the two pick the same jobs.
+-- decisions, in the same phases; test/lease-differential.test.ts checks that the two pick the same
+-- jobs and leave the same state.
+--
+-- This function is the driver: the window's budget (tokens, pool room), then turns until the
+-- budget, p_max or the eligible queues run out, each turn in four phases, then the commit:
+-- - pick (sluice_lease_pick): the front queue of the first class of p_classes (the dispatcher's
+--   order, starving classes first) that has an eligible one, and the next queue's virtual time;
+-- - lock (sluice_lease_lock): its tenant's row and its queue's row ('skip' or 'end' otherwise);
+-- - fetch (sluice_lease_fetch): the take (the quantum to the next queue, or a batch turn) and the
+--   jobs from pg-boss; a queue with nothing to hand out goes dormant;
+-- - quota (sluice_lease_quota): the prefix of the jobs that fits, blocking (WAIT) or failing (FAIL)
+--   the first that does not;
+-- - the turn itself, here: the queue's virtual time advanced by the jobs actually taken / weight
+--   (start + n/w, where a queue's first turn in the call starts at its virtual time or the class
+--   clock at the call's start, whichever is later: SFQ's start tag max(v, F)), the tenant's slots,
+--   the class clock, the pool (a batch turn joins the call's open batch of its API while the items
+--   fit: p_batch_max and the API's maxSize; one slot per call, one token per distinct input), the
+--   picks. A turn writes no row: what the next pick reads is kept in the call's arrays;
+-- - after the last turn: the due check (sluice_lease_wake), the claim (sluice_lease_claim: pg-boss
+--   activation, jobs RUNNING, tenants' cap slots) and the commit (sluice_lease_commit: virtual
+--   times and idle marks, ledger, reservations, class clocks, the lift of lagging queues, and last
+--   the window row, ONCE, with a conditional update). The output column `call` numbers each
+--   batched job's call; the provider counts and bills a batch's items one by one, so nothing ties
+--   a call to one tenant (inputs are folded per tenant only).
 --
 -- Dormant queues (tenant suspended or quota-blocked, every job due later, every due job for a held
--- API) are out of the fair index: the walk, the lift and the reserved totals never read them, and a
--- turn that fetches nothing makes its queue dormant (held or scheduled). The due check after the
--- turns brings back the scheduled queues now due and those held for an API this call does not
--- hold (docs/ARCHITECTURE.md "Dormant work": the call's cost does not grow with dormant queues).
+-- API) are out of the fair index (sluice_queue_in_fair_index): the walk, the lift and the reserved
+-- totals never read them (docs/ARCHITECTURE.md "Dormant work": the call's cost does not grow with
+-- dormant queues).
 --
--- Each turn: the eligible ready queue with the smallest virtual time (ties by tenant id) in the
--- first class of p_classes (the dispatcher's class order, starving classes first) that has one;
--- its tenant's row locked (waited for only while the call holds no tenant row, and after a wait,
--- or for a queue alone in its class in a paced window, a queue ready by the clock bounds the turn
--- too; after that SKIP LOCKED, and a front tenant
--- held by someone else ends the call rather than be overtaken); a take bounded by the quantum to
--- the next queue, the tenant's free cap, the window's tokens and room,
--- p_lease_max (or a batch turn: up to a batch's worth of the head job's API, BATCH_QUANTUM x
--- weight, and the quantum too: a pause's tokens are not the front tenant's); the jobs fetched
--- from pg-boss exactly as its fetch does (same order, SKIP LOCKED, same activation); the quota
--- prefix that fits (ledger: billed + reserved); claim, reserve, virtual time advanced by the jobs
--- actually taken / weight (start + n/w), where a queue's first turn in the call starts at its
--- virtual time or the class clock at the call's start, whichever is later (SFQ's start tag
--- max(v, F): a queue marked ready while a concurrent lease moved the clock joined at the old
--- clock; the next queue counts as at least the clock too). A queue this call served already ends the call, in a paced
--- window (one round per call) or when it is alone in its class: the next call, at once, shares
--- what is left of the tokens with the queues that became ready meanwhile. Otherwise the tokens a
--- pause or idle time saved up (the bucket: 3 s of pace) went in one call to the queues visible
--- when it started: a call of 120 alternating turns took 120 ms while a tenant that had become
--- ready waited for the next. An unpaced window has no saved-up tokens, and its calls are as
--- large as the pool's room. A turn writes no row: what the next pick reads is kept in the call's
--- arrays, and the fair walk resumes from a per-class cursor. A class whose walk and merge both come
--- back empty sits out the rest of the call (nothing makes a queue eligible within a call: caps
--- fill, blocks and skips grow).
---
--- Batch turns: a batch turn joins the call's open batch call of its API while the items fit
--- (p_batch_max and the API's maxSize), and opens a new one (one pool slot) otherwise; a turn with
--- fewer distinct inputs than the API's minimum goes as single calls when it cannot join. In a
--- paced window a batch turn is held to the fair limit like any turn, and opens its call below the
--- minimum when another queue of its class could join it (the next tenants' turns fill the call,
--- so the limit costs no call; a call no other turn joined, one job, goes single). In an unpaced window (no tokens to share, leases as large as the
--- pool's room) a batch turn may take the API's minimum batch instead: tied tenants take their 2
--- jobs in one turn, not two, which halves the lease's statements per job; jobs beyond the quantum
--- do not move the class clock. The
--- output column `call` numbers each batched job's call. The provider counts and bills a batch's
--- items one by one, so nothing ties a call to one tenant; inputs are folded per tenant only (each
--- tenant is billed for its own items).
---
--- After the last turn, one statement each for all turns (cap slots, pg-boss activation, claims,
--- virtual times and idle marks, ledger, reservations), then the class clocks (the start tag of the
--- last job served: a queue joining next starts level with it, not a turn behind), then the lift of
--- ready queues lagging the new clock by more than 8 (a queue passed over while capped, held or
--- locked, or marked ready at a stale clock, gets no credit for it: otherwise it is served alone
--- until it catches up), and last the window row, ONCE, with a conditional update.
+-- A queue this call served already ends the call, in a paced window (one round per call) or when
+-- it is alone in its class: the next call, at once, shares what is left of the tokens with the
+-- queues that became ready meanwhile. Otherwise the tokens a pause or idle time saved up (the
+-- bucket: 3 s of pace) went in one call to the queues visible when it started: a call of 120
+-- alternating turns took 120 ms while a tenant that had become ready waited for the next. An
+-- unpaced window has no saved-up tokens, and its calls are as large as the pool's room.
 --
 -- Reserved shares (tenant's reserved_share r, 0 to 1 of the window's dispatches) are floors: while
 -- a reserved tenant is backlogged, its weight in the virtual clock is w + r / (1 - R) x W, R the
 -- backlogged reserved shares of its class (at most 0.8: the admin API keeps the sum there, and a
 -- transiently larger sum of scheduler copies is read as 0.8), W the whole backlogged weight there
--- (reserved tenants' included); every other tenant keeps w. Shares go as the weights, so each
--- tenant gets r + (1 - R) x w / W of the class's dispatches: its reservation first, then its part
--- of the rest by weight, whatever the weights. Backlogged: a ready queue in the
--- class, the tenant not suspended, quota-blocked or of weight 0 (caps not counted), read once at
--- the call's start. Idle, it is not in R: nothing is held back for it. With no reserved tenant
--- ready, this costs one probe of sched_tenants' reserved index.
+-- (reserved tenants' included; sluice_lease_shares reads both once); every other tenant keeps w.
+-- Shares go as the weights, so each tenant gets r + (1 - R) x w / W of the class's dispatches: its
+-- reservation first, then its part of the rest by weight, whatever the weights.
 --
 -- Contention is a result, not an error (an ERROR per busy call filled Postgres's log: ~1,600
 -- lines in two minutes with three workers). One lease per window runs at a time (a
@@ -72,8 +53,9 @@
 -- or stopped it, or the account stopped, while the call ran: only leases take tokens and slots,
 -- under the try-lock), everything the call wrote is undone and it returns one row with status
 -- 'changed'; the dispatcher decides again. The undo needs a savepoint: the function's block has
--- an exception handler for exactly that case (SL409, raised and caught here, never sent to the
--- client or the log), which costs one subtransaction per call. Job rows carry status 'leased'.
+-- an exception handler for exactly that case (SL409, raised by the commit and caught here, never
+-- sent to the client or the log), which costs one subtransaction per call. Job rows carry status
+-- 'leased'.
 --
 -- Counters are never clamped: a window whose in-flight count plus the slots given back would go
 -- below zero (more released than taken) raises check_violation instead of leasing on a wrong
@@ -84,13 +66,14 @@
 -- sched_queues (SKIP LOCKED) -> tenant_ledger -> reservations (new rows) -> sched_classes ->
 -- windows.
 --
--- Planner settings: no sorts, as every ordered read here has an index in its order (the fair
--- order, pg-boss's fetch order); without statistics (a fresh database, tens of thousands of queues
--- created in seconds) the planner sorted every ready queue on each pick instead of walking the
--- index (7 ms a pick with 10,000 tenants instead of 0.05). No bitmap scans, for the same reason.
--- No sequential scans: a lookup by key always takes its index (the planner priced a jsonb list at
--- 100 rows and hashed it against a scan of the whole table). No JIT: disabled paths cost 1e10 in
--- the planner's arithmetic, which would pass jit_above_cost and compile every call (300 ms).
+-- Planner settings, for this function and the phases it calls (they set none of their own): no
+-- sorts, as every ordered read here has an index in its order (the fair order, pg-boss's fetch
+-- order); without statistics (a fresh database, tens of thousands of queues created in seconds)
+-- the planner sorted every ready queue on each pick instead of walking the index (7 ms a pick with
+-- 10,000 tenants instead of 0.05). No bitmap scans, for the same reason. No sequential scans: a
+-- lookup by key always takes its index (the planner priced a jsonb list at 100 rows and hashed it
+-- against a scan of the whole table). No JIT: disabled paths cost 1e10 in the planner's
+-- arithmetic, which would pass jit_above_cost and compile every call (300 ms).
 CREATE OR REPLACE FUNCTION sluice_lease(p_window text, p_node uuid, p_pool integer, p_max integer, p_lease_max integer, p_classes text[], p_lease_seconds integer, p_costs jsonb, p_hold text[], p_batch jsonb, p_batch_max integer, p_batch_quantum integer)
  RETURNS TABLE(turn integer, reservation_id uuid, job_id uuid, attempt integer, tenant_id uuid, class text, queue text, data jsonb, credits integer, batched boolean, window_slot boolean, call integer, status text)
  LANGUAGE plpgsql
