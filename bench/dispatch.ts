@@ -155,6 +155,7 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
     const vacuumS = (Date.now() - tVacuum) / 1000;
 
     // The drain.
+    const writesBefore = await writeCounters(sql);
     const cpu = cpuMeter();
     const activity = sampleActivity(sql);
     const tFork = Date.now();
@@ -210,6 +211,8 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
     const workerCpu = await worker.stop();
     worker = null;
     const extraCpu = await Promise.all(extraWorkers.map((w) => w.stop()));
+    // After the workers stopped: their backends flushed their table counters as they exited.
+    const writes = writesPerJob(writesBefore, await writeCounters(sql), agg0(await sql`select count(*) filter (where finished_at is not null)::int as n from jobs where tenant_id = any(${activeIds}::uuid[])`));
     const reports = [workerCpu, ...extraCpu];
     const sluiceCpuS = reports.reduce((a, r) => a + (r ? (r.cpuUserMs + r.cpuSystemMs) / 1000 : 0), 0);
     const statements = reports.reduce((a, r) => a + (r?.sqlStatements ?? 0), 0) - warmupStatements;
@@ -274,6 +277,7 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
         total: round((sluiceCpuS + backendCpuS) / Math.max(1, agg!.finished as number), 6),
         note: "the worker processes' CPU from ready to stop (process.cpuUsage) plus their Postgres backends' (/proc/<pid>/stat, all opened for this drain), over every job finished by the stop",
       },
+      writesPerJob: writes,
       sqlStatementsPerJob: {
         value: statements > 0 ? round(statements / Math.max(1, agg!.finished as number), 3) : null,
         note: "statements the workers' postgres.js pools sent (incl. BEGIN/COMMIT, pg-boss calls through Sluice's transactions, sweeper, lease refresh) over the jobs finished; pg-boss's own pool (its maintenance) is not counted",
@@ -291,6 +295,56 @@ async function sluiceScenario(pg: BenchPostgres, shape: Shape, o: { windowS: num
 }
 
 /** Many tenants at once, in the state createTenant + updateTenant + services.tenantChanged leave them in. */
+interface WriteCounters {
+  walBytes: number;
+  walRecords: number;
+  walFpi: number;
+  tables: Map<string, { ins: number; upd: number; del: number; hot: number }>;
+}
+
+/** The server's WAL counters (pg_stat_wal) and every table's row writes (pg_stat_user_tables, pg-boss's included). */
+async function writeCounters(sql: postgres.Sql): Promise<WriteCounters> {
+  await sql`select pg_stat_clear_snapshot()`;
+  const [w] = await sql`select wal_bytes::float8 as bytes, wal_records::float8 as records, wal_fpi::float8 as fpi from pg_stat_wal`;
+  const rows = await sql`
+    select schemaname || '.' || relname as t, n_tup_ins::float8 as ins, n_tup_upd::float8 as upd, n_tup_del::float8 as del, n_tup_hot_upd::float8 as hot
+    from pg_stat_user_tables`;
+  return {
+    walBytes: Number(w!.bytes),
+    walRecords: Number(w!.records),
+    walFpi: Number(w!.fpi),
+    tables: new Map(rows.map((r) => [r.t as string, { ins: Number(r.ins), upd: Number(r.upd), del: Number(r.del), hot: Number(r.hot) }])),
+  };
+}
+
+const agg0 = (rows: readonly { n?: unknown }[]) => Number(rows[0]?.n ?? 0);
+
+/**
+ * Rows written and WAL per job finished over the drain: the lease path's tables and the
+ * settlement's both (a table's row says which path writes it: docs/ARCHITECTURE.md's table of
+ * writers), each table's inserts, updates (HOT among them) and deletes, and the server's WAL.
+ */
+function writesPerJob(before: WriteCounters, after: WriteCounters, jobs: number) {
+  const per = (n: number) => round(n / Math.max(1, jobs), 3);
+  const tables: Record<string, { ins: number; upd: number; hot: number; del: number }> = {};
+  let rows = 0;
+  for (const [t, a] of after.tables) {
+    const b = before.tables.get(t) ?? { ins: 0, upd: 0, del: 0, hot: 0 };
+    const d = { ins: a.ins - b.ins, upd: a.upd - b.upd, hot: a.hot - b.hot, del: a.del - b.del };
+    if (d.ins + d.upd + d.del === 0) continue;
+    rows += d.ins + d.upd + d.del;
+    tables[t] = { ins: per(d.ins), upd: per(d.upd), hot: per(d.hot), del: per(d.del) };
+  }
+  return {
+    walBytes: per(after.walBytes - before.walBytes),
+    walRecords: per(after.walRecords - before.walRecords),
+    walFullPageImages: per(after.walFpi - before.walFpi),
+    rowsWritten: per(rows),
+    tables,
+    note: 'deltas over the drain (from before the workers start to after they stop) per job finished: pg_stat_wal is the whole server\'s (autovacuum included), pg_stat_user_tables every table\'s inserts, updates (hot: HOT among them) and deletes',
+  };
+}
+
 async function bulkTenants(url: string, n: number, limits: { weight: number; concurrencyCap: number; monthlyQuota: number; queueBound: number }, prefix = 't') {
   const sql = postgres(url, { max: 1, onnotice: () => {} });
   try {
@@ -627,6 +681,7 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
       perJobMs: { [fewResult.shape]: fewResult.drain.perJobMs, [manyResult.shape]: manyResult.drain.perJobMs, rawPgBoss: round(1000 / baseRate, 3) },
       perJobCostRatio: round(costRatio, 3),
       cpuSecondsPerJob: { [fewResult.shape]: fewResult.cpuSecondsPerJob, [manyResult.shape]: manyResult.cpuSecondsPerJob, rawPgBossMedian: baseCpu },
+      writesPerJob: Object.fromEntries([fewResult, manyResult].map((r) => [r.shape, { walBytes: r.writesPerJob.walBytes, rowsWritten: r.writesPerJob.rowsWritten }])),
       sqlStatementsPerJob: { [fewResult.shape]: fewResult.sqlStatementsPerJob.value, [manyResult.shape]: manyResult.sqlStatementsPerJob.value, rawPgBoss: median(baselines.map((b) => b.sqlStatementsPerJob)) },
       registeredVsActive: Object.fromEntries(registeredResults.map((r) => [r.shape, { jobsPerSecond: r.drain.jobsPerSecond, perJobMs: r.drain.perJobMs, cpuSecondsPerJob: r.cpuSecondsPerJob.total, sqlStatementsPerJob: r.sqlStatementsPerJob.value }])),
       registeredRatio: regRatio === null ? null : round(regRatio, 3),

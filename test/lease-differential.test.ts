@@ -1,5 +1,5 @@
 /**
- * The lease in SQL (sluice_lease, drizzle/0017_lease_turns.sql) against its pure
+ * The lease in SQL (sluice_lease and its phases, drizzle/functions) against its pure
  * model (src/scheduler/lease.ts planPicks): for the same generated state
  * (tenants' weights, caps, in-flight counts, quotas and policies; queues'
  * virtual times and readiness; jobs with duplicate inputs, batching and

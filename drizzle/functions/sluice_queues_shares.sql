@@ -16,7 +16,7 @@ BEGIN
   IF TG_OP = 'DELETE' THEN
     sign := -1;
   ELSE
-    sign := CASE WHEN NEW.ready_at IS NOT NULL AND NOT NEW.tenant_dormant AND NOT NEW.scheduled AND NEW.held_api IS NULL THEN 1 ELSE -1 END;
+    sign := CASE WHEN sluice_queue_in_fair_index(NEW) THEN 1 ELSE -1 END;
   END IF;
   SELECT t.weight, t.reserved_share INTO st FROM sched_tenants t WHERE t.tenant_id = OLD.tenant_id;
   IF NOT FOUND OR st.weight <= 0 THEN RETURN NULL; END IF;
@@ -31,10 +31,9 @@ END $function$;
 -- Only a row entering or leaving the fair index calls the function: a depth or virtual-time write
 -- (nearly every write of the table) is judged by the WHEN clause alone.
 CREATE TRIGGER sched_queues_shares_upd AFTER UPDATE ON sched_queues FOR EACH ROW
-  WHEN ((((old.ready_at IS NOT NULL) AND (NOT old.tenant_dormant) AND (NOT old.scheduled) AND (old.held_api IS NULL))
-    IS DISTINCT FROM ((new.ready_at IS NOT NULL) AND (NOT new.tenant_dormant) AND (NOT new.scheduled) AND (new.held_api IS NULL))))
+  WHEN ((sluice_queue_in_fair_index(old.*) IS DISTINCT FROM sluice_queue_in_fair_index(new.*)))
   EXECUTE FUNCTION sluice_queues_shares();
 
 CREATE TRIGGER sched_queues_shares_del AFTER DELETE ON sched_queues FOR EACH ROW
-  WHEN (((old.ready_at IS NOT NULL) AND (NOT old.tenant_dormant) AND (NOT old.scheduled) AND (old.held_api IS NULL)))
+  WHEN (sluice_queue_in_fair_index(old.*))
   EXECUTE FUNCTION sluice_queues_shares();

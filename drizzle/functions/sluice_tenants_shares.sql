@@ -17,7 +17,7 @@ BEGIN
       (CASE WHEN TG_OP = 'UPDATE' AND NEW.weight > 0 AND NEW.reserved_share > 0 THEN NEW.weight ELSE 0 END)
         - (CASE WHEN OLD.weight > 0 AND OLD.reserved_share > 0 THEN OLD.weight ELSE 0 END)
     FROM sched_queues q
-    WHERE q.tenant_id = OLD.tenant_id AND q.ready_at IS NOT NULL AND NOT q.tenant_dormant AND NOT q.scheduled AND q.held_api IS NULL;
+    WHERE q.tenant_id = OLD.tenant_id AND sluice_queue_in_fair_index(q);
   RETURN NULL;
 END $function$;
 

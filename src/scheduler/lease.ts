@@ -1,8 +1,8 @@
 /**
  * The lease's decisions, as a pure model: which jobs of which queues one
  * lease call takes, in which turns. Postgres makes these decisions for real
- * in ONE call (`sluice_lease`, drizzle/0013_lease.sql, as replaced by
- * 0017_lease_turns.sql, 0022, 0023 and 0024); this model states the same rules in TypeScript, and
+ * in ONE call (`sluice_lease` and its phases, drizzle/functions/sluice_lease*.sql); this model
+ * states the same rules in TypeScript, in the same phases (planPicks), and
  * test/lease-differential.test.ts checks that the two pick the same jobs for
  * the same inputs.
  *
@@ -217,10 +217,18 @@ export const LAG_SLACK = 8;
 
 const INT_MAX = 2147483647;
 
-/** The picks of one lease call (pure; see the module comment). */
+/**
+ * The picks of one lease call (pure; see the module comment). The same phases as the SQL, each a
+ * named step: pickQueue (sluice_lease_pick), fetchTurn (sluice_lease_fetch), applyQuota
+ * (sluice_lease_quota), recordTurn (the turn in sluice_lease), then commitPicks (sluice_lease_wake,
+ * sluice_lease_claim, sluice_lease_commit). The locks (sluice_lease_lock) are not modelled: the
+ * model has no other transactions.
+ */
 export function planPicks(input: LeaseInput): LeasePicks {
   const tenants = new Map(input.tenants.map((t) => [t.tenantId, { ...t }]));
   const queues = input.queues.map((q) => ({ ...q }));
+  type Queue = (typeof queues)[number];
+  type Tenant = LeaseTenant;
   const left = new Map(Object.entries(input.jobs).map(([k, v]) => [k, [...v]]));
   const out: LeasePicks = { turns: [], failed: [], blocked: [], slots: 0, tokens: 0, reserved: {}, inFlight: {}, waitingQuota: [], vtimes: {}, marked: {}, dormant: {}, clocks: {} };
   const keyOf = (q: { tenantId: string; jobClass: JobClass }) => `${q.tenantId}/${q.jobClass}`;
@@ -245,49 +253,42 @@ export function planPicks(input: LeaseInput): LeasePicks {
   const open = new Map<string, { call: number; items: number }>();
   const callApi = new Map<number, string>();
   let taken = 0;
-  // Reserved shares: each class's backlogged reserved sum and whole backlogged weight, at the call's
-  // start (backlogged: a ready queue, the tenant not suspended, quota-blocked or of weight 0; caps aside).
+  // Reserved shares (sluice_lease_shares): each class's backlogged reserved sum and whole
+  // backlogged weight, at the call's start (backlogged: in the fair index, the tenant not
+  // suspended, quota-blocked or of weight 0; caps aside).
   const reservedSum = new Map<JobClass, number>();
   const backloggedWeight = new Map<JobClass, number>();
+  const backlogged = (t: Tenant) => t.weight > 0 && !t.suspended && !t.quotaBlocked;
   for (const q of queues) {
     const t = tenants.get(q.tenantId);
-    if (!t || !q.ready || dormant(keyOf(q)) || !(t.weight > 0)) continue;
+    if (!t || !q.ready || dormant(keyOf(q)) || !backlogged(t)) continue;
     const r = t.reservedShare ?? 0;
     if (r > 0) reservedSum.set(q.jobClass, (reservedSum.get(q.jobClass) ?? 0) + r);
     backloggedWeight.set(q.jobClass, (backloggedWeight.get(q.jobClass) ?? 0) + t.weight);
   }
-  const eligible = (q: (typeof queues)[number]) => {
+  // A tenant's eligibility (sluice_tenant_eligible) and a queue's (in the fair index, not skipped).
+  const tenantEligible = (t: Tenant) => backlogged(t) && t.inFlight < t.cap;
+  const eligible = (q: Queue) => {
     const t = tenants.get(q.tenantId);
-    return !!t && q.ready && !dormant(keyOf(q)) && t.inFlight < t.cap && !t.quotaBlocked && !t.suspended && t.weight > 0 && !skip.has(`${q.tenantId}/${q.jobClass}`);
+    return !!t && q.ready && !dormant(keyOf(q)) && tenantEligible(t) && !skip.has(keyOf(q));
   };
-  while (taken < input.max && out.slots < input.room && out.tokens < tok) {
-    let q: (typeof queues)[number] | undefined;
-    let next: (typeof queues)[number] | undefined;
+
+  /** The front queue of the first class with an eligible one, and the queue after it. */
+  const pickQueue = (): { q: Queue; next: Queue | undefined } | undefined => {
     for (const c of input.classes) {
       const inClass = queues.filter((x) => x.jobClass === c && eligible(x));
       inClass.sort((a, b) => a.vtime - b.vtime || (a.tenantId < b.tenantId ? -1 : a.tenantId > b.tenantId ? 1 : 0));
-      if (inClass.length > 0) {
-        q = inClass[0];
-        next = inClass[1];
-        break;
-      }
+      if (inClass.length > 0) return { q: inClass[0]!, next: inClass[1] };
     }
-    if (!q) break;
-    const t = tenants.get(q.tenantId)!;
-    const key = `${q.tenantId}/${q.jobClass}`;
-    // Served already in this call: in a paced window the round is over, and alone in its class in
-    // any window; the call ends, and the next call (at once) shares what is left of the tokens
-    // with the queues that became ready meanwhile (the burst after idle).
-    if ((!next || paced) && claimed.has(key)) break;
-    // A queue's turn starts no earlier than the class clock at the call's start (SFQ's start tag
-    // max(v, F)): one marked ready at a clock a concurrent lease was moving, or passed over in
-    // earlier calls, gets no credit for the gap. A queue served in this call is past it already.
-    const clock0 = input.clocks?.[q.jobClass] ?? 0;
-    const start = claimed.has(key) ? q.vtime : Math.max(q.vtime, clock0);
-    const capFree = t.cap - t.inFlight;
-    const weight = reservedWeight(t.weight, t.reservedShare ?? 0, reservedSum.get(q.jobClass) ?? 0, backloggedWeight.get(q.jobClass) ?? 0);
-    const quantum = next ? Math.max(1, Math.floor((Math.max(next.vtime, clock0) - start) * weight) + 1) : INT_MAX;
-    let take = Math.max(1, Math.min(input.leaseMax, input.max - taken, input.room - out.slots, tok - out.tokens, capFree, quantum));
+    return undefined;
+  };
+
+  /**
+   * The take and the turn's jobs; a queue with nothing to hand out goes dormant (null). `exhausted`:
+   * fewer ready jobs than the take (of any API), nothing more for this call after this turn.
+   */
+  const fetchTurn = (key: string, t: Tenant, weight: number, quantum: number, hasNext: boolean) => {
+    let take = Math.max(1, Math.min(input.leaseMax, input.max - taken, input.room - out.slots, tok - out.tokens, t.cap - t.inFlight, quantum));
     const ready = (left.get(key) ?? []).filter((j) => !input.hold.includes(j.api));
     let batched = false;
     let head: string | undefined;
@@ -296,21 +297,20 @@ export function planPicks(input: LeaseInput): LeasePicks {
       const spec = head === undefined ? undefined : input.batch[head];
       if (spec) {
         batched = true;
-        const batchMost = batchTake({ tokens: tok - out.tokens, batchMax: input.batchMax, apiMaxSize: spec[0], capFree, singleTake: take });
+        const batchMost = batchTake({ tokens: tok - out.tokens, batchMax: input.batchMax, apiMaxSize: spec[0], capFree: t.cap - t.inFlight, singleTake: take });
         // Capped at the fair limit too (the quantum to the next queue), so a pause's accumulated
         // tokens are not one tenant's and no tenant runs ahead of its turn: the next tenants' turns
         // join the same batch call, so the cap costs no call. An unpaced window has no tokens to
         // share and leases as much as its pool has room for: there a batch turn may take the
         // API's minimum batch (tenants tied in virtual time take their 2 jobs in one turn, not
         // two, which halves the lease's statements per job); those extra jobs do not move the
-        // class clock (below).
+        // class clock (recordTurn).
         const fairLimit = paced ? quantum : Math.max(quantum, spec[1]);
         take = Math.max(take, Math.min(batchMost, Math.floor(input.batchQuantum * weight), fairLimit), 1);
         take = Math.min(take, input.max - taken);
       }
     }
     let jobs = ready.filter((j) => !batched || j.api === head).slice(0, take);
-    // Fewer ready jobs than the take (of any API): nothing more for this call after this turn.
     const exhausted = jobs.length < take && !batched;
     if (jobs.length === 0) {
       // Nothing to hand out: while jobs wait, dormant (held by the API of its head job when that
@@ -320,8 +320,7 @@ export function planPicks(input: LeaseInput): LeasePicks {
       marked.set(key, waiting);
       held.set(key, waiting && headApi !== undefined && input.hold.includes(headApi) ? headApi : null);
       scheduled.set(key, waiting && held.get(key) === null);
-      skip.add(key);
-      continue;
+      return null;
     }
     if (batched) {
       // Too few distinct inputs for a batch call of their own and no room in the call's open one:
@@ -331,13 +330,17 @@ export function planPicks(input: LeaseInput): LeasePicks {
       const distinct = new Set(jobs.map((j) => stableStringify(j.params))).size;
       const b = open.get(head!);
       const fits = !!b && b.items + distinct <= Math.min(input.batchMax, input.batch[head!]![0]);
-      if (distinct < input.batch[head!]![1] && !fits && (!paced || !next)) batched = false;
+      if (distinct < input.batch[head!]![1] && !fits && (!paced || !hasNext)) batched = false;
     }
     if (!batched) jobs = jobs.slice(0, Math.min(input.room - out.slots, tok - out.tokens));
+    return { jobs, batched, head, exhausted };
+  };
+
+  /** The prefix of the jobs whose credits fit; the first that does not blocks (WAIT) or fails (FAIL). */
+  const applyQuota = (key: string, t: Tenant, jobs: LeaseJob[]) => {
     const costs = jobs.map((j) => input.costs[j.api] ?? 1);
     // t.used is billed + reserved: the quota's prefix rule (ledger.ts), as the SQL applies it.
     const fit = fitCount(t.used, 0, t.quota, costs);
-    const used = t.used + costs.slice(0, fit).reduce((a, b) => a + b, 0);
     if (fit < jobs.length) {
       const over = jobs[fit]!;
       if (t.quotaPolicy === 'FAIL') {
@@ -351,9 +354,13 @@ export function planPicks(input: LeaseInput): LeasePicks {
         for (const x of queues) if (x.tenantId === t.tenantId) tenantDormant.set(keyOf(x), true);
       }
       skip.add(key);
-      jobs = jobs.slice(0, fit);
-      if (fit === 0) continue;
     }
+    return { jobs: jobs.slice(0, fit), costs: costs.slice(0, fit) };
+  };
+
+  /** The turn: the pool, the picks, the class clock, the queue's virtual time, the tenant's counts. */
+  const recordTurn = (q: Queue, t: Tenant, start: number, weight: number, quantum: number, jobs: LeaseJob[], costs: number[], batched: boolean, head: string | undefined) => {
+    const key = keyOf(q);
     const ids = new Set(jobs.map((j) => j.id));
     left.set(key, left.get(key)!.filter((j) => !ids.has(j.id)));
     const turnNo = out.turns.length + 1;
@@ -382,59 +389,92 @@ export function planPicks(input: LeaseInput): LeasePicks {
     const inOrder = Math.min(jobs.length, quantum);
     served.set(q.jobClass, Math.max(served.get(q.jobClass) ?? Number.NEGATIVE_INFINITY, start + (inOrder - 1) / weight));
     claimed.set(key, (claimed.get(key) ?? 0) + jobs.length);
-    out.reserved[t.tenantId] = (out.reserved[t.tenantId] ?? 0) + costs.slice(0, jobs.length).reduce((a, b) => a + b, 0);
+    const cost = costs.reduce((a, b) => a + b, 0);
+    out.reserved[t.tenantId] = (out.reserved[t.tenantId] ?? 0) + cost;
     q.vtime = start + jobs.length / weight;
-    t.used = used;
+    t.used += cost;
     t.inFlight += jobs.length;
     taken += jobs.length;
-    if (exhausted) skip.add(key);
-  }
-  // A paced window's batch call that got one job only (a turn below the API's minimum that no
-  // other turn joined) goes as a single call: the same slot and token, no batch for one item.
-  if (paced) {
-    const jobsOfCall = new Map<number, number>();
-    for (const x of out.turns) if (x.call !== null) jobsOfCall.set(x.call, (jobsOfCall.get(x.call) ?? 0) + x.jobIds.length);
-    for (const x of out.turns) {
-      if (x.call !== null && jobsOfCall.get(x.call) === 1 && input.batch[callApi.get(x.call)!]![1] > 1) {
-        x.batched = false;
-        x.call = null;
+  };
+
+  /** After the last turn: the lone batch calls, the claims, the due check, the clocks and the lift. */
+  const commitPicks = () => {
+    // A paced window's batch call that got one job only (a turn below the API's minimum that no
+    // other turn joined) goes as a single call: the same slot and token, no batch for one item.
+    if (paced) {
+      const jobsOfCall = new Map<number, number>();
+      for (const x of out.turns) if (x.call !== null) jobsOfCall.set(x.call, (jobsOfCall.get(x.call) ?? 0) + x.jobIds.length);
+      for (const x of out.turns) {
+        if (x.call !== null && jobsOfCall.get(x.call) === 1 && input.batch[callApi.get(x.call)!]![1] > 1) {
+          x.batched = false;
+          x.call = null;
+        }
       }
     }
-  }
-  // After the last turn: the claims (a queue that claimed its last waiting job goes idle), the
-  // class clocks, and the lift of lagging marked queues in the classes served.
-  for (const [key, n] of claimed) {
-    depth.set(key, depth.get(key)! - n);
-    if (depth.get(key) === 0) marked.set(key, false);
-  }
-  // The due check: queues held for an API this call does not hold come back at the class clock
-  // (the clock before the call: this call has not moved it yet). (A scheduled queue in the model is
-  // never due during the call.)
-  for (const q of queues) {
-    const h = held.get(keyOf(q));
-    if (h !== null && h !== undefined && !input.hold.includes(h)) {
-      held.set(keyOf(q), null);
-      q.vtime = Math.max(q.vtime, input.clocks?.[q.jobClass] ?? 0);
+    // The claims: a queue that claimed its last waiting job goes idle.
+    for (const [key, n] of claimed) {
+      depth.set(key, depth.get(key)! - n);
+      if (depth.get(key) === 0) marked.set(key, false);
     }
-  }
-  for (const x of input.classes) {
-    const before = input.clocks?.[x] ?? 0;
-    out.clocks[x] = served.has(x) ? Math.max(before, served.get(x)!) : before;
-  }
-  for (const q of queues) {
-    const clock = out.clocks[q.jobClass];
+    // The due check: queues held for an API this call does not hold come back at the class clock
+    // (the clock before the call: this call has not moved it yet). (A scheduled queue in the model
+    // is never due during the call.)
+    for (const q of queues) {
+      const h = held.get(keyOf(q));
+      if (h !== null && h !== undefined && !input.hold.includes(h)) {
+        held.set(keyOf(q), null);
+        q.vtime = Math.max(q.vtime, input.clocks?.[q.jobClass] ?? 0);
+      }
+    }
+    for (const x of input.classes) {
+      const before = input.clocks?.[x] ?? 0;
+      out.clocks[x] = served.has(x) ? Math.max(before, served.get(x)!) : before;
+    }
+    // The lift: each served class's marked queues lagging its new clock by more than LAG_SLACK.
+    for (const q of queues) {
+      const clock = out.clocks[q.jobClass];
+      const key = keyOf(q);
+      if (served.has(q.jobClass) && clock !== undefined && marked.get(key) && !dormant(key) && q.vtime < clock - LAG_SLACK) q.vtime = clock;
+      out.vtimes[key] = q.vtime;
+      out.marked[key] = marked.get(key)!;
+      out.dormant[key] = dormant(key);
+    }
+    for (const t of tenants.values()) out.inFlight[t.tenantId] = t.inFlight;
+    // Blocked before the call or by it (t.quotaBlocked is set as the call blocks).
+    const blocked = new Set([...tenants.values()].filter((t) => t.quotaBlocked).map((t) => t.tenantId));
+    const claimedIds = new Set(out.turns.flatMap((x) => x.jobIds));
+    for (const [key, jobs] of Object.entries(input.jobs)) {
+      if (blocked.has(key.slice(0, key.indexOf('/')))) for (const j of jobs) if (!claimedIds.has(j.id) && !out.failed.includes(j.id)) out.waitingQuota.push(j.id);
+    }
+  };
+
+  while (taken < input.max && out.slots < input.room && out.tokens < tok) {
+    const pick = pickQueue();
+    if (!pick) break;
+    const { q, next } = pick;
+    const t = tenants.get(q.tenantId)!;
     const key = keyOf(q);
-    if (served.has(q.jobClass) && clock !== undefined && marked.get(key) && !dormant(key) && q.vtime < clock - LAG_SLACK) q.vtime = clock;
-    out.vtimes[key] = q.vtime;
-    out.marked[key] = marked.get(key)!;
-    out.dormant[key] = dormant(key);
+    // Served already in this call: in a paced window the round is over, and alone in its class in
+    // any window; the call ends, and the next call (at once) shares what is left of the tokens
+    // with the queues that became ready meanwhile (the burst after idle).
+    if ((!next || paced) && claimed.has(key)) break;
+    // A queue's turn starts no earlier than the class clock at the call's start (SFQ's start tag
+    // max(v, F)): one marked ready at a clock a concurrent lease was moving, or passed over in
+    // earlier calls, gets no credit for the gap. A queue served in this call is past it already.
+    const clock0 = input.clocks?.[q.jobClass] ?? 0;
+    const start = claimed.has(key) ? q.vtime : Math.max(q.vtime, clock0);
+    const weight = reservedWeight(t.weight, t.reservedShare ?? 0, reservedSum.get(q.jobClass) ?? 0, backloggedWeight.get(q.jobClass) ?? 0);
+    const quantum = next ? Math.max(1, Math.floor((Math.max(next.vtime, clock0) - start) * weight) + 1) : INT_MAX;
+    const fetched = fetchTurn(key, t, weight, quantum, next !== undefined);
+    if (!fetched) {
+      skip.add(key);
+      continue;
+    }
+    const { jobs, costs } = applyQuota(key, t, fetched.jobs);
+    if (jobs.length === 0) continue;
+    recordTurn(q, t, start, weight, quantum, jobs, costs, fetched.batched, fetched.head);
+    if (fetched.exhausted) skip.add(key);
   }
-  for (const t of tenants.values()) out.inFlight[t.tenantId] = t.inFlight;
-  // Blocked before the call or by it (t.quotaBlocked is set as the call blocks).
-  const blocked = new Set([...tenants.values()].filter((t) => t.quotaBlocked).map((t) => t.tenantId));
-  const claimedIds = new Set(out.turns.flatMap((x) => x.jobIds));
-  for (const [key, jobs] of Object.entries(input.jobs)) {
-    if (blocked.has(key.slice(0, key.indexOf('/')))) for (const j of jobs) if (!claimedIds.has(j.id) && !out.failed.includes(j.id)) out.waitingQuota.push(j.id);
-  }
+  commitPicks();
   return out;
 }

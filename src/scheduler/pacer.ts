@@ -2,7 +2,7 @@
  * Token-bucket arithmetic for a window's pacer: pure. The bucket itself lives
  * in Postgres (one row per window, shared by every worker on every node) and
  * is taken from with a single conditional UPDATE that applies the same
- * formula (sluice_lease's window update; scheduler/sql/windows.ts pauses and stops it); this module is what the dispatcher
+ * formula (sluice_window_tokens, read by the lease and its window update; scheduler/sql/windows.ts pauses and stops it); this module is what the dispatcher
  * uses to decide how long to wait and how many tokens to ask for.
  */
 export interface BucketState {

@@ -61,7 +61,7 @@ export interface LeaseRequest {
 }
 
 /**
- * The lease in ONE round trip (drizzle/functions/sluice_lease.sql; pure model:
+ * The lease in ONE round trip (drizzle/functions/sluice_lease.sql and its phases; pure model:
  * lease.ts planPicks): fair order across tenants, caps, quotas, the window's
  * tokens and pool, pg-boss activation, claims and reservations, in one call.
  */

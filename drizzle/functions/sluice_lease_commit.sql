@@ -1,0 +1,74 @@
+-- sluice_lease_commit: the second half of the lease's commit, after sluice_lease_claim (p_out, the
+-- claimed attempts), on rows the call holds, one statement each for all turns:
+-- - each served queue's virtual time (p_sv_*), and a queue that claimed jobs and has nothing left
+--   waiting goes idle (a submission or a retry marks it ready again): one write per queue, after
+--   the claim, whose depth trigger has updated the row (the depth judged here is the claim's);
+-- - the credits: one ledger write per tenant and period; the reservations (one per attempt);
+-- - each class's clock: the largest start tag served in fair order (p_served; no credit for idle
+--   time), and the reserved-shares deltas folded into the classes' counters (SKIP LOCKED: a
+--   concurrent fold, another window's lease or the sweeper, takes the rest);
+-- - the lift: ready queues lagging the new clock by more than LAG_SLACK (8: a few turns' worth)
+--   are lifted to it: passed over while their tenant was capped, an API held or the row locked, or
+--   marked ready at a clock this call then moved; otherwise such a queue is served alone until it
+--   catches up. SKIP LOCKED, after every tenant row the call takes: never waits. Once lifted, a
+--   queue still passed over is lifted again only after the clock moves another 8;
+-- - the window's row, once and last: the slot releases settlements appended since the last lease
+--   folded in (only this call can run on the window now: its try-lock), its tokens and slots
+--   taken, only if they are still there; otherwise SL409, which sluice_lease turns into 'changed';
+-- - the RUNNING events (sluice_job_events).
+-- Runs under sluice_lease's planner settings.
+CREATE OR REPLACE FUNCTION sluice_lease_commit(p_window text, p_node uuid, p_pool integer, p_lease_seconds integer, p_tokens_used integer, p_out jsonb, p_sv_key text[], p_sv_t uuid[], p_sv_c text[], p_sv_v double precision[], p_served jsonb)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+  c text;
+  lift_to float8;
+  pending int;
+  slots int;
+BEGIN
+  UPDATE sched_queues sq SET vtime = x.v,
+      ready_at = CASE WHEN sq.depth = 0 AND x.k = ANY (ARRAY(SELECT DISTINCT (o->>'tenant_id') || '/' || (o->>'class')
+        FROM jsonb_array_elements(p_out) o)) THEN NULL ELSE sq.ready_at END
+    FROM unnest(p_sv_key, p_sv_t, p_sv_c, p_sv_v) x(k, t, c, v)
+    WHERE sq.tenant_id = x.t AND sq.class = x.c AND sq.tenant_id = ANY (p_sv_t);
+  IF jsonb_array_length(p_out) = 0 THEN
+    RETURN;
+  END IF;
+  INSERT INTO tenant_ledger AS l (tenant_id, period_start, reserved)
+    SELECT (o->>'tenant_id')::uuid, (o->>'period')::timestamptz, sum((o->>'cost')::int) FROM jsonb_array_elements(p_out) o GROUP BY 1, 2
+    ON CONFLICT (tenant_id, period_start) DO UPDATE SET reserved = l.reserved + excluded.reserved;
+  INSERT INTO reservations (id, job_id, attempt, tenant_id, period_start, "window", node_id, credits, window_slot, created_at, lease_expires_at)
+    SELECT (o->>'rid')::uuid, (o->>'id')::uuid, (o->>'attempt')::int, (o->>'tenant_id')::uuid, (o->>'period')::timestamptz, p_window, p_node,
+      (o->>'cost')::int, (o->>'slot')::boolean, clock_timestamp(), clock_timestamp() + make_interval(secs => p_lease_seconds)
+    FROM jsonb_array_elements(p_out) o;
+  UPDATE sched_classes k SET clock = greatest(k.clock, (p_served->>k.class)::float8), served_at = now() WHERE p_served ? k.class;
+  WITH d AS (DELETE FROM sched_share_deltas x WHERE x.ctid = ANY (ARRAY(SELECT y.ctid FROM sched_share_deltas y FOR UPDATE SKIP LOCKED))
+    RETURNING x.class, x.r, x.w, x.rw)
+  UPDATE sched_classes k SET reserved_sum = k.reserved_sum + s.r, unreserved_weight = k.unreserved_weight + s.w, reserved_weight = k.reserved_weight + s.rw
+    FROM (SELECT d.class, sum(d.r) AS r, sum(d.w) AS w, sum(d.rw) AS rw FROM d GROUP BY d.class) s WHERE k.class = s.class;
+  FOR c IN SELECT jsonb_object_keys(p_served) LOOP
+    SELECT k.clock INTO lift_to FROM sched_classes k WHERE k.class = c;
+    UPDATE sched_queues q SET vtime = lift_to
+      WHERE q.class = c AND q.tenant_id IN (
+        SELECT l.tenant_id FROM sched_queues l
+        WHERE l.class = c AND sluice_queue_in_fair_index(l) AND l.vtime < lift_to - 8
+        FOR UPDATE SKIP LOCKED);
+  END LOOP;
+  WITH f AS (DELETE FROM window_slot_deltas d WHERE d."window" = p_window RETURNING d.n)
+  SELECT coalesce(sum(f.n), 0)::int INTO pending FROM f;
+  SELECT count(*) FILTER (WHERE (o->>'slot')::boolean)::int INTO slots FROM jsonb_array_elements(p_out) o;
+  UPDATE windows x SET
+      tokens = coalesce(sluice_window_tokens(x) - p_tokens_used, 0),
+      refilled_at = clock_timestamp(), in_flight = x.in_flight + pending + slots
+    WHERE x.name = p_window
+      AND (x.paused_until IS NULL OR x.paused_until <= clock_timestamp())
+      AND NOT EXISTS (SELECT 1 FROM account_state a WHERE a.dispatch_stopped_until > clock_timestamp())
+      AND coalesce(sluice_window_tokens(x) >= p_tokens_used - 1e-9, true)
+      AND x.in_flight + pending + slots <= p_pool;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'sluice_lease: window % changed under the lease', p_window USING ERRCODE = 'SL409';
+  END IF;
+  PERFORM sluice_job_events((SELECT jsonb_agg(jsonb_build_object('jobId', o->>'id', 'tenantId', o->>'tenant_id', 'state', 'RUNNING'))
+    FROM jsonb_array_elements(p_out) o));
+END $function$;
