@@ -1,5 +1,5 @@
 /**
- * Admission's SQL: the global gate (admission_totals, migration 0008) and the
+ * Admission's SQL: the global gate (admission_totals) and the
  * counters admission reads. Constant cost in tenants and queue sizes: a
  * submission reads 3 gate rows and its tenants' 3 sched_queues rows each; the
  * O(queues) reconciliation runs only when a check would refuse.

@@ -36,7 +36,7 @@ export const tenants = pgTable(
     quotaPolicy: text('quota_policy').notNull().default('WAIT'),
     /** The quota period starts on this instant's monthly anniversary. */
     periodAnchor: timestamp('period_anchor', { withTimezone: true }).notNull().defaultNow(),
-    /** Set while the tenant is suspended: submissions refused, dispatch skips it (migration 0009). */
+    /** Set while the tenant is suspended: submissions refused, dispatch skips it. */
     suspendedAt: timestamp('suspended_at', { withTimezone: true }),
     /**
      * The fraction (0 to 1) of a window's dispatches guaranteed while the tenant is backlogged, lent
@@ -102,7 +102,7 @@ export const jobs = pgTable(
     /** Same id as the pg-boss job, so the two records join without a mapping table. */
     id: uuid('id').primaryKey(),
     /**
-     * The tenant's id. No foreign key: statement-level triggers (migration 0019) check it once per
+     * The tenant's id. No foreign key: statement-level triggers check it once per
      * insert statement (the tenants locked FOR KEY SHARE, as the key's check did per row) and
      * delete a deleted tenant's jobs (the key's ON DELETE CASCADE).
      */
@@ -196,8 +196,8 @@ export const schedTenants = pgTable(
     /** The tenant's reserved share (0: none); the lease raises its weight by it while it is backlogged. */
     reservedShare: doublePrecision('reserved_share').notNull().default(0),
   },
-  // The sweeper's round reads only the blocked tenants (migration 0021).
-  // Counters are never clamped: releasing a slot not taken raises here instead of hiding (0027).
+  // The sweeper's round reads only the blocked tenants.
+  // Counters are never clamped: releasing a slot not taken raises here instead of hiding.
   // The lease looks for reserved tenants through their own index: with none, it costs one probe.
   (t) => [
     index('sched_tenants_quota_blocked_idx').on(t.tenantId).where(sql`${t.quotaBlocked}`),
@@ -217,9 +217,9 @@ export const schedQueues = pgTable(
     vtime: doublePrecision('vtime').notNull().default(0),
     /** null: nothing queued. Otherwise the queue has work ready from this instant. */
     readyAt: timestamp('ready_at', { withTimezone: true }),
-    /** Jobs waiting (QUEUED or WAITING_QUOTA), kept exact by triggers on jobs (migration 0003). */
+    /** Jobs waiting (QUEUED or WAITING_QUOTA), kept exact by triggers on jobs. */
     depth: integer('depth').notNull().default(0),
-    /** Jobs RUNNING, folded from sched_running_deltas (appended by triggers on jobs, migration 0009); readers add the unfolded deltas. */
+    /** Jobs RUNNING, folded from sched_running_deltas (appended by triggers on jobs); readers add the unfolded deltas. */
     running: integer('running').notNull().default(0),
     /**
      * Dormant work, out of the fair index until the event that changes it (docs/ARCHITECTURE.md
@@ -244,7 +244,7 @@ export const schedQueues = pgTable(
     index('sched_queues_due_idx').on(t.readyAt).where(sql`${t.scheduled}`),
     // Queues held by a breaker, by API: a lease not holding the API wakes them (one probe per held API).
     index('sched_queues_held_idx').on(t.heldApi).where(sql`${t.heldApi} is not null`),
-    // Counters are never clamped: a delta below zero raises (0027).
+    // Counters are never clamped: a delta below zero raises.
     check('sched_queues_depth_check', sql`${t.depth} >= 0`),
     check('sched_queues_running_check', sql`${t.running} >= 0`),
   ],
@@ -303,7 +303,7 @@ export const schedShareDeltas = pgTable(
 );
 
 /**
- * The front door's global gate (migration 0008): one row per class, locked by every submitting
+ * The front door's global gate: one row per class, locked by every submitting
  * transaction before anything else, so admissions are serialized and the global bound is exact.
  * `depth` is an upper estimate of waiting jobs kept by submissions only, reconciled from
  * sched_queues.depth when a check would refuse.
@@ -314,7 +314,7 @@ export const admissionTotals = pgTable('admission_totals', {
   reconciledAt: timestamp('reconciled_at', { withTimezone: true }).notNull().defaultNow(),
 });
 
-/** Room a large keyless submission was admitted into, until its jobs are written or it expires (0012). */
+/** Room a large keyless submission was admitted into, until its jobs are written or it expires. */
 export const admissionReservations = pgTable(
   'admission_reservations',
   {
@@ -367,7 +367,7 @@ export const windows = pgTable(
   latencyP95Ms: doublePrecision('latency_p95_ms'),
   updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
   },
-  // Folded in_flight is never clamped: more slots released than taken raises (0027).
+  // Folded in_flight is never clamped: more slots released than taken raises.
   (t) => [check('windows_in_flight_check', sql`${t.inFlight} >= 0`)],
 );
 
@@ -385,7 +385,7 @@ export const tenantLedger = pgTable(
   },
   (t) => [
     primaryKey({ columns: [t.tenantId, t.periodStart] }),
-    // Never clamped: a settlement releasing credits not reserved raises (0027).
+    // Never clamped: a settlement releasing credits not reserved raises.
     check('tenant_ledger_counts_check', sql`${t.billed} >= 0 and ${t.reserved} >= 0 and ${t.refunded} >= 0`),
   ],
 );
@@ -410,9 +410,9 @@ export const reservations = pgTable(
     windowSlot: boolean('window_slot').notNull().default(true),
     /** The attempt lease (the one liveness authority): refreshed by the attempt's node; once past, the sweeper settles it. */
     leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }).notNull().defaultNow(),
-    /** Set by its node, one statement per lease, before the call is sent (0028): unset at expiry = refunded, never sent. */
+    /** Set by its node, one statement per lease, before the call is sent: unset at expiry = refunded, never sent. */
     sentAt: timestamp('sent_at', { withTimezone: true }),
-    /** A late settlement corrected the expiry's settlement (0028): at most once. */
+    /** A late settlement corrected the expiry's settlement: at most once. */
     reconciledAt: timestamp('reconciled_at', { withTimezone: true }),
     /** The expiry's bill a late settlement replaced (usage events: the charge as first served, then the correction). */
     expiryBilled: integer('expiry_billed'),
@@ -428,7 +428,7 @@ export const reservations = pgTable(
     index('reservations_open_idx').on(t.nodeId).where(sql`${t.settledAt} is null`),
     index('reservations_lease_idx').on(t.leaseExpiresAt).where(sql`${t.settledAt} is null`),
     index('reservations_job_idx').on(t.jobId),
-    // The console's calls/s per window reads the last seconds of reservations (migration 0010).
+    // The console's calls/s per window reads the last seconds of reservations.
     index('reservations_created_idx').on(t.createdAt),
     // Usage events' corrections, in reconciliation order (rare rows: an update that does not reconcile adds nothing to it).
     index('reservations_reconciled_idx').on(t.reconciledAt, t.id).where(sql`${t.reconciledAt} is not null`),
@@ -490,7 +490,7 @@ export const schedRunningDeltas = pgTable(
   (t) => [index('sched_running_deltas_idx').on(t.tenantId, t.jobClass)],
 );
 
-/* ---- Usage history (owned by src/usage/store.ts; written by a trigger on reservations, migration 0009) ---- */
+/* ---- Usage history (owned by src/usage/store.ts; written by a trigger on reservations) ---- */
 
 const usageColumns = {
   tenantId: uuid('tenant_id').notNull(),
@@ -521,14 +521,14 @@ export const usageDeltas = pgTable(
   (t) => [index('usage_deltas_tenant_hour_idx').on(t.tenantId, t.hour)],
 );
 
-/** Pool slots settlements gave back (negative n), appended instead of updating the window's hot row; the lease folds them (0013). */
+/** Pool slots settlements gave back (negative n), appended instead of updating the window's hot row; the lease folds them. */
 export const windowSlotDeltas = pgTable(
   'window_slot_deltas',
   { window: text('window').notNull(), n: integer('n').notNull() },
   (t) => [index('window_slot_deltas_idx').on(t.window)],
 );
 
-/* ---- Completion webhooks (owned by src/webhooks/store.ts; deliveries created by a trigger on jobs, migration 0038) ---- */
+/* ---- Completion webhooks (owned by src/webhooks/store.ts; deliveries created by a trigger on jobs) ---- */
 
 /** A tenant's webhook endpoints: where its jobs' final states are POSTed (Standard Webhooks). */
 export const webhookEndpoints = pgTable(

@@ -36,7 +36,7 @@ export function fitCount(billed: number, reserved: number, quota: number, costs:
 /** How the sweeper settles an attempt whose lease expired without a settlement. */
 export interface ExpirySettlement {
   billed: number;
-  /** node_lost: sent, the outcome unknown; never_sent: its node never marked it sent (0028). */
+  /** node_lost: sent, the outcome unknown; never_sent: its node never marked it sent. */
   outcome: 'node_lost' | 'never_sent';
 }
 

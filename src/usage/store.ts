@@ -1,6 +1,6 @@
 /**
  * Usage history: owns usage_hourly and usage_deltas. A trigger on
- * reservations (migration 0009) appends one delta row per (tenant, period,
+ * reservations appends one delta row per (tenant, period,
  * hour, API, class) for every statement that settles reservations, in the
  * settling transaction, so history equals the ledger (I10) whatever code
  * settles. The sweeper folds deltas into the hourly table; readers add both,
@@ -118,7 +118,7 @@ export async function foldDeltas(sql: Tx, limit: number): Promise<number> {
 /**
  * A late settlement's correction of a settled call's bill (dispatch/late-settlement.ts): one
  * delta row, no call of its own (the settlement already counted the call), so history keeps
- * equalling the ledger (I10). The reservations trigger (migration 0009) sees only settlements.
+ * equalling the ledger (I10). The reservations trigger sees only settlements.
  */
 export async function addUsageCorrection(
   tx: Tx,

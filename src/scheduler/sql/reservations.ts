@@ -213,7 +213,7 @@ export async function refreshLeases(sql: Tx, ids: readonly string[], leaseSecond
 }
 
 /**
- * The "sent" mark (migration 0028): ONE statement for all the reservations a
+ * The "sent" mark: ONE statement for all the reservations a
  * lease returned, before their calls are sent. Returns the ids it marked; the
  * node sends only those (one missing was settled meanwhile: its lease
  * expired). All rows of one call share the statement's `now()`, so the
