@@ -234,8 +234,8 @@ export const schedQueues = pgTable(
   },
   (t) => [
     primaryKey({ columns: [t.tenantId, t.jobClass] }),
-    // Busy queues by virtual time, ties by tenant id: the lease's fair order (sluice_lease, 0013)
-    // walks it, so a decision never reads idle tenants (0016 dropped its (class, vtime) prefix twin)
+    // Busy queues by virtual time, ties by tenant id: the lease's fair order (sluice_lease_pick)
+    // walks it, so a decision never reads idle tenants (it is the only index on that prefix)
     // nor dormant ones (suspended, quota-blocked, scheduled later, held by a breaker).
     index('sched_queues_fair_idx')
       .on(t.jobClass, t.vtime, t.tenantId)
