@@ -15,7 +15,7 @@ import { randomUUID } from 'node:crypto';
 import type { PgBoss } from 'pg-boss';
 import type { ApiCatalog } from '../config/apis.ts';
 import type { Sql } from '../db/client.ts';
-import { SluiceError } from '../errors.ts';
+import { SluiceError, withoutStack } from '../errors.ts';
 import { publishJobEvents } from '../events/bus.ts';
 import { inTransaction, lockBossJob, lockBossJobs, queueName } from '../queue/boss.ts';
 import { type JobClass } from '../config/classes.ts';
@@ -503,12 +503,12 @@ export class JobService {
   private async refusalError(sub: Submission, r: Refusal): Promise<SluiceError> {
     this.deps.onRefused?.(r.code, r.jobClass);
     const ext = { scope: r.scope, retryable: r.retryable, ...(r.jobClass ? { priority: r.jobClass } : {}) };
-    if (!r.retryable) return new SluiceError('QUEUE_FULL', r.message, ext, 413);
+    if (!r.retryable) return withoutStack(() => new SluiceError('QUEUE_FULL', r.message, ext, 413));
     this.pressure.note(r.scope, sub.tenant.id, Date.now());
     const classes = [...new Set(sub.jobs.map((j) => j.priority))].sort();
     const rates = await this.refusalRates(sub.tenant, classes);
     const seconds = retryAfterSeconds(r.excess, r.scope === 'TENANT' ? rates.tenant : rates.global);
-    return new SluiceError('QUEUE_FULL', r.message, { ...ext, retryAfterSeconds: seconds }, 429, { 'Retry-After': String(seconds) });
+    return withoutStack(() => new SluiceError('QUEUE_FULL', r.message, { ...ext, retryAfterSeconds: seconds }, 429, { 'Retry-After': String(seconds) }));
   }
 
   /** Drain rates (jobs/s) for Retry-After: the tenant's fair share of its classes' pace, and the whole pace. */
