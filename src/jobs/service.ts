@@ -171,6 +171,14 @@ class NotCommitted extends Error {
   }
 }
 
+/**
+ * What readTenants reads for a group's tenants: the current quota period's credits only for a
+ * tenant whose policy refuses on them (FAIL, tenantRefusal); the others' ledger is not read. Pure.
+ */
+function tenantReads(subs: readonly Submission[], now: Date): Array<{ id: string; periodStart: Date | null }> {
+  return subs.map((s) => ({ id: s.tenant.id, periodStart: s.tenant.quotaPolicy === 'FAIL' ? quotaPeriod(s.tenant.periodAnchor, now).start : null }));
+}
+
 /** What a committed group decided for one submission: its answer, or the refusal to turn into an error. */
 type Outcome = SubmissionPlan<NewJob> | SluiceError;
 
@@ -332,7 +340,7 @@ export class JobService {
     const keyed = keysOf(subs);
     const [gate, tenants, originals] = await Promise.all([
       lockGate(tx),
-      readTenants(tx, subs.map((s) => ({ id: s.tenant.id, periodStart: quotaPeriod(s.tenant.periodAnchor, now).start }))),
+      readTenants(tx, tenantReads(subs, now)),
       originalsByIdempotencyKey(tx, keyed),
     ]);
 
@@ -381,7 +389,7 @@ export class JobService {
     const now = new Date();
     const keyed = keysOf(subs);
     const [tenants, originals, waiting] = await Promise.all([
-      readTenants(sql, subs.map((s) => ({ id: s.tenant.id, periodStart: quotaPeriod(s.tenant.periodAnchor, now).start }))),
+      readTenants(sql, tenantReads(subs, now)),
       originalsByIdempotencyKey(sql, keyed),
       this.pressure.globalFull(now.getTime()) ? countWaiting(sql) : null,
     ]);
