@@ -56,3 +56,18 @@ export class SluiceError extends Error {
     this.httpHeaders = httpHeaders;
   }
 }
+
+/**
+ * `make()` with no stack trace captured: for an expected answer (a QUEUE_FULL refusal and its
+ * GraphQL form), whose stack nobody reads or logs, and which under pressure is built thousands of
+ * times a second (capturing one was several times the cost of the error itself).
+ */
+export function withoutStack<T>(make: () => T): T {
+  const limit = Error.stackTraceLimit;
+  Error.stackTraceLimit = 0;
+  try {
+    return make();
+  } finally {
+    Error.stackTraceLimit = limit;
+  }
+}

@@ -15,7 +15,7 @@ import { allowedAttributes } from './tracing/attributes.ts';
 import { useServer } from 'graphql-ws/use/ws';
 import { WebSocketServer } from 'ws';
 import type { Logger } from 'pino';
-import { SluiceError } from './errors.ts';
+import { SluiceError, withoutStack } from './errors.ts';
 import { databaseUnavailable, isDatabaseUnavailable } from './db/availability.ts';
 import { CommitGate } from './http/deadline.ts';
 import { checkGetRequest, codedEmptyError, useInputHardening } from './http/input.ts';
@@ -84,15 +84,17 @@ function maskError(log: Logger, error: unknown, message: string, isDev?: boolean
   if (!(original instanceof SluiceError) && isDatabaseUnavailable(original)) original = databaseUnavailable();
   if (original instanceof SluiceError) {
     const e = error instanceof GraphQLError ? error : undefined;
-    return new GraphQLError(original.message, {
+    // A coded answer, shown without a stack: none is captured for it.
+    const coded = original;
+    return withoutStack(() => new GraphQLError(coded.message, {
       ...(e?.nodes ? { nodes: e.nodes } : {}),
       ...(e?.path ? { path: e.path } : {}),
       extensions: {
-        code: original.code,
-        ...original.extensions,
-        ...(original.httpStatus ? { http: { status: original.httpStatus, ...(original.httpHeaders ? { headers: original.httpHeaders } : {}) } } : {}),
+        code: coded.code,
+        ...coded.extensions,
+        ...(coded.httpStatus ? { http: { status: coded.httpStatus, ...(coded.httpHeaders ? { headers: coded.httpHeaders } : {}) } } : {}),
       },
-    });
+    }));
   }
   // A caller's mistake is answered with its code, not logged: only what nobody meant to throw is an error.
   if (!isCallerError(error)) log.error({ err: original }, 'unexpected error in a resolver');
@@ -177,6 +179,12 @@ function sendErrors(res: ServerResponse, status: number, error: { message: strin
 function timedOut(res: ServerResponse, ms: number): void {
   const e = databaseUnavailable(`the request waited ${ms} ms for the database`);
   sendErrors(res, 503, { message: e.message, extensions: { code: e.code, ...e.extensions } }, e.httpHeaders);
+}
+
+/** Whether an answer of this content type is a stream whose parts are written as they come. Pure. */
+export function isStreamed(contentType: string | null): boolean {
+  const t = (contentType ?? '').toLowerCase();
+  return t.startsWith('text/event-stream') || t.startsWith('multipart/');
 }
 
 /** The response, or null when the deadline passed first and `gate` let it answer (no commit under way). */
@@ -289,17 +297,19 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
         const refused = checkGetRequest(url.searchParams);
         if (refused) return sendErrors(res, 400, refused);
       }
-      const headers = new Headers();
+      // Yoga's own fetch classes (the @whatwg-node ponyfill), not Node's: a Buffer body is read back
+      // as it is, where Node's Request made it a web stream that Yoga then converted and collected.
+      const headers = new yoga.fetchAPI.Headers();
       for (const [k, v] of Object.entries(req.headers)) {
         if (Array.isArray(v)) v.forEach((x) => headers.append(k, x));
         else if (v !== undefined) headers.set(k, v);
       }
       const gate = new CommitGate();
       const pending = Promise.resolve(yoga.fetch(
-        new Request(new URL(req.url ?? '/', `http://${req.headers.host ?? 'localhost'}`), {
+        new yoga.fetchAPI.Request(new URL(req.url ?? '/', `http://${req.headers.host ?? 'localhost'}`).toString(), {
           method: req.method ?? 'GET',
           headers,
-          ...(body ? { body: new Uint8Array(body) } : {}),
+          ...(body ? { body: body as Buffer<ArrayBuffer> } : {}),
         }),
         { gate, address: addressOf(req), auth: door.auth },
       ));
@@ -318,11 +328,13 @@ export function createHttpServer(opts: ServerOptions): { server: Server; yoga: R
         return;
       }
       res.writeHead(response.status, Object.fromEntries(response.headers));
-      // Yoga's Response may be a ponyfill: iterate its body rather than convert it, so streams (SSE) flow as they come.
-      if (response.body) {
+      // A whole answer (JSON: every query and mutation) is written at once; a stream (SSE, multipart)
+      // is iterated so its parts flow as they come. Yoga's Response may be a ponyfill: iterate its
+      // body rather than convert it.
+      if (response.body && isStreamed(response.headers.get('content-type'))) {
         for await (const chunk of response.body as unknown as AsyncIterable<Uint8Array>) res.write(chunk);
-      }
-      res.end();
+        res.end();
+      } else res.end(response.body ? Buffer.from(await response.arrayBuffer()) : undefined);
     } catch (err) {
       if (isDatabaseUnavailable(err)) {
         const e = databaseUnavailable();

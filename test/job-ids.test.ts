@@ -24,3 +24,13 @@ test('a full millisecond borrows the next one; a clock that steps back does not 
   assert.ok(a < b);
   assert.match(a, UUID_V7);
 });
+
+test('small batches (drawn from the random pool, across its refills) never share random bytes', () => {
+  const ids: string[] = [];
+  for (let i = 0; i < 6_000; i++) ids.push(...newJobIds(1 + (i % 3)));
+  assert.equal(new Set(ids).size, ids.length);
+  for (let i = 1; i < ids.length; i++) assert.ok(ids[i - 1]! < ids[i]!, `${ids[i - 1]} < ${ids[i]}`);
+  // The last 11 hex digits are 44 random bits: bytes handed out twice would repeat them.
+  const tails = ids.map((id) => id.slice(-11));
+  assert.equal(new Set(tails).size, tails.length, 'a random tail repeated');
+});

@@ -333,6 +333,20 @@ describe('a root field without a declaration', () => {
     assert.equal(refusal(tenant, '{ declared }'), null);
   });
 
+  test('one parsed document (as the parser cache shares it) is judged per caller and per operation it names', () => {
+    // The requirements are remembered per document: the same object must still refuse or allow by
+    // the caller, and by which of its operations the request selects.
+    const document = parse('query A { declared } query B { forgotten }');
+    const judge = (auth: Auth, operationName: string) => operationRefusal({ schema, document, operationName, contextValue: { auth } })?.extensions.code ?? null;
+    for (let round = 0; round < 2; round++) {
+      assert.equal(judge(tenant, 'A'), null);
+      assert.equal(judge(tenant, 'B'), 'FORBIDDEN');
+      assert.equal(judge({ kind: 'admin' }, 'B'), null);
+      assert.equal(judge({ kind: 'anonymous' }, 'A'), 'UNAUTHENTICATED');
+      assert.equal(judge({ ...tenant, key: { ...tenant.key, scopes: ['SUBMIT'] } } as Auth, 'A'), 'FORBIDDEN');
+    }
+  });
+
   test('is printed as undeclared in the table', () => {
     assert.match(scopeTable(schema), /`forgotten` \| \*\*undeclared\*\*/);
   });

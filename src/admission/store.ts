@@ -23,8 +23,11 @@ export interface TenantAdmissionState {
   quotaBlocked: boolean;
   /** suspendTenant: submissions are refused with TENANT_SUSPENDED. */
   suspended: boolean;
-  /** billed + reserved credits of the period asked for (quota policy FAIL refuses on it). */
-  creditsUsed: number;
+  /**
+   * billed + reserved credits of the period asked for (quota policy FAIL refuses on it); null when
+   * no period was asked for (a tenant of another policy: its ledger row is not read).
+   */
+  creditsUsed: number | null;
 }
 
 /**
@@ -45,8 +48,8 @@ export async function lockGate(tx: Tx): Promise<Partial<Record<JobClass, number>
 /**
  * The group's tenants, in one statement whatever the group's size: waiting
  * jobs plus the room their live admission reservations hold, quota block,
- * suspension, and the credits used in the period given (quota policy FAIL
- * refuses on it; one read for the group, not one per submission).
+ * suspension, and, for a tenant given a period, the credits used in it (quota
+ * policy FAIL refuses on it; one read for the group, not one per submission).
  *
  * Read, not locked: under the gate no other admission changes them, and
  * dispatch only lowers a depth (a requeue raising it is work admitted before);
@@ -54,22 +57,29 @@ export async function lockGate(tx: Tx): Promise<Partial<Record<JobClass, number>
  * it). Locking them would make the gate wait for dispatch transactions even
  * for submissions that are refused.
  */
-export async function readTenants(tx: Tx, tenants: ReadonlyArray<{ id: string; periodStart: Date }>): Promise<Map<string, TenantAdmissionState>> {
+export async function readTenants(tx: Tx, tenants: ReadonlyArray<{ id: string; periodStart: Date | null }>): Promise<Map<string, TenantAdmissionState>> {
   const byId = new Map(tenants.map((t) => [t.id, t.periodStart]));
   const ids = [...byId.keys()];
-  const periods = ids.map((id) => byId.get(id)!.toISOString());
+  const periods = ids.map((id) => byId.get(id)?.toISOString() ?? null);
   const rows = await tx`
     select t.tenant_id, t.quota_blocked, t.suspended,
       ((select coalesce(sum(q.depth), 0) from sched_queues q where q.tenant_id = t.tenant_id)
-        + (select coalesce(sum(r.jobs), 0) from admission_reservations r where r.tenant_id = t.tenant_id))::int as depth,
-      coalesce((select l.billed + l.reserved from tenant_ledger l where l.tenant_id = t.tenant_id and l.period_start = x.period_start), 0)::bigint as credits_used
+        -- A tenant's reservations are probed only when the table has any (read once, in the same
+        -- snapshot, so exact): live reservations are rare (a large submission between its two
+        -- transactions), and a probe per tenant was paid by every group of many tenants.
+        + case when (select exists (select 1 from admission_reservations)) then
+            (select coalesce(sum(r.jobs), 0) from admission_reservations r where r.tenant_id = t.tenant_id) else 0 end)::int as depth,
+      -- Only for the tenants that asked (policy FAIL): with many tenants per group, one ledger probe
+      -- per tenant was one of the per-tenant reads every group paid for nothing.
+      case when x.period_start is null then null
+        else coalesce((select l.billed + l.reserved from tenant_ledger l where l.tenant_id = t.tenant_id and l.period_start = x.period_start), 0)::bigint end as credits_used
     from unnest(${ids}::uuid[], ${periods}::timestamptz[]) as x(tenant_id, period_start)
     join sched_tenants t on t.tenant_id = x.tenant_id
     -- The group's tenants by id (an index lookup each): joined with the unnest alone, the planner
     -- guesses a few rows and hashes, reading every tenant's row: O(tenants) per group.
     where t.tenant_id = any(${ids}::uuid[])`;
   return new Map(
-    rows.map((r) => [r.tenant_id as string, { depth: r.depth as number, quotaBlocked: r.quota_blocked as boolean, suspended: r.suspended as boolean, creditsUsed: Number(r.credits_used) }]),
+    rows.map((r) => [r.tenant_id as string, { depth: r.depth as number, quotaBlocked: r.quota_blocked as boolean, suspended: r.suspended as boolean, creditsUsed: r.credits_used === null ? null : Number(r.credits_used) }]),
   );
 }
 

@@ -138,9 +138,30 @@ export function authorize(auth: Auth, roles: readonly Role[], scopes: readonly S
   return refusalFor(auth, [...roles.map((role, i) => ({ field: `field ${i + 1}`, role, scopes: [] })), { field: 'the operation', scopes }]);
 }
 
+/**
+ * operationRequirements, once per (schema, parsed document, operation name). Yoga's parser cache
+ * hands every request with the same query text the same DocumentNode, so the walk with TypeInfo
+ * (a fifth of a refused submission's GraphQL work under load) runs once per document, not once
+ * per request. Weakly held: a document the parser cache drops takes its entry with it. The
+ * requirements depend on nothing else (not the caller, not the variables), so sharing them is exact.
+ */
+const requirementsMemo = new WeakMap<GraphQLSchema, WeakMap<DocumentNode, Map<string, Requirement[] | null>>>();
+
+export function memoizedRequirements(schema: GraphQLSchema, document: DocumentNode, operationName?: string | null): readonly Requirement[] | null {
+  let bySchema = requirementsMemo.get(schema);
+  if (!bySchema) requirementsMemo.set(schema, (bySchema = new WeakMap()));
+  let byName = bySchema.get(document);
+  if (!byName) bySchema.set(document, (byName = new Map()));
+  const key = operationName ?? '';
+  if (byName.has(key)) return byName.get(key)!;
+  const found = operationRequirements(schema, document, operationName);
+  byName.set(key, found);
+  return found;
+}
+
 /** The refusal of this operation for its context's caller, or null (graphql-ws also uses it to close the connection). */
 export function operationRefusal(args: { schema: GraphQLSchema; document: DocumentNode; operationName?: string | null | undefined; contextValue: unknown }): GraphQLError | null {
-  const requirements = operationRequirements(args.schema, args.document, args.operationName);
+  const requirements = memoizedRequirements(args.schema, args.document, args.operationName);
   if (!requirements) return null; // graphql-js reports the missing operation itself
   return refusalFor((args.contextValue as Context).auth, requirements);
 }

@@ -56,14 +56,35 @@ export function formatV7(stamp: IdClock, rand: Uint8Array, offset = 0): string {
 
 let clock: IdClock = { ms: 0, counter: 0 };
 
+/**
+ * Random bytes for small batches, drawn from a pool refilled 8 KiB at a time: one
+ * `randomBytes` call per submission (a getrandom system call and a new Buffer) was a visible
+ * share of a single submission's CPU under load. Large batches draw their own. Bytes are never
+ * handed out twice.
+ */
+const POOL_BYTES = 8192;
+let pool = Buffer.alloc(0);
+let poolAt = 0;
+
+function randomChunk(size: number): { bytes: Buffer; at: number } {
+  if (size > POOL_BYTES / 4) return { bytes: randomBytes(size), at: 0 };
+  if (poolAt + size > pool.length) {
+    pool = randomBytes(POOL_BYTES);
+    poolAt = 0;
+  }
+  const at = poolAt;
+  poolAt += size;
+  return { bytes: pool, at };
+}
+
 /** `n` new job ids, ascending. */
 export function newJobIds(n: number): string[] {
-  const rand = randomBytes(6 * n + 8);
+  const { bytes: rand, at } = randomChunk(6 * n + 8);
   const out: string[] = new Array(n);
   const now = Date.now();
   for (let i = 0; i < n; i++) {
-    clock = nextStamp(clock, now, rand.readUInt32BE(6 * n + (i % 2) * 4) / 2 ** 32);
-    out[i] = formatV7(clock, rand, 6 * i);
+    clock = nextStamp(clock, now, rand.readUInt32BE(at + 6 * n + (i % 2) * 4) / 2 ** 32);
+    out[i] = formatV7(clock, rand, at + 6 * i);
   }
   return out;
 }

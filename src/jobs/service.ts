@@ -15,7 +15,7 @@ import { randomUUID } from 'node:crypto';
 import type { PgBoss } from 'pg-boss';
 import type { ApiCatalog } from '../config/apis.ts';
 import type { Sql } from '../db/client.ts';
-import { SluiceError } from '../errors.ts';
+import { SluiceError, withoutStack } from '../errors.ts';
 import { publishJobEvents } from '../events/bus.ts';
 import { inTransaction, lockBossJob, lockBossJobs, queueName } from '../queue/boss.ts';
 import { type JobClass } from '../config/classes.ts';
@@ -169,6 +169,14 @@ class NotCommitted extends Error {
     super(cause instanceof Error ? cause.message : String(cause));
     this.cause = cause;
   }
+}
+
+/**
+ * What readTenants reads for a group's tenants: the current quota period's credits only for a
+ * tenant whose policy refuses on them (FAIL, tenantRefusal); the others' ledger is not read. Pure.
+ */
+function tenantReads(subs: readonly Submission[], now: Date): Array<{ id: string; periodStart: Date | null }> {
+  return subs.map((s) => ({ id: s.tenant.id, periodStart: s.tenant.quotaPolicy === 'FAIL' ? quotaPeriod(s.tenant.periodAnchor, now).start : null }));
 }
 
 /** What a committed group decided for one submission: its answer, or the refusal to turn into an error. */
@@ -332,7 +340,7 @@ export class JobService {
     const keyed = keysOf(subs);
     const [gate, tenants, originals] = await Promise.all([
       lockGate(tx),
-      readTenants(tx, subs.map((s) => ({ id: s.tenant.id, periodStart: quotaPeriod(s.tenant.periodAnchor, now).start }))),
+      readTenants(tx, tenantReads(subs, now)),
       originalsByIdempotencyKey(tx, keyed),
     ]);
 
@@ -381,7 +389,7 @@ export class JobService {
     const now = new Date();
     const keyed = keysOf(subs);
     const [tenants, originals, waiting] = await Promise.all([
-      readTenants(sql, subs.map((s) => ({ id: s.tenant.id, periodStart: quotaPeriod(s.tenant.periodAnchor, now).start }))),
+      readTenants(sql, tenantReads(subs, now)),
       originalsByIdempotencyKey(sql, keyed),
       this.pressure.globalFull(now.getTime()) ? countWaiting(sql) : null,
     ]);
@@ -503,12 +511,12 @@ export class JobService {
   private async refusalError(sub: Submission, r: Refusal): Promise<SluiceError> {
     this.deps.onRefused?.(r.code, r.jobClass);
     const ext = { scope: r.scope, retryable: r.retryable, ...(r.jobClass ? { priority: r.jobClass } : {}) };
-    if (!r.retryable) return new SluiceError('QUEUE_FULL', r.message, ext, 413);
+    if (!r.retryable) return withoutStack(() => new SluiceError('QUEUE_FULL', r.message, ext, 413));
     this.pressure.note(r.scope, sub.tenant.id, Date.now());
     const classes = [...new Set(sub.jobs.map((j) => j.priority))].sort();
     const rates = await this.refusalRates(sub.tenant, classes);
     const seconds = retryAfterSeconds(r.excess, r.scope === 'TENANT' ? rates.tenant : rates.global);
-    return new SluiceError('QUEUE_FULL', r.message, { ...ext, retryAfterSeconds: seconds }, 429, { 'Retry-After': String(seconds) });
+    return withoutStack(() => new SluiceError('QUEUE_FULL', r.message, { ...ext, retryAfterSeconds: seconds }, 429, { 'Retry-After': String(seconds) }));
   }
 
   /** Drain rates (jobs/s) for Retry-After: the tenant's fair share of its classes' pace, and the whole pace. */
