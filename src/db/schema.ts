@@ -434,7 +434,8 @@ export const reservations = pgTable(
     // are the calls in flight, a few thousand at most: read here, not through an index on the lease,
     // so the sent mark and the lease refresh, which change only sent_at and lease_expires_at, are HOT).
     index('reservations_open_idx').on(t.nodeId).where(sql`${t.settledAt} is null`),
-    index('reservations_job_idx').on(t.jobId),
+    // No index by job: nothing reads reservations by job id, and every lease's insert and every
+    // settlement's (non-HOT) update would maintain one.
     // The console's calls/s per window reads the last seconds of reservations.
     index('reservations_created_idx').on(t.createdAt),
     // Usage events' corrections, in reconciliation order (rare rows: an update that does not reconcile adds nothing to it).
