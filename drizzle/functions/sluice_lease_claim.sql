@@ -9,6 +9,9 @@
 -- p_turn_at); a job cancelled meanwhile is acknowledged in pg-boss (sluice_boss_complete), not
 -- called. A batch call's pool slot is carried by its first claimed job's reservation (its first
 -- turn's). Then each tenant's cap slots: one write per tenant for the jobs it claimed.
+-- The claim's statement runs with sluice.lease_claim on: the jobs' depth and running triggers leave
+-- the counters to sluice_lease_commit, which writes each claimed queue once (the lease holds
+-- those rows). Set for that statement only (and undone with the call's subtransaction if it fails).
 -- Runs under sluice_lease's planner settings.
 CREATE OR REPLACE FUNCTION sluice_lease_claim(p_picks sluice_lease_job[], p_turn_at timestamp with time zone[], p_batch jsonb, p_paced boolean)
  RETURNS jsonb
@@ -32,6 +35,7 @@ BEGIN
   END IF;
   SELECT array_agg(p.queue), array_agg(p.id) INTO queues, ids FROM unnest(p_picks) p;
   PERFORM sluice_boss_activate(queues, ids);
+  PERFORM set_config('sluice.lease_claim', 'on', true);
   WITH cl AS (
     UPDATE jobs jb SET state = 'RUNNING', attempts = jb.attempts + 1, started_at = coalesce(jb.started_at, p_turn_at[p.turn]), updated_at = now()
     FROM unnest(p_picks) p
@@ -43,6 +47,7 @@ BEGIN
   SELECT coalesce(jsonb_agg(to_jsonb(m.p) || jsonb_build_object('attempt', m.attempts, 'rid', gen_random_uuid(),
       'slot', NOT (m.p).batched OR m.k = 1) ORDER BY (m.p).turn, (m.p).o), '[]')
     INTO out_rows FROM m;
+  PERFORM set_config('sluice.lease_claim', 'off', true);
   IF jsonb_array_length(out_rows) < cardinality(p_picks) THEN
     SELECT array_agg(p.queue), array_agg(p.id) INTO queues, ids FROM unnest(p_picks) p
       WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(out_rows) e WHERE (e->>'id')::uuid = p.id);

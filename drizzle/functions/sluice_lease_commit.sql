@@ -1,8 +1,10 @@
 -- sluice_lease_commit: the second half of the lease's commit, after sluice_lease_claim (p_out, the
 -- claimed attempts), on rows the call holds, one statement each for all turns:
--- - each served queue's virtual time (p_sv_*), and a queue that claimed jobs and has nothing left
---   waiting goes idle (a submission or a retry marks it ready again): one write per queue, after
---   the claim, whose depth trigger has updated the row (the depth judged here is the claim's);
+-- - each served queue's virtual time (p_sv_*) and, for the jobs it claimed, its depth (down) and
+--   running count (up), which the claim's triggers left to this write (sluice.lease_claim); a
+--   queue that claimed jobs and has nothing left waiting goes idle (a submission or a retry marks
+--   it ready again): one write per queue. A claimed queue not among the served ones (none
+--   expected: every pick is a served queue's) gets its counts the triggers' way;
 -- - the credits: one ledger write per tenant and period; the reservations (one per attempt);
 -- - each class's clock: the largest start tag served in fair order (p_served; no credit for idle
 --   time), and the reserved-shares deltas folded into the classes' counters (SKIP LOCKED: a
@@ -26,14 +28,24 @@ DECLARE
   lift_to float8;
   pending int;
   slots int;
+  stray jsonb;
 BEGIN
-  UPDATE sched_queues sq SET vtime = x.v,
-      ready_at = CASE WHEN sq.depth = 0 AND x.k = ANY (ARRAY(SELECT DISTINCT (o->>'tenant_id') || '/' || (o->>'class')
-        FROM jsonb_array_elements(p_out) o)) THEN NULL ELSE sq.ready_at END
+  UPDATE sched_queues sq SET vtime = x.v, depth = sq.depth - coalesce(d.n, 0), running = sq.running + coalesce(d.n, 0),
+      ready_at = CASE WHEN d.n IS NOT NULL AND sq.depth - d.n = 0 THEN NULL ELSE sq.ready_at END
     FROM unnest(p_sv_key, p_sv_t, p_sv_c, p_sv_v) x(k, t, c, v)
+    LEFT JOIN (SELECT (o->>'tenant_id')::uuid AS t, o->>'class' AS c, count(*)::int AS n FROM jsonb_array_elements(p_out) o GROUP BY 1, 2) d
+      ON d.t = x.t AND d.c = x.c
     WHERE sq.tenant_id = x.t AND sq.class = x.c AND sq.tenant_id = ANY (p_sv_t);
   IF jsonb_array_length(p_out) = 0 THEN
     RETURN;
+  END IF;
+  SELECT coalesce(jsonb_agg(jsonb_build_object('tenant_id', d.t, 'priority', d.c, 'n', -d.n)), '[]') INTO stray
+    FROM (SELECT (o->>'tenant_id')::uuid AS t, o->>'class' AS c, count(*)::int AS n FROM jsonb_array_elements(p_out) o GROUP BY 1, 2) d
+    WHERE NOT (d.t::text || '/' || d.c) = ANY (p_sv_key);
+  IF jsonb_array_length(stray) > 0 THEN
+    PERFORM sluice_apply_depth_delta(stray);
+    INSERT INTO sched_running_deltas (tenant_id, class, n)
+      SELECT (e->>'tenant_id')::uuid, e->>'priority', -(e->>'n')::int FROM jsonb_array_elements(stray) e;
   END IF;
   INSERT INTO tenant_ledger AS l (tenant_id, period_start, reserved)
     SELECT (o->>'tenant_id')::uuid, (o->>'period')::timestamptz, sum((o->>'cost')::int) FROM jsonb_array_elements(p_out) o GROUP BY 1, 2

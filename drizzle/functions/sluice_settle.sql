@@ -3,8 +3,8 @@
 -- and releases what they held: the tenants' cap slots (rows locked in id order), the ledger's
 -- reserved credits (billed ones added), and the window's pool slots, appended to
 -- window_slot_deltas instead of updating the window's hot row (the next lease folds them). Returns
--- the reservations it settled. Its two halves are sluice_settle_reservations and
--- sluice_release_settled (sluice_settle_group runs the events between them).
+-- the reservations it settled. Its parts are sluice_settle_reservations, sluice_bill_jobs and
+-- sluice_release_settled (sluice_settle_group runs them with the jobs' final states and events).
 -- Counters are not clamped: releasing more than was taken raises (CHECK in_flight >= 0, reserved
 -- >= 0). The bill alone is clamped to [0, credits]: an input from the provider, not a counter.
 -- outcomes: [{"id", "billed", "outcome"}, ...]
@@ -13,6 +13,10 @@ CREATE OR REPLACE FUNCTION sluice_settle(outcomes jsonb)
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
 AS $function$
+DECLARE
+  settled jsonb;
 BEGIN
-  RETURN QUERY SELECT r FROM sluice_release_settled(sluice_settle_reservations(outcomes)) r;
+  settled := sluice_settle_reservations(outcomes);
+  PERFORM sluice_bill_jobs(settled, '{}');
+  RETURN QUERY SELECT r FROM sluice_release_settled(settled) r;
 END $function$;

@@ -1,9 +1,11 @@
 -- sluice_settle_group: a settlement group in one statement: the reservations still open, locked
--- (the fence: a superseded attempt changes nothing), the final states (jobs, result, pg-boss ack in
--- one statement: sluice_finish_jobs, so the ack commits with the stored result, I6), the events of
--- the jobs it finished, then the bills and slots (sluice_settle's halves: the reservations and the
--- jobs' creditsBilled before the events, so a final state's event carries its bill; then its
--- tenants' rows in id order, the ledger, the window's slot deltas). One call instead of seven round trips with tenant rows held
+-- (the fence: a superseded attempt changes nothing) and settled (sluice_settle_reservations), the
+-- final states (jobs, result, pg-boss ack in one statement: sluice_finish_jobs, so the ack commits
+-- with the stored result, I6), each finished job's result written once with its bill (I11), the
+-- bills of the settled jobs it did not finish (sluice_bill_jobs), the events of the jobs it
+-- finished (after the bills, so a final state's event carries its bill), then the slots
+-- (sluice_release_settled: its tenants' rows in id order, the ledger, the window's slot deltas).
+-- One call instead of seven round trips with tenant rows held
 -- across them. The tenants' rows come after the jobs' here: the hot rows are held only for the end
 -- of the statement and its commit (a lease holds tenant rows, then waiting jobs; this holds RUNNING
 -- jobs under their locked reservations: the two never meet; the sweeper takes a reservation first
@@ -29,16 +31,20 @@ BEGIN
   IF cardinality(live) = 0 THEN
     RETURN;
   END IF;
-  SELECT coalesce(jsonb_agg(e->'finish' || jsonb_build_object('tenant', e->>'tenant') ORDER BY o), '[]') INTO fin
-    FROM jsonb_array_elements(items) WITH ORDINALITY AS x(e, o)
-    WHERE (e->>'rid')::uuid = ANY (live) AND e ? 'finish';
-  SELECT coalesce(array_agg(f), '{}') INTO done FROM sluice_finish_jobs(fin) f;
-  -- The reservations and the jobs' bills (rows this statement holds already) before the events,
-  -- so each event carries its job's creditsBilled; the events before the tenants' rows: a NOTIFY
-  -- is only queued here (sent at commit), and the tenants' rows, locked by sluice_release_settled,
-  -- are then held only for the last steps and the commit.
+  -- The reservations first (rows this statement holds already): what each job was billed then
+  -- rides on its final state, and the result row is written once, not inserted and then billed.
   settled := sluice_settle_reservations((SELECT jsonb_agg(jsonb_build_object('id', e->>'rid', 'billed', e->'billed', 'outcome', e->>'outcome'))
     FROM jsonb_array_elements(items) e WHERE (e->>'rid')::uuid = ANY (live)));
+  SELECT coalesce(jsonb_agg(e->'finish' || jsonb_build_object('tenant', e->>'tenant', 'billed', coalesce(b.billed, 0)) ORDER BY o), '[]') INTO fin
+    FROM jsonb_array_elements(items) WITH ORDINALITY AS x(e, o)
+    LEFT JOIN (SELECT (s->>'job_id')::uuid AS job_id, sum((s->>'billed')::int)::int AS billed
+      FROM jsonb_array_elements(settled) s GROUP BY 1) b ON b.job_id = (e->'finish'->>'id')::uuid
+    WHERE (e->>'rid')::uuid = ANY (live) AND e ? 'finish';
+  SELECT coalesce(array_agg(f), '{}') INTO done FROM sluice_finish_jobs(fin) f;
+  PERFORM sluice_bill_jobs(settled, done);
+  -- The events before the tenants' rows: a NOTIFY is only queued here (sent at commit), and the
+  -- tenants' rows, locked by sluice_release_settled, are then held only for the last steps and the
+  -- commit.
   PERFORM sluice_job_events((SELECT coalesce(jsonb_agg(jsonb_build_object('jobId', f->>'id', 'tenantId', f->>'tenant', 'state', f->>'state') ORDER BY o), '[]')
     FROM jsonb_array_elements(fin) WITH ORDINALITY AS x(f, o) WHERE (f->>'id')::uuid = ANY (done)));
   PERFORM sluice_release_settled(settled);

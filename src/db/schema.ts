@@ -390,7 +390,12 @@ export const tenantLedger = pgTable(
   ],
 );
 
-/** Credits held for one dispatched attempt, and the in-flight slots it occupies; settled exactly once (I5). */
+/**
+ * Credits held for one dispatched attempt, and the in-flight slots it occupies; settled exactly once (I5).
+ * Its heap keeps room on every page (fillfactor 50, set by its migration: drizzle does not model it):
+ * every row is updated once right after its lease inserts it (the sent mark), and that update is HOT
+ * only when its new version fits on the same page.
+ */
 export const reservations = pgTable(
   'reservations',
   {
@@ -425,9 +430,12 @@ export const reservations = pgTable(
     expiryFailedAt: timestamp('expiry_failed_at', { withTimezone: true }),
   },
   (t) => [
+    // Open reservations: a node's (dead-node sweep), and the sweeper's expired leases (the open rows
+    // are the calls in flight, a few thousand at most: read here, not through an index on the lease,
+    // so the sent mark and the lease refresh, which change only sent_at and lease_expires_at, are HOT).
     index('reservations_open_idx').on(t.nodeId).where(sql`${t.settledAt} is null`),
-    index('reservations_lease_idx').on(t.leaseExpiresAt).where(sql`${t.settledAt} is null`),
-    index('reservations_job_idx').on(t.jobId),
+    // No index by job: nothing reads reservations by job id, and every lease's insert and every
+    // settlement's (non-HOT) update would maintain one.
     // The console's calls/s per window reads the last seconds of reservations.
     index('reservations_created_idx').on(t.createdAt),
     // Usage events' corrections, in reconciliation order (rare rows: an update that does not reconcile adds nothing to it).

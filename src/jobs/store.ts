@@ -383,8 +383,9 @@ export type { ResultRecord };
 
 /**
  * The result row, upserted by job id (invariant I6: one result per job id).
- * Its credits_billed is not written here: sluice_settle adds every credit it
- * bills to the job's row, whoever settles (I11), and nothing else does.
+ * Its credits_billed is not written here: the settling statement adds every
+ * credit it bills to the job's row, whoever settles (I11: sluice_bill_jobs, or
+ * sluice_finish_jobs with the bill of a settlement group), and nothing else does.
  */
 export async function upsertResult(tx: Tx, jobId: string, r: ResultRecord): Promise<void> {
   await tx`

@@ -258,7 +258,9 @@ export interface ExpiredReservation {
  * Open reservations whose attempt lease expired (the one liveness authority), up to `limit`, in id
  * order, without locking: the sweeper locks them by id (lockExpiredReservations), so a batch whose
  * settlement fails can be split and retried by halves. One whose expiry failed on its own is left
- * out until `retrySeconds` after its failure (recordExpiryFailure).
+ * out until `retrySeconds` after its failure (recordExpiryFailure). The open rows are read through
+ * reservations_open_idx (the calls in flight) and filtered by their lease: no index on the lease,
+ * so the sent mark and the lease refresh stay HOT updates (schema.ts).
  */
 export async function expiredReservationIds(sql: Tx, limit: number, retrySeconds: number): Promise<string[]> {
   const rows = await sql`
