@@ -13,10 +13,13 @@
 -- items: [{"rid", "tenant", "billed", "outcome", "finish": {sluice_finish_jobs item} | absent}, ...]
 -- An item without "finish" only settles its reservation (its job was requeued by the caller, in
 -- the same transaction, after it locked the same rows in the same order).
+-- Generic plans, planned once per connection (see sluice_lease's planner settings): every call
+-- has a new jsonb list, and a custom plan of each statement at each call was planning work only.
 CREATE OR REPLACE FUNCTION sluice_settle_group(items jsonb)
  RETURNS SETOF uuid
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
   live uuid[];
