@@ -17,7 +17,8 @@
 -- - the window's row, once and last: the slot releases settlements appended since the last lease
 --   folded in (only this call can run on the window now: its try-lock), its tokens and slots
 --   taken, only if they are still there; otherwise SL409, which sluice_lease turns into 'changed';
--- - the RUNNING events (sluice_job_events).
+-- The RUNNING events are not sent here: the node's sent mark sends them (sluice_mark_sent), out of
+-- the window's one-at-a-time lease.
 -- Runs under sluice_lease's planner settings.
 CREATE OR REPLACE FUNCTION sluice_lease_commit(p_window text, p_node uuid, p_pool integer, p_lease_seconds integer, p_tokens_used integer, p_out jsonb, p_sv_key text[], p_sv_t uuid[], p_sv_c text[], p_sv_v double precision[], p_served jsonb)
  RETURNS void
@@ -81,6 +82,4 @@ BEGIN
   IF NOT FOUND THEN
     RAISE EXCEPTION 'sluice_lease: window % changed under the lease', p_window USING ERRCODE = 'SL409';
   END IF;
-  PERFORM sluice_job_events((SELECT jsonb_agg(jsonb_build_object('jobId', o->>'id', 'tenantId', o->>'tenant_id', 'state', 'RUNNING'))
-    FROM jsonb_array_elements(p_out) o));
 END $function$;

@@ -214,7 +214,8 @@ export async function refreshLeases(sql: Tx, ids: readonly string[], leaseSecond
 
 /**
  * The "sent" mark: ONE statement for all the reservations a
- * lease returned, before their calls are sent. Returns the ids it marked; the
+ * lease returned, before their calls are sent (sluice_mark_sent, which also
+ * sends their jobs' RUNNING events). Returns the ids it marked; the
  * node sends only those (one missing was settled meanwhile: its lease
  * expired). All rows of one call share the statement's `now()`, so the
  * distinct marks count the statements. A lease whose rows never reached its
@@ -235,10 +236,7 @@ export async function refreshLeases(sql: Tx, ids: readonly string[], leaseSecond
 export async function markSent(sql: Tx, ids: readonly string[], riders: readonly string[] = [], sentLeaseSeconds = 0): Promise<Set<string>> {
   if (ids.length === 0) return new Set();
   const rows = await sql`
-    update reservations set sent_at = case when id = any(${riders as string[]}::uuid[]) then sent_at else now() end,
-      lease_expires_at = greatest(lease_expires_at, now() + make_interval(secs => ${sentLeaseSeconds}))
-    where id = any(${ids as string[]}::uuid[]) and settled_at is null
-    returning id`;
+    select id from sluice_mark_sent(${ids as string[]}::uuid[], ${riders as string[]}::uuid[], ${sentLeaseSeconds}::float8) as id`;
   return new Set(rows.map((r) => r.id as string));
 }
 
