@@ -27,13 +27,13 @@ import { billedCredits } from '../scheduler/ledger.ts';
 import { reactionOrder, requeueOrder } from '../scheduler/lock-order.ts';
 import { stopAccount } from '../scheduler/sql/account.ts';
 import { markQueuesReady } from '../scheduler/sql/queues.ts';
-import { lockOpenReservations, settleGroup, type SettleGroupItem } from '../scheduler/sql/reservations.ts';
+import { lockOpenReservations, settleGroup, warmSettleGroup, type SettleGroupItem } from '../scheduler/sql/reservations.ts';
 import { lockTenants } from '../scheduler/sql/tenants.ts';
 import { pauseWindow, recordCappedAsk, stopWindow, type RateLimitPace } from '../scheduler/sql/windows.ts';
 import type { WindowSpec } from '../scheduler/windows.ts';
 import type { Attempt, AttemptLeases, BatchAttempt } from './attempt-leases.ts';
 import { creditsStopUntil, planSettlement, resultOf, type SettlePlan } from './retry.ts';
-import { classifySettleError, pickSettleUnits, planSettleFailure, sqlState, type SettleFailureStep } from './settle-groups.ts';
+import { classifySettleError, pickSettleUnits, planSettleFailure, settleWaitMs, sqlState, type SettleFailureStep } from './settle-groups.ts';
 import { reconcileLateSettlements } from './late-settlement.ts';
 import { tracing } from '../tracing/tracer.ts';
 import { requeuedData, settledTrace } from '../tracing/job-trace.ts';
@@ -113,6 +113,12 @@ export interface SettlerOptions {
   creditsStopSeconds: number;
   /** The dispatcher is stopping: a failed settlement is retried sooner. */
   stopping: () => boolean;
+  /**
+   * Connections of `sql` the settlement is warmed on when the dispatcher starts (warmSettleGroup):
+   * the pool's size, so whichever connection a settlement lands on has run it once; 0 (the default)
+   * behind a transaction-mode pooler, where a statement may land on any server connection.
+   */
+  warmConnections?: number | undefined;
   /** Called once per attempt when its outcome is planned and billed, as it is queued to settle. */
   onSettled?: ((s: SettledAttempt) => void) | undefined;
   log: Logger;
@@ -135,6 +141,17 @@ export class Settler {
 
   private get abandoned(): boolean {
     return this.options.leases.abandoned;
+  }
+
+  /**
+   * Runs the settlement with nothing to settle once on each of the pool's connections, in the
+   * background: the first settlements of a fresh process then do not plan it inside their own
+   * transactions. A failure is only logged (a settlement on a cold connection still lands).
+   */
+  warm(): void {
+    const n = this.options.warmConnections ?? 0;
+    if (n <= 0) return;
+    warmSettleGroup(this.options.sql, n).catch((err: unknown) => this.options.log.debug({ err }, 'warming the settlement connections failed'));
   }
 
   /** Stopped past its grace: the settlements still waiting are let go (left to their leases). */
@@ -199,10 +216,12 @@ export class Settler {
     if (this.flushers >= SETTLE_FLUSHERS) return;
     this.flushers++;
     let failures = 0;
+    let first = true;
     try {
       while (this.queue.length > 0 && !this.abandoned) {
-        const interval = this.options.settleIntervalMs ?? 2;
-        if (failures === 0 && interval > 0) await new Promise((r) => setTimeout(r, interval));
+        const wait = settleWaitMs(this.options.settleIntervalMs ?? 2, { failures, first, otherFlushers: this.flushers - 1, idleAtOnce: process.env.SETTLE_IDLE_AT_ONCE === '1' });
+        first = false;
+        if (wait > 0) await new Promise((r) => setTimeout(r, wait));
         const take = pickSettleUnits(this.queue, this.settlingTenants, SETTLE_GROUP_MAX, failures > 0);
         // Nothing this flusher may take: the flushers holding those tenants look again when done.
         if (take.length === 0) break;
