@@ -74,7 +74,7 @@ BEGIN
   -- so each event carries its job's creditsBilled; the events before the tenants' rows: a NOTIFY
   -- is only queued here (sent at commit), and the tenants' rows, locked by sluice_release_settled,
   -- are then held only for the last steps and the commit.
-  settled := sluice_settle_reservations((SELECT coalesce(jsonb_agg(jsonb_build_object('id', e->>'rid', 'billed', e->'billed', 'outcome', e->>'outcome'))
+  settled := sluice_settle_reservations(coalesce((SELECT jsonb_agg(jsonb_build_object('id', e->>'rid', 'billed', e->'billed', 'outcome', e->>'outcome'))
     FROM jsonb_array_elements(items) e WHERE (e->>'rid')::uuid = ANY (live)), '[]'));
   PERFORM sluice_job_events((SELECT coalesce(jsonb_agg(jsonb_build_object('jobId', f->>'id', 'tenantId', f->>'tenant', 'state', f->>'state') ORDER BY o), '[]')
     FROM jsonb_array_elements(fin) WITH ORDINALITY AS x(f, o) WHERE (f->>'id')::uuid = ANY (done)));
