@@ -35,18 +35,6 @@ export function pickSettleUnits(units: readonly SettleUnitShape[], busy: Readonl
 }
 
 /**
- * How long a flusher waits for more outcomes before it takes a group (SETTLE_INTERVAL_MS). None
- * after a failure (it has backed off already), and none for the first group of a flusher that
- * started while no other was running: an idle settler settles a finished call at once, and
- * groups form only under load, while other flushers' transactions are under way.
- */
-export function settleWaitMs(intervalMs: number, f: { failures: number; first: boolean; otherFlushers: number; idleAtOnce: boolean }): number {
-  if (f.failures > 0 || intervalMs <= 0) return 0;
-  if (f.idleAtOnce && f.first && f.otherFlushers === 0) return 0;
-  return intervalMs;
-}
-
-/**
  * What a settlement error says about the settlement, from its SQLSTATE:
  * - `outage`: the database is not there right now (db/availability.ts
  *   isDatabaseUnavailable: connection errors, class 08, 57P01-03, 53300), or

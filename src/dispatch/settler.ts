@@ -33,7 +33,7 @@ import { pauseWindow, recordCappedAsk, stopWindow, type RateLimitPace } from '..
 import type { WindowSpec } from '../scheduler/windows.ts';
 import type { Attempt, AttemptLeases, BatchAttempt } from './attempt-leases.ts';
 import { creditsStopUntil, planSettlement, resultOf, type SettlePlan } from './retry.ts';
-import { classifySettleError, pickSettleUnits, planSettleFailure, settleWaitMs, sqlState, type SettleFailureStep } from './settle-groups.ts';
+import { classifySettleError, pickSettleUnits, planSettleFailure, sqlState, type SettleFailureStep } from './settle-groups.ts';
 import { reconcileLateSettlements } from './late-settlement.ts';
 import { tracing } from '../tracing/tracer.ts';
 import { requeuedData, settledTrace } from '../tracing/job-trace.ts';
@@ -216,12 +216,10 @@ export class Settler {
     if (this.flushers >= SETTLE_FLUSHERS) return;
     this.flushers++;
     let failures = 0;
-    let first = true;
     try {
       while (this.queue.length > 0 && !this.abandoned) {
-        const wait = settleWaitMs(this.options.settleIntervalMs ?? 2, { failures, first, otherFlushers: this.flushers - 1, idleAtOnce: process.env.SETTLE_IDLE_AT_ONCE === '1' });
-        first = false;
-        if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+        const interval = this.options.settleIntervalMs ?? 2;
+        if (failures === 0 && interval > 0) await new Promise((r) => setTimeout(r, interval));
         const take = pickSettleUnits(this.queue, this.settlingTenants, SETTLE_GROUP_MAX, failures > 0);
         // Nothing this flusher may take: the flushers holding those tenants look again when done.
         if (take.length === 0) break;
