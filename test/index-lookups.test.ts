@@ -10,7 +10,7 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import postgres from 'postgres';
 import { foldRunning } from '../src/scheduler/sql/queues.ts';
-import { settleGroup } from '../src/scheduler/sql/reservations.ts';
+import { settleGroup, warmSettleGroup } from '../src/scheduler/sql/reservations.ts';
 import { startTestApp, type TestApp } from './helpers/app.ts';
 import { leaseOnce, queueJobs, unlimitedWindow } from './helpers/lease.ts';
 
@@ -95,4 +95,21 @@ test('submission, lease, settlement and fold look their rows up by key', async (
   assert.ok(leasePlans.some((p) => p.includes('UPDATE sched_queues sq SET vtime = x.v, depth')), 'auto_explain reported the commit\'s queue write');
   const [folded] = await sql`select coalesce(sum(running), 0)::int as n from sched_queues`;
   assert.equal(folded!.n, 0, 'the settlement\'s deltas, folded, took every running job back out');
+});
+
+test('the settlement warm-up runs every statement of the settlement on empty sets, and writes nothing', async () => {
+  const counts = async () => (await sql`select (select count(*) from window_slot_deltas)::int as slots, (select count(*) from usage_deltas)::int as usage,
+    (select count(*) from sched_running_deltas)::int as running, (select count(*) from reservations where settled_at is null)::int as open`)[0];
+  const before = await counts();
+  plans = [];
+  await warmSettleGroup(sql, 1);
+  const all = plans.join('\n');
+  // Each step of sluice_settle_group and what it calls was planned and run on this connection,
+  // the last ones included (the tenants' rows, the ledger, the window's slots): the steps an early
+  // return on nothing to settle used to skip, so a first real settlement planned them.
+  for (const statement of [/FOR UPDATE/, /UPDATE jobs j SET state/, /INSERT INTO job_results/, /UPDATE pgboss\.job j SET completed_on/, /UPDATE reservations r SET settled_at/, /INSERT INTO usage_deltas/, /pg_notify\('sluice_job_events'/, /FROM sched_tenants t/, /UPDATE tenant_ledger l/, /INSERT INTO window_slot_deltas/]) {
+    assert.match(all, statement);
+  }
+  assert.deepEqual(scans(plans), [], 'the warm-up scanned a whole hot table');
+  assert.deepEqual(await counts(), before, 'the warm-up changed nothing');
 });

@@ -4,16 +4,14 @@
 -- appended to window_slot_deltas instead of updating the window's hot row (the next lease folds
 -- them). Returns the reservations settled. Counters are not clamped: releasing more than was taken
 -- raises (CHECK in_flight >= 0, reserved >= 0).
--- settled: what sluice_settle_reservations returned.
+-- settled: what sluice_settle_reservations returned. Nothing settled runs every statement on empty
+-- sets (no early return): sluice_settle_group's warm-up plans them too.
 CREATE OR REPLACE FUNCTION sluice_release_settled(settled jsonb)
  RETURNS SETOF uuid
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
 AS $function$
 BEGIN
-  IF jsonb_array_length(settled) = 0 THEN
-    RETURN;
-  END IF;
   PERFORM 1 FROM sched_tenants t
     WHERE t.tenant_id IN (SELECT (x->>'tenant_id')::uuid FROM jsonb_array_elements(settled) x)
     ORDER BY t.tenant_id FOR UPDATE;

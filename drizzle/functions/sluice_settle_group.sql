@@ -10,6 +10,9 @@
 -- of the statement and its commit (a lease holds tenant rows, then waiting jobs; this holds RUNNING
 -- jobs under their locked reservations: the two never meet; the sweeper takes a reservation first
 -- too). Returns the reservations it settled.
+-- No early return when nothing is live: every statement below runs, on empty sets, so a call with
+-- no items ('[]', src/scheduler/sql/reservations.ts warmSettleGroup) plans all of them and opens
+-- their tables and triggers on its connection before a real settlement needs them there.
 -- items: [{"rid", "tenant", "billed", "outcome", "finish": {sluice_finish_jobs item} | absent}, ...]
 -- An item without "finish" only settles its reservation (its job was requeued by the caller, in
 -- the same transaction, after it locked the same rows in the same order).
@@ -31,13 +34,10 @@ BEGIN
     SELECT r.id FROM reservations r
     WHERE r.id IN (SELECT (e->>'rid')::uuid FROM jsonb_array_elements(items) e) AND r.settled_at IS NULL
     ORDER BY r.id FOR UPDATE) r;
-  IF cardinality(live) = 0 THEN
-    RETURN;
-  END IF;
   -- The reservations first (rows this statement holds already): what each job was billed then
   -- rides on its final state, and the result row is written once, not inserted and then billed.
-  settled := sluice_settle_reservations((SELECT jsonb_agg(jsonb_build_object('id', e->>'rid', 'billed', e->'billed', 'outcome', e->>'outcome'))
-    FROM jsonb_array_elements(items) e WHERE (e->>'rid')::uuid = ANY (live)));
+  settled := sluice_settle_reservations(coalesce((SELECT jsonb_agg(jsonb_build_object('id', e->>'rid', 'billed', e->'billed', 'outcome', e->>'outcome'))
+    FROM jsonb_array_elements(items) e WHERE (e->>'rid')::uuid = ANY (live)), '[]'));
   SELECT coalesce(jsonb_agg(e->'finish' || jsonb_build_object('tenant', e->>'tenant', 'billed', coalesce(b.billed, 0)) ORDER BY o), '[]') INTO fin
     FROM jsonb_array_elements(items) WITH ORDINALITY AS x(e, o)
     LEFT JOIN (SELECT (s->>'job_id')::uuid AS job_id, sum((s->>'billed')::int)::int AS billed

@@ -144,6 +144,7 @@ export class Dispatcher {
     this.running = true;
     const { unlisten } = await (this.options.listenSql ?? this.options.sql).listen(WORK_CHANNEL, () => this.poke());
     this.unlisten = unlisten;
+    this.settler.warm();
     this.leases.start();
     this.pace?.start();
     this.loops.start();
