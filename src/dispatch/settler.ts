@@ -126,6 +126,9 @@ export interface SettlerOptions {
 
 const tenantOf = (a: Attempt): string => a.job.data.tenantId;
 
+/** Connections of the pool the settlement's warm-up leaves free for the dispatch loop (Settler.warm). */
+const WARM_SPARE_CONNECTIONS = 2;
+
 export class Settler {
   private readonly options: SettlerOptions;
   /** Settlements waiting to land, in order; a flusher applies them in groups and retries until they land. */
@@ -156,7 +159,10 @@ export class Settler {
    * first seconds anyway. A failure is only logged (a settlement on a cold connection still lands).
    */
   warm(afterMs = 500): void {
-    const n = this.options.warmConnections ?? 0;
+    // The warm-up holds each connection it warms for the whole warm-up, and the dispatch loop's
+    // lease and sent mark run on the same pool: two stay free, so work that arrives meanwhile is
+    // leased at once instead of after the warm-up (those two warm by use).
+    const n = (this.options.warmConnections ?? 0) - WARM_SPARE_CONNECTIONS;
     if (n <= 0) return;
     setTimeout(() => {
       if (this.settledAny || this.abandoned) return;
