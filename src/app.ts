@@ -359,7 +359,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         windows: windowSpecs,
         nodeId,
         ...dispatcherSettings(env),
-        // Every connection of the raw pool runs the settlement once at start (not behind a pooler).
+        // The raw pool's size: the settlement is warmed on it at start, all but the dispatch loop's spares (not behind a pooler).
         warmConnections: targets.pooler ? 0 : poolSizes(env.DB_POOL_MAX).sql,
         breakers,
         onLeased: (window, jobClass, jobs) => metrics.dispatched(window, jobClass, jobs),

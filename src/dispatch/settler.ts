@@ -114,8 +114,8 @@ export interface SettlerOptions {
   /** The dispatcher is stopping: a failed settlement is retried sooner. */
   stopping: () => boolean;
   /**
-   * Connections of `sql` the settlement is warmed on when the dispatcher starts (warmSettleGroup):
-   * the pool's size, so whichever connection a settlement lands on has run it once; 0 (the default)
+   * The size of the pool `sql` the settlement is warmed on when the dispatcher starts
+   * (warmSettleGroup): all its connections but WARM_SPARE_CONNECTIONS run it once; 0 (the default)
    * behind a transaction-mode pooler, where a statement may land on any server connection.
    */
   warmConnections?: number | undefined;
