@@ -4,8 +4,9 @@
 -- decisions, in the same phases; test/lease-differential.test.ts checks that the two pick the same
 -- jobs and leave the same state.
 --
--- This function is the driver: the window's budget (tokens, pool room), then turns until the
--- budget, p_max or the eligible queues run out, each turn in four phases, then the commit:
+-- This function is the driver: the window's budget (sluice_lease_budget: tokens, pool room), then
+-- turns until the budget, p_max or the eligible queues run out, each turn in four phases, then the
+-- commit:
 -- - pick (sluice_lease_pick): the front queue of the first class of p_classes (the dispatcher's
 --   order, starving classes first) that has an eligible one, and the next queue's virtual time;
 -- - lock (sluice_lease_lock): its tenant's row and its queue's row ('skip' or 'end' otherwise);
@@ -58,8 +59,8 @@
 -- 'leased'.
 --
 -- Counters are never clamped: a window whose in-flight count plus the slots given back would go
--- below zero (more released than taken) raises check_violation instead of leasing on a wrong
--- count (a clamp hid a double release until quiescence).
+-- below zero (more released than taken) raises check_violation (sluice_lease_budget) instead of
+-- leasing on a wrong count (a clamp hid a double release until quiescence).
 --
 -- Lock order (docs/ARCHITECTURE.md): the window's try-lock -> sched_tenants (waited for only for
 -- the first, holding nothing; then SKIP LOCKED) -> pgboss.job (SKIP LOCKED) -> jobs ->
@@ -89,11 +90,9 @@ CREATE OR REPLACE FUNCTION sluice_lease(p_window text, p_node uuid, p_pool integ
 AS $function$
 #variable_conflict use_column
 DECLARE
-  w record;
   now_tokens float8;
   tok int;
   room int;
-  pending int;
   taken int := 0;
   slots int := 0;
   tokens_used int := 0;
@@ -151,20 +150,10 @@ BEGIN
       NULL::boolean, NULL::boolean, NULL::int, 'busy'::text;
     RETURN;
   END IF;
-  SELECT x.*, sluice_window_tokens(x) AS now_tokens INTO w FROM windows x WHERE x.name = p_window;
-  IF NOT FOUND OR (w.paused_until IS NOT NULL AND w.paused_until > clock_timestamp())
-     OR EXISTS (SELECT 1 FROM account_state a WHERE a.dispatch_stopped_until > clock_timestamp()) THEN
+  SELECT b.now_tokens, b.tok, b.room INTO now_tokens, tok, room FROM sluice_lease_budget(p_window, p_pool) b;
+  IF NOT FOUND THEN
     RETURN;
   END IF;
-  now_tokens := w.now_tokens;
-  tok := CASE WHEN now_tokens IS NULL THEN 2147483647 ELSE floor(now_tokens + 1e-9)::int END;
-  -- Slots settlements gave back since the last lease (window_slot_deltas) count as free.
-  SELECT coalesce(sum(d.n), 0)::int INTO pending FROM window_slot_deltas d WHERE d."window" = p_window;
-  IF w.in_flight + pending < 0 THEN
-    RAISE EXCEPTION 'sluice_lease: window % has % calls in flight: more pool slots released than taken', p_window, w.in_flight + pending
-      USING ERRCODE = 'check_violation';
-  END IF;
-  room := p_pool - (w.in_flight + pending);
   cur := array_fill(ROW('00000000-0000-0000-0000-000000000000', '-infinity')::sluice_lease_queue, ARRAY[cardinality(p_classes)]);
   m_low := array_fill('infinity'::float8, ARRAY[cardinality(p_classes)]);
   dead := array_fill(false, ARRAY[cardinality(p_classes)]);

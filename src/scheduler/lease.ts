@@ -219,9 +219,10 @@ const INT_MAX = 2147483647;
 
 /**
  * The picks of one lease call (pure; see the module comment). The same phases as the SQL, each a
- * named step: pickQueue (sluice_lease_pick), fetchTurn (sluice_lease_fetch), applyQuota
- * (sluice_lease_quota), recordTurn (the turn in sluice_lease), then commitPicks (sluice_lease_wake,
- * sluice_lease_claim, sluice_lease_commit). The locks (sluice_lease_lock) are not modelled: the
+ * named step: the budget (sluice_lease_budget) is the input's tokens and room; then pickQueue
+ * (sluice_lease_pick), fetchTurn (sluice_lease_fetch), applyQuota (sluice_lease_quota), recordTurn
+ * (the turn in sluice_lease), then commitPicks (sluice_lease_wake, sluice_lease_claim,
+ * sluice_lease_commit). The locks (sluice_lease_lock) are not modelled: the
  * model has no other transactions.
  */
 export function planPicks(input: LeaseInput): LeasePicks {
