@@ -364,6 +364,9 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         breakers,
         onLeased: (window, jobClass, jobs) => metrics.dispatched(window, jobClass, jobs),
         onSettled: ({ outcome, billed, reserved }) => metrics.attemptSettled(outcome, billed, reserved),
+        // A process that serves subscribers gives them its own settlements' final events at their
+        // commit, not when the NOTIFY comes back (a worker does not LISTEN: nothing to give).
+        ...(env.SLUICE_ROLE !== 'worker' ? { ownEvents: bus } : {}),
         log,
       });
       const reconciler = new Reconciler({ boss, intervalMs: env.RECONCILE_INTERVAL_SECONDS * 1000, log });
