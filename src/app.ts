@@ -24,7 +24,6 @@ import { createNotifier } from './alerts/notifier.ts';
 import { EventBus } from './events/bus.ts';
 import type { Services } from './graphql/context.ts';
 import { JobService } from './jobs/service.ts';
-import { WorkNotice } from './jobs/work-notice.ts';
 import type { Logger } from './log.ts';
 import { createProviderClient } from './provider/client.ts';
 import type { ProviderClient } from './provider/types.ts';
@@ -204,7 +203,6 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
     const webhookKeys = await webhookSecretKeys(sql, env, log);
     const keyChecksumSecret = await resolveKeyChecksumSecret(sql);
     const bus = new EventBus({ maxBuffer: env.SUBSCRIPTION_BUFFER_MAX });
-    const workNotice = new WorkNotice(sql, log);
     // Job events feed GraphQL subscriptions only. A worker serves none, so it does not LISTEN for
     // them: every event would otherwise be sent to and parsed by every worker (bench dispatch: the
     // worker processes' CPU per job fell from 0.16-0.27 ms to 0.14-0.24 ms with 1 to 4 workers).
@@ -235,7 +233,6 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       keyRotationOverlapSeconds: env.KEY_ROTATION_OVERLAP_SECONDS,
       jobs: new JobService({
         sql,
-        onWork: () => workNotice.wake(),
         boss,
         catalog,
         maxJobsPerSubmission: env.MAX_JOBS_PER_SUBMISSION,
@@ -416,9 +413,6 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       cleanups.push(() => webhooks.stop());
       await dispatcher.start();
       dispatcherUp = true;
-      // Work submitted here wakes this dispatcher at once, not when its notice comes back.
-      workNotice.setLocal(() => dispatcher.poke());
-      cleanups.push(async () => workNotice.setLocal(null));
       // Stops leasing, lets in-flight calls finish and settle within the grace; past it, their
       // attempt leases expire and a live node's sweeper settles them (never called twice).
       cleanups.push(() => {

@@ -46,9 +46,18 @@ export function retryRefusal(job: Pick<JobRow, 'id' | 'state'>): SluiceError | n
   return new SluiceError('NOT_RETRYABLE', `job ${job.id} is ${job.state}; only FAILED or CANCELLED jobs can be retried`, { state: job.state });
 }
 
-/** Channel the dispatcher listens on to wake up when new work arrives (work-notice.ts sends it). */
+/** Channel the dispatcher listens on to wake up when new work arrives. */
 export const WORK_CHANNEL = 'sluice_work';
 
+/**
+ * One notification per transaction, not one per tenant: every listener wakes
+ * once per group. The payload names the tenants with new work (comma-separated)
+ * while that fits a NOTIFY payload, else it is empty ("several").
+ */
+export function workPayload(tenantIds: readonly string[]): string {
+  const text = [...new Set(tenantIds)].join(',');
+  return text.length <= 7_000 ? text : '';
+}
 
 /** Submissions of at least this many jobs reserve their room and write outside the gate. */
 export const BULK_RESERVE_MIN = 500;
@@ -127,11 +136,6 @@ export interface JobServiceDeps {
   groupCommit?: { windowMs: number; maxItems: number };
   /** Counts refusals (metrics). */
   onRefused?: (code: string, jobClass: JobClass | null) => void;
-  /**
-   * Called after each commit that stored jobs: wakes the dispatchers (WorkNotice). The wake-up is
-   * not sent inside the submission's transaction (see work-notice.ts for why).
-   */
-  onWork?: () => void;
   /** Observes each committed group's size (metrics). */
   onGroupCommitted?: (size: number) => void;
   /** How long after a QUEUE_FULL refusal submissions (all, or the tenant's) are screened at the edge first (default 2,000 ms). */
@@ -262,7 +266,6 @@ export class JobService {
   /** One transaction for a group of submissions; one outcome per submission. */
   private async commit(subs: readonly Submission[]): Promise<Array<ItemResult<Outcome>>> {
     const outcomes = await this.inTransaction((tx) => this.decideAndWrite(tx, subs));
-    if (outcomes.some((o) => !(o instanceof SluiceError) && o.kind === 'accept')) this.deps.onWork?.();
     return outcomes.map((value) => ({ ok: true, value }));
   }
 
@@ -401,8 +404,8 @@ export class JobService {
   }
 
   /**
-   * Set-based writes of accepted jobs: jobs rows, pg-boss rows, ready marks
-   * (the work notice follows the commit: onWork), awaited with `also`: statements the caller has already
+   * Set-based writes of accepted jobs: jobs rows, pg-boss rows, ready marks,
+   * one work notice, awaited with `also`: statements the caller has already
    * sent (the gate's counts, a reservation's claim), so they run first.
    * Pipelined: one round trip for all of them. Postgres runs them in the order
    * sent (postgres.js sends a query when it is first awaited: array order
@@ -413,6 +416,7 @@ export class JobService {
     const [stored] = await Promise.all([
       insertJobsQueued(tx, accepted),
       markManyQueuesReady(tx, [...queues.values()]),
+      tx`select pg_notify(${WORK_CHANNEL}, ${workPayload(accepted.map((j) => j.tenantId))})`,
       ...also,
     ]);
     // A skipped row: a concurrent writer (a keyed bulk writes outside the gate) stored one of these
@@ -468,7 +472,6 @@ export class JobService {
         }
         this.enterCommit([sub], [decided.outcome]);
       });
-      this.deps.onWork?.();
     } catch (err) {
       // Give the room back now rather than at expiry (harmless if the insert did commit: nothing left to delete).
       await claimRoom(this.deps.sql, reservation).catch(() => {});
