@@ -69,6 +69,8 @@ export interface SluiceApp {
   generatedAdminToken: string | null;
   /** Tenants' request budgets as this process charges them (null: REQUEST_BUDGET_ENABLED=false). */
   requestBudget: RequestBudget | null;
+  /** This process's job events (tests read which copy of its own settlements' events it delivered). */
+  bus: EventBus;
   stop(): Promise<void>;
 }
 
@@ -364,6 +366,9 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
         breakers,
         onLeased: (window, jobClass, jobs) => metrics.dispatched(window, jobClass, jobs),
         onSettled: ({ outcome, billed, reserved }) => metrics.attemptSettled(outcome, billed, reserved),
+        // A process that serves subscribers gives them its own settlements' final events at their
+        // commit, not when the NOTIFY comes back (a worker does not LISTEN: nothing to give).
+        ...(env.SLUICE_ROLE !== 'worker' ? { ownEvents: bus } : {}),
         log,
       });
       const reconciler = new Reconciler({ boss, intervalMs: env.RECONCILE_INTERVAL_SECONDS * 1000, log });
@@ -434,7 +439,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       log.info({ nodeId, windows: windowSpecs.map((w) => ({ name: w.name, classes: w.classes, pacedPerMinute: w.pacedPerMinute })) }, 'dispatcher started');
     }
 
-    return { url, port, metricsPort, databaseUrl, simulator, generatedAdminToken: admin.generated, requestBudget: services.budget ?? null, stop };
+    return { url, port, metricsPort, databaseUrl, simulator, generatedAdminToken: admin.generated, requestBudget: services.budget ?? null, bus, stop };
   } catch (err) {
     await stop();
     throw err;

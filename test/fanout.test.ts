@@ -130,4 +130,112 @@ describe('final job states fan out with their row', () => {
       await sql.end({ timeout: 2 });
     }
   });
+
+  test("a process's own final event is delivered once, whichever copy comes first, and never from a settlement that failed", async () => {
+    const sql = postgres(t.databaseUrl, { max: 2, onnotice: () => {} });
+    const bus = new EventBus();
+    const tenantId = 'own-events';
+    const createdAt = new Date().toISOString();
+    const payload = (jobId: string, withRow = true) =>
+      JSON.stringify({ jobId, tenantId, state: 'SUCCEEDED', ...(withRow ? { job: { id: jobId, tenantId, createdAt, createdAtMicros: '0', state: 'SUCCEEDED', attempts: 1 } } : {}) });
+    const notify = (p: string) => sql`select pg_notify(${JOB_EVENTS_CHANNEL}, ${p})`;
+    const got: string[] = [];
+    const count = (jobId: string) => got.filter((id) => id === jobId).length;
+    // Notifications of one session arrive in order: once this marker is in, every NOTIFY before it was handled.
+    let markers = 0;
+    const drained = async () => {
+      const marker = `marker-${++markers}`;
+      await notify(JSON.stringify({ jobId: marker, tenantId, state: 'RUNNING' }));
+      await eventually(async () => got.includes(marker));
+    };
+    try {
+      await bus.start(sql);
+      const sub = bus.subscribe((e) => e.tenantId === tenantId);
+      void (async () => {
+        for await (const e of sub) got.push(e.jobId);
+      })();
+
+      // The statement's answer first: delivered from it; its NOTIFY, when it comes, is dropped.
+      bus.settling(['j1']);
+      bus.settled(['j1'], [payload('j1')]);
+      assert.equal(bus.ownDelivered, 1, "delivered from the settlement's own answer");
+      await eventually(async () => count('j1') === 1);
+      await notify(payload('j1'));
+      await drained();
+      assert.equal(count('j1'), 1, 'its NOTIFY was dropped');
+
+      // The NOTIFY first (the LISTEN connection beat the statement's answer): the answer's copy is dropped.
+      bus.settling(['j2']);
+      await notify(payload('j2'));
+      await eventually(async () => count('j2') === 1);
+      bus.settled(['j2'], [payload('j2')]);
+      await drained();
+      assert.equal(count('j2'), 1, "the statement's copy was dropped");
+      assert.equal(bus.ownDelivered, 1);
+      assert.equal(bus.twinsDropped, 2);
+
+      // A settlement that failed delivers nothing; the job's event from wherever it commits comes by NOTIFY.
+      bus.settling(['j3']);
+      bus.settled(['j3'], null);
+      await drained();
+      assert.equal(count('j3'), 0);
+      await notify(payload('j3'));
+      await eventually(async () => count('j3') === 1);
+
+      // Not announced before the statement (not this bus's settlement), or without its row: left to the NOTIFY.
+      bus.settled(['j4'], [payload('j4')]);
+      bus.settling(['j5']);
+      bus.settled(['j5'], [payload('j5', false)]);
+      await drained();
+      assert.equal(count('j4') + count('j5'), 0);
+      await notify(payload('j4'));
+      await notify(payload('j5', false));
+      await drained();
+      assert.equal(count('j4'), 1);
+      assert.equal(count('j5'), 1);
+      assert.equal(bus.ownDelivered, 1);
+      await sub.return?.();
+    } finally {
+      await bus.stop();
+      await sql.end({ timeout: 2 });
+    }
+  });
+
+  test("a settlement's final events reach its own process's subscribers once, and another process's by NOTIFY", async () => {
+    // An API-only process on the same database: it settles nothing, so it hears of every job by NOTIFY.
+    const other = await startTestApp({ DATABASE_URL: t.databaseUrl, SLUICE_ROLE: 'api' });
+    const finals = ['SUCCEEDED', 'FAILED', 'CANCELLED'];
+    const watch = (bus: EventBus) => {
+      const got: string[] = [];
+      const sub = bus.subscribe((e) => e.tenantId === tenant.id && finals.includes(e.state));
+      void (async () => {
+        for await (const e of sub) got.push(e.jobId);
+      })();
+      return { got, sub };
+    };
+    const here = t.app.bus;
+    const there = other.app.bus;
+    const dropped = here.twinsDropped;
+    const a = watch(here);
+    const b = watch(there);
+    try {
+      const ids: string[] = [];
+      for (let i = 0; i < 4; i++) {
+        const r = await t.gql(SUBMIT, { i: { api: 'dnslookup', params: { domain: `own-${i}.example` } } }, tenant.apiKey);
+        ids.push(r.body.data.submitJob.job.id as string);
+      }
+      await eventually(async () => ids.every((id) => a.got.includes(id) && b.got.includes(id)));
+      // Each own event's two copies met, in either order, and the second was dropped: the settling
+      // process had the payloads from its statement.
+      await eventually(async () => here.twinsDropped - dropped >= ids.length);
+      const mine = (got: string[]) => got.filter((id) => ids.includes(id)).sort();
+      assert.deepEqual(mine(a.got), [...ids].sort(), 'the settling process delivered each event once');
+      assert.deepEqual(mine(b.got), [...ids].sort(), 'the other process got each by NOTIFY, once');
+      assert.equal(there.ownDelivered + there.twinsDropped, 0, 'the other process had no copy of its own');
+    } finally {
+      await a.sub.return?.();
+      await b.sub.return?.();
+      await other.stop();
+    }
+  });
 });

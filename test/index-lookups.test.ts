@@ -60,11 +60,13 @@ test('submission, lease, settlement and fold look their rows up by key', async (
   assert.deepEqual(after, { running: total, depth: 0, deltas: 0 });
 
   plans = [];
-  const settled = await settleGroup(sql, leased.map((r) => ({
+  const { settled, events } = await settleGroup(sql, leased.map((r) => ({
     id: r.reservationId, tenantId: r.tenantId, billed: 1, outcome: 'billed',
     finish: { id: r.jobId, attempt: r.attempt, state: 'SUCCEEDED' as const, queue: r.queue, result: { data: { ok: true }, errorCode: null, errorMessage: null, httpStatus: 200, creditsBilled: 1, attempts: r.attempt } },
   })));
   assert.equal(settled.size, leased.length, 'the group settled every reservation');
+  // It hands back what it sent: one final-state payload per job, with its row.
+  assert.deepEqual(events.map((e) => (JSON.parse(e) as { jobId: string; state: string; job?: { state: string } })).map((e) => [e.jobId, e.state, e.job?.state]).sort(), leased.map((r) => [r.jobId, 'SUCCEEDED', 'SUCCEEDED']).sort());
   const settlePlans = plans;
 
   plans = [];

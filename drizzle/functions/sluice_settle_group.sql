@@ -9,7 +9,9 @@
 -- across them. The tenants' rows come after the jobs' here: the hot rows are held only for the end
 -- of the statement and its commit (a lease holds tenant rows, then waiting jobs; this holds RUNNING
 -- jobs under their locked reservations: the two never meet; the sweeper takes a reservation first
--- too). Returns the reservations it settled.
+-- too). Returns the reservations it settled (`id`, `event` null) and the payloads of the final-state
+-- events it sent (`event`, `id` null): they are sent at commit, and the caller delivers them to its
+-- own process's subscribers once the commit is acknowledged.
 -- No early return when nothing is live: every statement below runs, on empty sets, so a call with
 -- no items ('[]', src/scheduler/sql/reservations.ts warmSettleGroup) plans all of them and opens
 -- their tables and triggers on its connection before a real settlement needs them there.
@@ -19,7 +21,7 @@
 -- Generic plans, planned once per connection (see sluice_lease's planner settings): every call
 -- has a new jsonb list, and a custom plan of each statement at each call was planning work only.
 CREATE OR REPLACE FUNCTION sluice_settle_group(items jsonb)
- RETURNS SETOF uuid
+ RETURNS TABLE(id uuid, event text)
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET plan_cache_mode TO 'force_generic_plan'
@@ -29,6 +31,7 @@ DECLARE
   fin jsonb;
   done uuid[];
   settled jsonb;
+  sent text[];
 BEGIN
   SELECT coalesce(array_agg(r.id), '{}') INTO live FROM (
     SELECT r.id FROM reservations r
@@ -48,8 +51,8 @@ BEGIN
   -- The events before the tenants' rows: a NOTIFY is only queued here (sent at commit), and the
   -- tenants' rows, locked by sluice_release_settled, are then held only for the last steps and the
   -- commit.
-  PERFORM sluice_job_events((SELECT coalesce(jsonb_agg(jsonb_build_object('jobId', f->>'id', 'tenantId', f->>'tenant', 'state', f->>'state') ORDER BY o), '[]')
-    FROM jsonb_array_elements(fin) WITH ORDINALITY AS x(f, o) WHERE (f->>'id')::uuid = ANY (done)));
+  SELECT coalesce(array_agg(ev), '{}') INTO sent FROM sluice_job_events((SELECT coalesce(jsonb_agg(jsonb_build_object('jobId', f->>'id', 'tenantId', f->>'tenant', 'state', f->>'state') ORDER BY o), '[]')
+    FROM jsonb_array_elements(fin) WITH ORDINALITY AS x(f, o) WHERE (f->>'id')::uuid = ANY (done))) ev;
   PERFORM sluice_release_settled(settled);
-  RETURN QUERY SELECT unnest(live);
+  RETURN QUERY SELECT l, NULL::text FROM unnest(live) l UNION ALL SELECT NULL::uuid, s FROM unnest(sent) s;
 END $function$;

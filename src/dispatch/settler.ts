@@ -18,7 +18,7 @@ import type { Logger } from 'pino';
 import type postgres from 'postgres';
 import type { PgBoss } from 'pg-boss';
 import type { Sql } from '../db/client.ts';
-import { publishJobEvents, type JobEvent } from '../events/bus.ts';
+import { publishJobEvents, type JobEvent, type OwnEvents } from '../events/bus.ts';
 import { requeueJob, upsertResult } from '../jobs/store.ts';
 import { reactionTo } from '../provider/classify.ts';
 import type { CallOutcome } from '../provider/types.ts';
@@ -119,6 +119,11 @@ export interface SettlerOptions {
    * behind a transaction-mode pooler, where a statement may land on any server connection.
    */
   warmConnections?: number | undefined;
+  /**
+   * This process's event bus, when it serves subscribers: a settlement's final events are delivered
+   * to them as soon as its commit is acknowledged, not when their NOTIFY comes back (EventBus).
+   */
+  ownEvents?: OwnEvents | undefined;
   /** Called once per attempt when its outcome is planned and billed, as it is queued to settle. */
   onSettled?: ((s: SettledAttempt) => void) | undefined;
   log: Logger;
@@ -244,9 +249,14 @@ export class Settler {
         for (let k = take.length - 1; k >= 0; k--) this.queue.splice(take[k]!, 1);
         const held = units.flatMap((u) => u.tenants);
         for (const t of held) this.settlingTenants.add(t);
+        const jobIds = this.options.ownEvents ? units.flatMap((u) => u.items.map((x) => x.attempt.job.id)) : [];
+        this.options.ownEvents?.settling(jobIds);
         try {
           try {
-            await this.apply(units);
+            await this.apply(units, jobIds);
+          } catch (err) {
+            this.options.ownEvents?.settled(jobIds, null);
+            throw err;
           } finally {
             // The transaction is over: its tenants' rows are free for the other flushers.
             for (const t of held) this.settlingTenants.delete(t);
@@ -355,17 +365,15 @@ export class Settler {
    * (re-inserted in pg-boss) or an account signal runs in a transaction: it
    * takes the same locks first, requeues, then the same settleGroup call.
    */
-  private async apply(units: readonly PendingSettle[]): Promise<void> {
+  private async apply(units: readonly PendingSettle[], jobIds: readonly string[]): Promise<void> {
     const { sql, log } = this.options;
     const items = units.flatMap((u) => u.items);
     // react() acts on exactly the put-back signals (rate limit, credits, key).
     const oneCall = items.every((x) => x.settlement.plan.action !== 'requeue') && units.every((u) => u.reactions.every((o) => reactionTo(o) !== 'put_back'));
-    let settled: Set<string>;
-    if (oneCall) {
-      settled = await settleGroup(sql, items.map(groupItem));
-    } else {
-      settled = await this.settleInTransaction(units, items);
-    }
+    // Committed once the call resolves (a lone statement commits before its answer; sql.begin
+    // resolves after its COMMIT): the final events go to this process's subscribers now.
+    const { settled, events } = oneCall ? await settleGroup(sql, items.map(groupItem)) : await this.settleInTransaction(units, items);
+    this.options.ownEvents?.settled(jobIds, events);
     // Found settled already: by this settlement's own earlier try (nothing to do), or by the
     // sweeper when the lease expired first: reconciled, never dropped (dispatch/late-settlement.ts).
     // A failure here retries the whole unit, which then finds every reservation settled: fenced.
@@ -388,7 +396,7 @@ export class Settler {
   }
 
   /** A settlement group with a retry, a put-back or an account signal: the same locks first, requeues, then settleGroup. */
-  private async settleInTransaction(units: readonly PendingSettle[], items: readonly SettleItem[]): Promise<Set<string>> {
+  private async settleInTransaction(units: readonly PendingSettle[], items: readonly SettleItem[]): Promise<{ settled: Set<string>; events: string[] }> {
     return this.options.sql.begin(async (tx) => {
       const live = await lockOpenReservations(
         tx,
@@ -407,7 +415,7 @@ export class Settler {
         const x = requeues[i]!;
         events.push(...(await this.requeue(tx, x.attempt, x.outcome, x.settlement)));
       }
-      await settleGroup(tx, settling.map(groupItem));
+      const { events: sent } = await settleGroup(tx, settling.map(groupItem));
       // A provider signal is about the account, whoever's attempt carried it: react even when
       // superseded. Windows (by name) before account_state: the lock order.
       const reactions = units.flatMap((u) => u.reactions.map((outcome) => ({ window: u.window, outcome })));
@@ -415,7 +423,7 @@ export class Settler {
         await this.react(tx, reactions[i]!.window, reactions[i]!.outcome);
       }
       await publishJobEvents(tx, events);
-      return live;
+      return { settled: live, events: sent };
     });
   }
 

@@ -12,6 +12,13 @@
  * event per process was what made fan-out slow. A row too big for
  * a NOTIFY payload travels as ids only, and each process then reads it ONCE
  * for all the subscribers the event wakes (`jobOf`).
+ *
+ * A process that settles a job hears of the commit twice: the settling statement hands back the
+ * payloads it sent (sluice_settle_group), and the NOTIFY comes back on the LISTEN connection. It
+ * delivers a final event from whichever comes first (`settling` / `settled`: its own copy only once
+ * the commit is acknowledged), and drops the other copy, so its subscribers get each event once,
+ * without waiting for the NOTIFY's trip through Postgres and the LISTEN connection. Other processes
+ * get it by NOTIFY only.
  */
 import { endSpan, SpanKind, startSpan, tracing } from '../tracing/tracer.ts';
 import type postgres from 'postgres';
@@ -119,9 +126,41 @@ export interface SubscriberSocket {
 /** Close code for a subscriber whose buffer overflowed (src/events/subscriptions.ts lists the codes). */
 export const SLOW_CONSUMER_CLOSE = 4408;
 
-export class EventBus {
+/**
+ * How long a copy of this process's own final event waits for its twin (OwnEvents) before it is
+ * forgotten: the twin is the NOTIFY of a commit already made, normally a few ms behind. One coming
+ * later than this (a LISTEN connection that lagged this long) would be delivered a second time.
+ */
+export const OWN_EVENT_TTL_MS = 30_000;
+
+/**
+ * A final event of this process's own settlement, by job id: `pending` while its statement runs,
+ * then which copy was delivered (`notify`: the NOTIFY came first; `own`: the statement's result
+ * did), with its payload, until the other copy comes.
+ */
+interface OwnEvent {
+  via: 'pending' | 'notify' | 'own';
+  payload: string | null;
+  at: number;
+}
+
+/** What the settler tells the bus about its own settlements (EventBus implements it). */
+export interface OwnEvents {
+  /** Before a settling statement: these jobs may get a final event from this process. */
+  settling(jobIds: readonly string[]): void;
+  /** After it: the payloads it sent, committed (null: it failed, and this process delivers nothing of it). */
+  settled(jobIds: readonly string[], payloads: readonly string[] | null): void;
+}
+
+export class EventBus implements OwnEvents {
   private readonly listeners = new Set<Listener>();
   private unlisten: (() => Promise<void>) | null = null;
+  /** This process's own final events whose other copy may still come (OwnEvent), oldest first. */
+  private readonly own = new Map<string, OwnEvent>();
+  /** Final events this process delivered from its own settlement's result, before their NOTIFY (for tests and metrics). */
+  ownDelivered = 0;
+  /** Copies of an event already delivered, dropped (for tests and metrics). */
+  twinsDropped = 0;
   /** Events one subscriber may have waiting (SUBSCRIPTION_BUFFER_MAX); past it the subscriber is closed. */
   readonly maxBuffer: number;
   /** Subscribers closed for being too slow (for metrics and tests). */
@@ -163,10 +202,17 @@ export class EventBus {
       (payload) => {
         const event = eventFromPayload(payload);
         if (!event) return;
-        let pushed = 0;
-        for (const listener of this.listeners) if (listener(event)) pushed++;
-        // A traced job's event (its row carries its traceparent) pushed to subscribers here: one span in its trace.
-        if (pushed > 0 && tracing.on && event.job?.traceParent) pushSpan(event, event.job.traceParent, pushed);
+        const mine = event.job ? this.own.get(event.jobId) : undefined;
+        if (mine) {
+          if (mine.via === 'own' && mine.payload === payload) {
+            // Its settlement's result delivered it already.
+            this.own.delete(event.jobId);
+            this.twinsDropped++;
+            return;
+          }
+          if (mine.via === 'pending') Object.assign(mine, { via: 'notify', payload });
+        }
+        this.deliver(event);
       },
       // postgres.js re-LISTENs by itself when its connection comes back; this runs each time.
       () => {
@@ -185,6 +231,58 @@ export class EventBus {
   async stop(): Promise<void> {
     await this.unlisten?.();
     this.unlisten = null;
+    this.own.clear();
+  }
+
+  /** An event to every subscriber whose filter takes it. */
+  private deliver(event: JobEvent): void {
+    let pushed = 0;
+    for (const listener of this.listeners) if (listener(event)) pushed++;
+    // A traced job's event (its row carries its traceparent) pushed to subscribers here: one span in its trace.
+    if (pushed > 0 && tracing.on && event.job?.traceParent) pushSpan(event, event.job.traceParent, pushed);
+  }
+
+  /** Forgets own events whose twin did not come within OWN_EVENT_TTL_MS (the map is oldest first). */
+  private forgetOld(now: number): void {
+    for (const [jobId, e] of this.own) {
+      if (e.at > now - OWN_EVENT_TTL_MS) return;
+      this.own.delete(jobId);
+    }
+  }
+
+  settling(jobIds: readonly string[]): void {
+    // Not listening (stopped, or never started): there is no NOTIFY copy to pair with.
+    if (!this.unlisten) return;
+    const now = Date.now();
+    this.forgetOld(now);
+    for (const jobId of jobIds) {
+      // Delivered by an earlier try of this settlement whose NOTIFY is still to come: kept, so that
+      // copy is dropped (this try finds the job settled and sends nothing).
+      if (this.own.get(jobId)?.via === 'own') continue;
+      this.own.delete(jobId);
+      this.own.set(jobId, { via: 'pending', payload: null, at: now });
+    }
+  }
+
+  settled(jobIds: readonly string[], payloads: readonly string[] | null): void {
+    for (const payload of payloads ?? []) {
+      const event = eventFromPayload(payload);
+      const mine = event ? this.own.get(event.jobId) : undefined;
+      // Delivered only while its NOTIFY has not come: a copy without its row is left to the NOTIFY
+      // (read once there), and so is one this process did not announce (not listening).
+      if (!event?.job || mine?.via !== 'pending') continue;
+      Object.assign(mine, { via: 'own', payload });
+      this.ownDelivered++;
+      this.deliver(event);
+    }
+    for (const jobId of jobIds) {
+      const mine = this.own.get(jobId);
+      if (!mine || mine.via === 'own') continue;
+      // No event of its own (superseded, requeued, too big, or the statement failed), or its
+      // NOTIFY came first and delivered it: nothing more to pair.
+      if (mine.via === 'notify' && payloads?.includes(mine.payload!)) this.twinsDropped++;
+      this.own.delete(jobId);
+    }
   }
 
   /**

@@ -120,16 +120,23 @@ export interface SettleGroupItem extends SettleRow {
  * state (result and pg-boss ack with it, I6), queues the events of the jobs
  * it finished, then settles the reservations (sluice_settle: their tenants'
  * rows, taken last so they are held only to the commit; the ledger; the
- * window's slot deltas). Returns the reservations it settled; the
- * others were settled already (a superseded attempt changes nothing). With
+ * window's slot deltas). Returns the reservations it settled (the
+ * others were settled already: a superseded attempt changes nothing) and
+ * the NOTIFY payloads of the final states it sent, sent at commit. With
  * `sql` outside a transaction this is the whole settlement: one round trip,
  * no transaction held open between round trips.
  */
-export async function settleGroup(sql: Tx, items: readonly SettleGroupItem[]): Promise<Set<string>> {
-  if (items.length === 0) return new Set();
+export async function settleGroup(sql: Tx, items: readonly SettleGroupItem[]): Promise<{ settled: Set<string>; events: string[] }> {
+  if (items.length === 0) return { settled: new Set(), events: [] };
   const rows = items.map((x) => ({ rid: x.id, tenant: x.tenantId, billed: x.billed, outcome: x.outcome, ...(x.finish ? { finish: finishItem(x.finish) } : {}) }));
-  const out = await sql`select sluice_settle_group(${sql.json(rows as never)}::jsonb) as id`;
-  return new Set(out.map((r) => r.id as string));
+  const out = await sql`select id, event from sluice_settle_group(${sql.json(rows as never)}::jsonb)`;
+  const settled = new Set<string>();
+  const events: string[] = [];
+  for (const r of out) {
+    if (r.id !== null) settled.add(r.id as string);
+    else if (r.event !== null) events.push(r.event as string);
+  }
+  return { settled, events };
 }
 
 /**
@@ -146,7 +153,7 @@ export async function warmSettleGroup(sql: Sql, connections: number): Promise<vo
     Array.from({ length: connections }, async () => {
       const conn = await sql.reserve();
       try {
-        await conn`select sluice_settle_group(${conn.json([] as never)}::jsonb) as id`;
+        await conn`select id, event from sluice_settle_group(${conn.json([] as never)}::jsonb)`;
       } finally {
         conn.release();
       }
