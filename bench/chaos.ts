@@ -548,7 +548,7 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
     const mismatchAttempts = mismatchIds.length === 0 ? [] : await sql`
       select j.idempotency_key as key, x.attempt, x.outcome, x.billed, x.credits,
              (extract(epoch from x.created_at) * 1000 - ${t0})::int as leased_ms,
-             (extract(epoch from x.sent_at) * 1000 - ${t0})::int as sent_ms,
+             (extract(epoch from (select s.sent_at from lease_sends s where s.lease_id = x.lease_id and x.id <> all(coalesce(s.riders, '{}')))) * 1000 - ${t0})::int as sent_ms,
              (extract(epoch from x.settled_at) * 1000 - ${t0})::int as settled_ms,
              x.reconciled_at is not null as reconciled
       from reservations x join jobs j on j.id = x.job_id where x.job_id = any(${mismatchIds}::uuid[]) order by 1, 2`;

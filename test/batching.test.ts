@@ -317,7 +317,7 @@ describe('a worker killed mid-batch', () => {
       // A batch item's duplicates ride on its first attempt: only that one is marked sent, so the
       // expiry bills one attempt per input of the lost call, as the provider billed, not each duplicate.
       const marks = await sql`
-        select j.params->>'domain' as domain, count(*)::int as n, count(r.sent_at)::int as sent from reservations r join jobs j on j.id = r.job_id
+        select j.params->>'domain' as domain, count(*)::int as n, count((select s.sent_at from lease_sends s where s.lease_id = r.lease_id and r.id <> all(coalesce(s.riders, '{}'))))::int as sent from reservations r join jobs j on j.id = r.job_id
         join nodes n on n.id = r.node_id where n.pid = ${victim.pid} and r.settled_at is null group by 1`;
       // One batch call holds one pool slot: the lost attempts are one call, so each input went upstream once.
       const [calls] = await sql`select count(*) filter (where r.window_slot)::int as n from reservations r join nodes n on n.id = r.node_id where n.pid = ${victim.pid}`;
