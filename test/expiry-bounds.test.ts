@@ -220,7 +220,7 @@ describe('the expiry path on a real Postgres', () => {
     // The mark first: the expiry's claim waits for it, then reads the lease's row again and finds
     // it marked, with the mark's longer lease: it takes nothing.
     const second = await lease(false);
-    assert.equal(second.length, ids.length, 'the refunded jobs were put back');
+    assert.equal(second.filter((r) => r.tenantId === tenant.id).length, 2, 'the refunded jobs were put back');
     const ids2 = second.map((r) => r.reservationId);
     await expireAll();
     let expiring: Promise<unknown[]> | undefined;
