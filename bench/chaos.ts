@@ -454,11 +454,11 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
     const jobRows = await sql`
       select j.id, j.tenant_id, j.state, j.attempts, j.idempotency_key,
              (extract(epoch from j.finished_at) * 1000)::float8 as finished_ms,
-             coalesce(r.credits_billed, 0)::int as credits_billed,
+             coalesce(j.credits_billed, 0)::int as credits_billed,
              (select count(*)::int from reservations x where x.job_id = j.id) as reservations,
              (select coalesce(sum(x.billed), 0)::int from reservations x where x.job_id = j.id) as reservations_billed,
              (select count(*)::int from reservations x where x.job_id = j.id and x.outcome = 'node_lost' and x.reconciled_at is null) as lost_with_worker
-      from jobs j left join job_results r on r.job_id = j.id`;
+      from jobs j`;
     const jobs: JobRecord[] = jobRows.map((r) => ({
       id: r.id as string,
       tag: tagOfKey(r.idempotency_key as string | null),

@@ -1,7 +1,7 @@
 /**
  * Sluice's own tables (pg-boss owns the `pgboss` schema). Each table has one
  * owning TypeScript module that writes it (tenants and tenant_api_keys →
- * src/tenants/store.ts, jobs and job_results → src/jobs/store.ts, settings →
+ * src/tenants/store.ts, jobs → src/jobs/store.ts, settings →
  * src/db/settings.ts, the scheduler's tables → src/scheduler/sql/<table>.ts, ...),
  * and the SQL functions that write it own their own statements: the whole map
  * is docs/ARCHITECTURE.md "Who writes each table" (test/table-owners.test.ts).
@@ -131,6 +131,17 @@ export const jobs = pgTable(
     runAfter: timestamp('run_after', { withTimezone: true }).notNull().defaultNow(),
     startedAt: timestamp('started_at', { withTimezone: true }),
     finishedAt: timestamp('finished_at', { withTimezone: true }),
+    /**
+     * Its result (invariant I6: one per job id), on its own row: written by the update that
+     * finishes it (sluice_finish_jobs), or by a put-back that keeps the last attempt's outcome, not
+     * by a row of another table inserted per finished job.
+     */
+    result: jsonb('result'),
+    errorCode: text('error_code'),
+    errorMessage: text('error_message'),
+    httpStatus: integer('http_status'),
+    /** What its attempts were billed (I11), added by the statement that settles each; null: 0. */
+    creditsBilled: integer('credits_billed'),
     ...timestamps,
   },
   (t) => [
@@ -143,27 +154,12 @@ export const jobs = pgTable(
     index('jobs_waiting_created_idx').on(t.createdAt, t.id).where(sql`${t.state} in ('QUEUED', 'WAITING_QUOTA')`),
     // Retention's walk over finished jobs.
     index('jobs_finished_idx').on(t.finishedAt).where(sql`${t.state} in ('SUCCEEDED', 'FAILED', 'CANCELLED')`),
+    // The alert on jobs whose attempts kept being lost reads the last hour of them: a tiny index.
+    index('jobs_attempt_lost_idx').on(t.finishedAt).where(sql`${t.errorCode} = 'ATTEMPT_LOST'`),
     check('jobs_priority_check', sql`${t.priority} in ('INTERACTIVE', 'STANDARD', 'BULK')`),
     check('jobs_state_check', sql`${t.state} in ('QUEUED', 'WAITING_QUOTA', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED')`),
   ],
 );
-
-/** One row per job, written with an upsert keyed by job id (invariant I6). */
-export const jobResults = pgTable('job_results', {
-  jobId: uuid('job_id')
-    .primaryKey()
-    .references(() => jobs.id, { onDelete: 'cascade' }),
-  data: jsonb('data'),
-  errorCode: text('error_code'),
-  errorMessage: text('error_message'),
-  httpStatus: integer('http_status'),
-  creditsBilled: integer('credits_billed').notNull().default(0),
-  attempts: integer('attempts').notNull().default(0),
-  ...timestamps,
-}, (t) => [
-  // The alert on jobs whose attempts kept being lost reads the last hour of them: a tiny index.
-  index('job_results_attempt_lost_idx').on(t.updatedAt).where(sql`${t.errorCode} = 'ATTEMPT_LOST'`),
-]);
 
 /** Small process-wide values that must survive restarts (e.g. the admin token's hash). */
 export const settings = pgTable('settings', {
