@@ -454,11 +454,11 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
     const jobRows = await sql`
       select j.id, j.tenant_id, j.state, j.attempts, j.idempotency_key,
              (extract(epoch from j.finished_at) * 1000)::float8 as finished_ms,
-             coalesce(r.credits_billed, 0)::int as credits_billed,
+             coalesce(j.credits_billed, 0)::int as credits_billed,
              (select count(*)::int from reservations x where x.job_id = j.id) as reservations,
              (select coalesce(sum(x.billed), 0)::int from reservations x where x.job_id = j.id) as reservations_billed,
              (select count(*)::int from reservations x where x.job_id = j.id and x.outcome = 'node_lost' and x.reconciled_at is null) as lost_with_worker
-      from jobs j left join job_results r on r.job_id = j.id`;
+      from jobs j`;
     const jobs: JobRecord[] = jobRows.map((r) => ({
       id: r.id as string,
       tag: tagOfKey(r.idempotency_key as string | null),
@@ -548,7 +548,7 @@ export async function run(_pg: BenchPostgres, flags: FlagReader) {
     const mismatchAttempts = mismatchIds.length === 0 ? [] : await sql`
       select j.idempotency_key as key, x.attempt, x.outcome, x.billed, x.credits,
              (extract(epoch from x.created_at) * 1000 - ${t0})::int as leased_ms,
-             (extract(epoch from x.sent_at) * 1000 - ${t0})::int as sent_ms,
+             (extract(epoch from (select s.sent_at from lease_sends s where s.lease_id = x.lease_id and x.id <> all(coalesce(s.riders, '{}')))) * 1000 - ${t0})::int as sent_ms,
              (extract(epoch from x.settled_at) * 1000 - ${t0})::int as settled_ms,
              x.reconciled_at is not null as reconciled
       from reservations x join jobs j on j.id = x.job_id where x.job_id = any(${mismatchIds}::uuid[]) order by 1, 2`;

@@ -95,7 +95,7 @@ describe('batches against the simulator', () => {
     const [ledger] = await sql`select billed, refunded from tenant_ledger where tenant_id = ${tenant.id}`;
     assert.equal(Number(ledger!.billed), 50);
     assert.equal(Number(ledger!.refunded), 100, "the duplicates' reservations were refunded");
-    const results = await sql`select j.params->>'email' as email, r.data, r.credits_billed from jobs j join job_results r on r.job_id = j.id where j.tenant_id = ${tenant.id}`;
+    const results = await sql`select j.params->>'email' as email, j.result as data, j.credits_billed from jobs j where j.tenant_id = ${tenant.id}`;
     assert.equal(results.length, 30, 'a result for every job');
     const byEmail = new Map<string, unknown>();
     for (const r of results) {
@@ -104,7 +104,7 @@ describe('batches against the simulator', () => {
       if (seen) assert.deepEqual(r.data, seen, 'duplicates share the result');
       else byEmail.set(r.email as string, r.data);
     }
-    const [billedRows] = await sql`select count(*)::int as n from job_results r join jobs j on j.id = r.job_id where j.tenant_id = ${tenant.id} and r.credits_billed > 0`;
+    const [billedRows] = await sql`select count(*)::int as n from jobs j where j.tenant_id = ${tenant.id} and j.credits_billed > 0`;
     assert.equal(billedRows!.n, 10);
     await assertJobsAccountedFor(sql);
     await assertLedgerBalances(sql);
@@ -317,7 +317,7 @@ describe('a worker killed mid-batch', () => {
       // A batch item's duplicates ride on its first attempt: only that one is marked sent, so the
       // expiry bills one attempt per input of the lost call, as the provider billed, not each duplicate.
       const marks = await sql`
-        select j.params->>'domain' as domain, count(*)::int as n, count(r.sent_at)::int as sent from reservations r join jobs j on j.id = r.job_id
+        select j.params->>'domain' as domain, count(*)::int as n, count((select s.sent_at from lease_sends s where s.lease_id = r.lease_id and r.id <> all(coalesce(s.riders, '{}'))))::int as sent from reservations r join jobs j on j.id = r.job_id
         join nodes n on n.id = r.node_id where n.pid = ${victim.pid} and r.settled_at is null group by 1`;
       // One batch call holds one pool slot: the lost attempts are one call, so each input went upstream once.
       const [calls] = await sql`select count(*) filter (where r.window_slot)::int as n from reservations r join nodes n on n.id = r.node_id where n.pid = ${victim.pid}`;
@@ -340,7 +340,7 @@ describe('a worker killed mid-batch', () => {
       // node_lost: sent; never_sent: leased but not yet marked sent when the worker died (refunded).
       const [swept] = await sql`select count(*)::int as n from reservations where outcome in ('node_lost', 'never_sent')`;
       assert.ok(swept!.n >= 10, 'the lost reservations were settled by the sweeper');
-      const [results] = await sql`select count(*)::int as n from job_results`;
+      const [results] = await sql`select count(*)::int as n from jobs where result is not null or error_code is not null`;
       assert.equal(results!.n, 40, 'one result per job');
       const [ledger] = await sql`select coalesce(sum(billed), 0)::int as n from tenant_ledger`;
       assert.ok(ledger!.n >= slow.stats().totals.creditsBilled, 'the ledger covers every credit the provider billed');

@@ -4,7 +4,8 @@
  *    ATTEMPT_LOST once past its attempt limit, billed by the timeout rule for each sent attempt;
  *  - one expired reservation whose settlement always fails (a drifted counter) is isolated and
  *    recorded, and the others of its batch are settled;
- *  - the reconciler's walk over waiting jobs is an index range, not a sort of the backlog.
+ *  - the reconciler's walk over waiting jobs is an index range, not a sort of the backlog;
+ *  - a lease's sent mark and its expiry cannot both win, whichever comes first.
  * Attempts are leased straight from sluice_lease on a window of the test's own (no dispatcher),
  * and the sweeper is the real one, driven round by round.
  */
@@ -18,7 +19,7 @@ import { leaseCosts } from '../src/scheduler/lease.ts';
 import { createLogger } from '../src/log.ts';
 import { startBoss } from '../src/queue/boss.ts';
 import { Sweeper } from '../src/scheduler/sweeper.ts';
-import { leaseJobs, markSent, failedExpiries } from '../src/scheduler/sql/reservations.ts';
+import { leaseJobs, markSent, failedExpiries, lockExpiredReservations } from '../src/scheduler/sql/reservations.ts';
 import { recentAttemptLost } from '../src/jobs/store.ts';
 import { waitingBatch } from '../src/scheduler/reconcile.ts';
 import { desiredAlerts } from '../src/alerts/rules.ts';
@@ -178,6 +179,66 @@ describe('the expiry path on a real Postgres', () => {
     await sql`update reservations set expiry_failed_at = now() - interval '1 hour' where id = ${badRow.reservationId}`;
     assert.equal((await sweeper.sweepOnce()).released, 1);
     assert.deepEqual(await failedExpiries(sql), { count: 0, ids: [] });
+  });
+
+  /** Resolves once a statement containing `marker` waits for a lock (the other side's insert of the lease's row). */
+  async function blockedOn(marker: string) {
+    for (let i = 0; i < 500; i++) {
+      const [w] = await sql`select count(*)::int as n from pg_stat_activity where wait_event_type = 'Lock' and query like ${'%' + marker + '%'}`;
+      if (w!.n > 0) return;
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    assert.fail(`no statement with ${marker} waited for a lock`);
+  }
+
+  test("a lease's sent mark and its expiry cannot both win: whichever inserts the lease's row first decides", async () => {
+    const tenant = await t.createTenant('mark-or-expiry', 'PRO');
+    const submit = async (n: number) => {
+      for (let i = 0; i < n; i++) assert.ok((await t.gql(SUBMIT, { i: { api: 'dnslookup', params: { domain: `race${i}.example` } } }, tenant.apiKey)).body.data);
+    };
+    // The expiry first: its claim holds the lease's row while the mark tries; the mark then fences
+    // nothing (no call is sent), and the expiry refunds the lease as never sent.
+    // (The lease takes every ready job, earlier tests' put-back ones too: all are one lease.)
+    await submit(2);
+    const first = await lease(false);
+    assert.ok(first.filter((r) => r.tenantId === tenant.id).length === 2);
+    const ids = first.map((r) => r.reservationId);
+    await expireAll();
+    let marking: Promise<Set<string>> | undefined;
+    const claimed = await sql.begin(async (tx) => {
+      const locked = await lockExpiredReservations(tx, ids);
+      marking = markSent(sql, ids, [], 60);
+      await blockedOn('sluice_mark_sent');
+      return locked;
+    });
+    assert.deepEqual(claimed.map((r) => r.sent), ids.map(() => false), 'the expiry claimed the lease as never sent');
+    assert.deepEqual([...(await marking!)], [], 'the mark after the claim fences nothing: no call of the lease is sent');
+    assert.equal((await sweeper.sweepOnce()).released, ids.length);
+    const refunded = await sql`select outcome, billed from reservations where id = any(${ids}::uuid[])`;
+    assert.deepEqual(refunded.map((r) => [r.outcome, r.billed]), ids.map(() => ['never_sent', 0]));
+
+    // The mark first: the expiry's claim waits for it, then reads the lease's row again and finds
+    // it marked, with the mark's longer lease: it takes nothing.
+    const second = await lease(false);
+    assert.equal(second.filter((r) => r.tenantId === tenant.id).length, 2, 'the refunded jobs were put back');
+    const ids2 = second.map((r) => r.reservationId);
+    await expireAll();
+    let expiring: Promise<unknown[]> | undefined;
+    const fenced = await sql.begin(async (tx) => {
+      const [{ n }] = await tx`select count(*)::int as n from sluice_mark_sent(${ids2}::uuid[], '{}'::uuid[], 60)` as unknown as [{ n: number }];
+      expiring = sql.begin((tx2) => lockExpiredReservations(tx2, ids2));
+      await blockedOn('insert into lease_sends');
+      return n;
+    });
+    assert.equal(fenced, ids2.length, 'the mark fenced them all');
+    assert.deepEqual(await expiring!, [], "the expiry, after the mark's commit, finds the lease alive");
+    assert.equal((await sweeper.sweepOnce()).released, 0, 'nothing of a marked lease expires before its mark says');
+    // Once the mark's lease runs out too, the lease is billed as sent (the timeout rule).
+    await sql`update lease_sends set lease_expires_at = now() - interval '1 second' where lease_id in (select lease_id from reservations where id = any(${ids2}::uuid[]))`;
+    assert.equal((await sweeper.sweepOnce()).released, ids2.length);
+    const billed = await sql`select outcome from reservations where id = any(${ids2}::uuid[])`;
+    assert.deepEqual(billed.map((r) => r.outcome), ids2.map(() => 'node_lost'));
+    await assertLedgerBalances(sql);
   });
 
   test("the reconciler's walk over 100,000 waiting jobs is an index range in its order, not a sort", async () => {

@@ -82,7 +82,7 @@ describe('a settlement whose connection is killed mid-transaction', () => {
         if nextval('test_settle_kills') <= 3 then perform pg_terminate_backend(pg_backend_pid()); perform pg_sleep(5); end if;
         return new;
       end $$`);
-    await sql.unsafe(`create trigger test_kill_settlement before insert on job_results for each row execute function test_kill_settlement()`);
+    await sql.unsafe(`create trigger test_kill_settlement before update on jobs for each row when (new.state in ('SUCCEEDED', 'FAILED') and old.state = 'RUNNING') execute function test_kill_settlement()`);
     const tenant = await t.createTenant('killed-settle', 'PRO');
     const ids = await submit(t, tenant.apiKey, dns(5, 'k'));
     await eventually(() => allFinal(sql), 60_000, 100);
@@ -207,7 +207,7 @@ describe('cancels, submissions, leases and settlements racing', () => {
     assert.equal(states.CANCELLED ?? 0, cancelled, 'every accepted cancel cancelled its job');
     assert.equal((states.CANCELLED ?? 0) + (states.SUCCEEDED ?? 0), ids.length);
     assert.equal(sim.stats().keys[sim.apiKey]!.calls, states.SUCCEEDED ?? 0, 'a call per job that ran, none for a cancelled one');
-    const [ranCancelled] = await sql`select count(*)::int as n from jobs j where j.state = 'CANCELLED' and (exists (select 1 from reservations r where r.job_id = j.id) or exists (select 1 from job_results r where r.job_id = j.id))`;
+    const [ranCancelled] = await sql`select count(*)::int as n from jobs j where j.state = 'CANCELLED' and (exists (select 1 from reservations r where r.job_id = j.id) or j.result is not null or j.error_code is not null)`;
     assert.equal(ranCancelled!.n, 0, 'no cancelled job was leased');
     const [bossLive] = await sql`select count(*)::int as n from pgboss.job b join jobs j on j.id = b.id where j.state = 'CANCELLED' and b.state not in ('cancelled', 'completed')`;
     assert.equal(bossLive!.n, 0, "a cancelled job is not left for pg-boss to hand out");

@@ -15,7 +15,7 @@ import { startTestApp, type TestApp } from './helpers/app.ts';
 import { leaseOnce, queueJobs, unlimitedWindow } from './helpers/lease.ts';
 
 const WINDOW = 'index-lookups';
-const HOT = /Seq Scan on (jobs|sched_tenants|sched_queues|tenant_ledger|reservations|job_results|tenants)\s/;
+const HOT = /Seq Scan on (jobs|sched_tenants|sched_queues|tenant_ledger|reservations|lease_sends|tenants)\s/;
 
 let t: TestApp;
 let plans: string[] = [];
@@ -109,7 +109,7 @@ test('the settlement warm-up runs every statement of the settlement on empty set
   // Each step of sluice_settle_group and what it calls was planned and run on this connection,
   // the last ones included (the tenants' rows, the ledger, the window's slots): the steps an early
   // return on nothing to settle used to skip, so a first real settlement planned them.
-  for (const statement of [/FOR UPDATE/, /UPDATE jobs j SET state/, /INSERT INTO job_results/, /UPDATE pgboss\.job j SET completed_on/, /UPDATE reservations r SET settled_at/, /INSERT INTO usage_deltas/, /pg_notify\('sluice_job_events'/, /FROM sched_tenants t/, /UPDATE tenant_ledger l/, /INSERT INTO window_slot_deltas/]) {
+  for (const statement of [/FOR UPDATE/, /UPDATE jobs j SET state/, /UPDATE jobs j SET credits_billed/, /UPDATE pgboss\.job j SET completed_on/, /UPDATE reservations r SET settled_at/, /INSERT INTO usage_deltas/, /pg_notify\('sluice_job_events'/, /FROM sched_tenants t/, /UPDATE tenant_ledger l/, /INSERT INTO window_slot_deltas/]) {
     assert.match(all, statement);
   }
   assert.deepEqual(scans(plans), [], 'the warm-up scanned a whole hot table');

@@ -228,14 +228,14 @@ describe('one worker cut off from Postgres while another still reaches it', () =
       for (const c of late) {
         const domain = new URL(c.target, 'http://x').searchParams.get('domain');
         const [m] = await check`select count(*)::int as n from reservations r join jobs j on j.id = r.job_id
-          where j.params->>'domain' = ${domain} and r.sent_at is not null and r.sent_at <= ${cutDb}`;
+          where j.params->>'domain' = ${domain} and (select s.sent_at from lease_sends s where s.lease_id = r.lease_id and r.id <> all(coalesce(s.riders, '{}'))) <= ${cutDb}`;
         assert.equal(m!.n, 1, `the cut-off worker started no call it had not marked sent before the cut (${c.target})`);
       }
       heldCalls.push(...late);
       linked.heal();
       // Back: its answers find their reservations settled by expiry and are reconciled.
       await eventually(async () => {
-        const [r] = await check`select count(*)::int as n from reservations where outcome in ('node_lost', 'never_sent') and sent_at is not null and reconciled_at is null`;
+        const [r] = await check`select count(*)::int as n from reservations r where r.outcome in ('node_lost', 'never_sent') and (select s.sent_at from lease_sends s where s.lease_id = r.lease_id and r.id <> all(coalesce(s.riders, '{}'))) is not null and r.reconciled_at is null`;
         return r!.n === 0;
       }, 30_000, 200);
 

@@ -7,6 +7,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import postgres from 'postgres';
+import { randomUUID } from 'node:crypto';
 import { Retention } from '../src/retention/retention.ts';
 import { percentileMs } from '../src/usage/histogram.ts';
 import { parseUsageQuery, toCsv } from '../src/http/usage-csv.ts';
@@ -96,6 +97,15 @@ describe('retention keeps history equal to the ledger', () => {
     // Age everything past the retention, add an old cleared alert and a recent one.
     await sql`update jobs set finished_at = now() - interval '2 days' where tenant_id = ${tenant.id}`;
     await sql`update reservations set settled_at = now() - interval '2 days' where tenant_id = ${tenant.id}`;
+    // The sent marks (one lease_sends row per lease) as old; one more of a lease still open, whose
+    // row says whether its call was sent: it stays.
+    await sql`update lease_sends set at = now() - interval '2 days'`;
+    const openLease = randomUUID();
+    await sql`insert into reservations (id, job_id, attempt, tenant_id, period_start, "window", node_id, credits, lease_id)
+      values (gen_random_uuid(), gen_random_uuid(), 1, gen_random_uuid(), now(), 'w', gen_random_uuid(), 1, ${openLease})`;
+    await sql`insert into lease_sends (lease_id, sent_at, at) values (${openLease}, now() - interval '2 days', now() - interval '2 days')`;
+    const [marks] = await sql`select count(*)::int as n from lease_sends`;
+    assert.ok(marks!.n > 1, 'the drain marked its leases sent');
     await sql`insert into alerts (id, key, severity, message, raised_at, cleared_at) values
       (gen_random_uuid(), 'AGE_PROMISE:BULK', 'warning', 'old', now() - interval '3 days', now() - interval '2 days'),
       (gen_random_uuid(), 'AGE_PROMISE:BULK', 'warning', 'recent', now() - interval '2 hours', now() - interval '1 hour')`;
@@ -109,11 +119,13 @@ describe('retention keeps history equal to the ledger', () => {
 
     const [left] = await sql`
       select (select count(*) from jobs where tenant_id = ${tenant.id})::int as jobs,
-        (select count(*) from job_results)::int as results,
+        (select count(*) from jobs where result is not null or error_code is not null)::int as results,
         (select count(*) from reservations where tenant_id = ${tenant.id})::int as reservations,
         (select count(*) from usage_deltas)::int as deltas,
-        (select count(*) from alerts where message = 'recent')::int as recent_alerts`;
-    assert.deepEqual({ ...left }, { jobs: 0, results: 0, reservations: 0, deltas: 0, recent_alerts: 1 });
+        (select count(*) from alerts where message = 'recent')::int as recent_alerts,
+        (select array_agg(lease_id) from lease_sends) as sends`;
+    assert.deepEqual({ ...left }, { jobs: 0, results: 0, reservations: 0, deltas: 0, recent_alerts: 1, sends: [openLease] });
+    await sql`delete from reservations where lease_id = ${openLease}`;
 
     const afterwards = await figures();
     assert.deepEqual(

@@ -44,8 +44,8 @@ async function submit(t: TestApp, apiKey: string, jobs: { api: string; params: R
 async function finished(sql: postgres.Sql, ids: string[], timeoutMs = 20_000): Promise<JobRow[]> {
   return eventually(async () => {
     const rows = await sql<JobRow[]>`
-      select j.id, j.tenant_id, j.api, j.state, r.error_code, r.credits_billed, r.attempts, r.data, j.params->>'domain' as domain
-      from jobs j left join job_results r on r.job_id = j.id where j.id = any(${ids}::uuid[]) order by j.created_at, j.id`;
+      select j.id, j.tenant_id, j.api, j.state, j.error_code, coalesce(j.credits_billed, 0) as credits_billed, j.attempts, j.result as data, j.params->>'domain' as domain
+      from jobs j where j.id = any(${ids}::uuid[]) order by j.created_at, j.id`;
     return rows.length === ids.length && rows.every((r) => r.state === 'SUCCEEDED' || r.state === 'FAILED') ? rows : null;
   }, timeoutMs);
 }
@@ -184,18 +184,18 @@ describe('settlement units the database refuses', () => {
     // The faults, in the database itself: a check constraint (class 23) and a trigger raising a data
     // exception (class 22) on particular results, and one raising a plain error (P0001, neither).
     await sql.unsafe(`
-      alter table job_results add constraint test_poison_23 check (data is null or data->>'domain' is distinct from 'poison23.example.com');
+      alter table jobs add constraint test_poison_23 check (result is null or result->>'domain' is distinct from 'poison23.example.com');
       create function test_poison() returns trigger language plpgsql as $$
       begin
-        if new.data->>'domain' = 'poison22.example.com' or new.data->>'email' = 'poison22@example.com' then
+        if new.result->>'domain' = 'poison22.example.com' or new.result->>'email' = 'poison22@example.com' then
           raise exception 'test: refused' using errcode = 'untranslatable_character';
         end if;
-        if new.data->>'domain' = 'stuck.example.com' then
+        if new.result->>'domain' = 'stuck.example.com' then
           raise exception 'test: not a data exception';
         end if;
         return new;
       end $$;
-      create trigger test_poison before insert or update on job_results for each row execute function test_poison();`);
+      create trigger test_poison before insert or update on jobs for each row execute function test_poison();`);
   });
   after(async () => {
     await sql?.end();

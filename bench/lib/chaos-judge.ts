@@ -71,7 +71,7 @@ export function attribute(calls: readonly LoggedCall[]): { perTag: Map<string, P
   return { perTag, unattributed };
 }
 
-/** Sluice's record of one job (jobs + job_results). */
+/** Sluice's record of one job (its jobs row, result and bill included). */
 export interface JobRecord {
   id: string;
   tag: string | null;

@@ -14,8 +14,8 @@ AS $function$
       j.idempotency_key AS "idempotencyKey", j.fairness_key AS "fairnessKey", j.attempts, j.created_at AS "createdAt",
       (extract(epoch FROM j.created_at) * 1000000)::bigint::text AS "createdAtMicros", j.run_after AS "runAfter",
       j.started_at AS "startedAt", j.finished_at AS "finishedAt",
-      r.data AS result, r.error_code AS "errorCode", r.error_message AS "errorMessage",
-      r.http_status AS "httpStatus", coalesce(r.credits_billed, 0) AS "creditsBilled", j.trace_parent AS "traceParent"
-    FROM jobs j LEFT JOIN job_results r ON r.job_id = j.id LEFT JOIN sched_tenants qt ON qt.tenant_id = j.tenant_id
+      j.result, j.error_code AS "errorCode", j.error_message AS "errorMessage",
+      j.http_status AS "httpStatus", coalesce(j.credits_billed, 0) AS "creditsBilled", j.trace_parent AS "traceParent"
+    FROM jobs j LEFT JOIN sched_tenants qt ON qt.tenant_id = j.tenant_id
     WHERE j.id = p_id) x
 $function$;

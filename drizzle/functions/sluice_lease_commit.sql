@@ -5,7 +5,8 @@
 --   queue that claimed jobs and has nothing left waiting goes idle (a submission or a retry marks
 --   it ready again): one write per queue. A claimed queue not among the served ones (none
 --   expected: every pick is a served queue's) gets its counts the triggers' way;
--- - the credits: one ledger write per tenant and period; the reservations (one per attempt);
+-- - the credits: one ledger write per tenant and period; the reservations (one per attempt, all
+--   with this call's lease id: their node's sent mark is one lease_sends row for them all);
 -- - each class's clock: the largest start tag served in fair order (p_served; no credit for idle
 --   time), and the reserved-shares deltas folded into the classes' counters (SKIP LOCKED: a
 --   concurrent fold, another window's lease or the sweeper, takes the rest);
@@ -30,6 +31,7 @@ DECLARE
   pending int;
   slots int;
   stray jsonb;
+  lease uuid := gen_random_uuid();
 BEGIN
   UPDATE sched_queues sq SET vtime = x.v, depth = sq.depth - coalesce(d.n, 0), running = sq.running + coalesce(d.n, 0),
       ready_at = CASE WHEN d.n IS NOT NULL AND sq.depth - d.n = 0 THEN NULL ELSE sq.ready_at END
@@ -51,9 +53,9 @@ BEGIN
   INSERT INTO tenant_ledger AS l (tenant_id, period_start, reserved)
     SELECT (o->>'tenant_id')::uuid, (o->>'period')::timestamptz, sum((o->>'cost')::int) FROM jsonb_array_elements(p_out) o GROUP BY 1, 2
     ON CONFLICT (tenant_id, period_start) DO UPDATE SET reserved = l.reserved + excluded.reserved;
-  INSERT INTO reservations (id, job_id, attempt, tenant_id, period_start, "window", node_id, credits, window_slot, created_at, lease_expires_at)
+  INSERT INTO reservations (id, job_id, attempt, tenant_id, period_start, "window", node_id, credits, window_slot, created_at, lease_expires_at, lease_id)
     SELECT (o->>'rid')::uuid, (o->>'id')::uuid, (o->>'attempt')::int, (o->>'tenant_id')::uuid, (o->>'period')::timestamptz, p_window, p_node,
-      (o->>'cost')::int, (o->>'slot')::boolean, clock_timestamp(), clock_timestamp() + make_interval(secs => p_lease_seconds)
+      (o->>'cost')::int, (o->>'slot')::boolean, clock_timestamp(), clock_timestamp() + make_interval(secs => p_lease_seconds), lease
     FROM jsonb_array_elements(p_out) o;
   UPDATE sched_classes k SET clock = greatest(k.clock, (p_served->>k.class)::float8), served_at = now() WHERE p_served ? k.class;
   WITH d AS (DELETE FROM sched_share_deltas x WHERE x.ctid = ANY (ARRAY(SELECT y.ctid FROM sched_share_deltas y FOR UPDATE SKIP LOCKED))

@@ -1,7 +1,7 @@
 /**
  * Sluice's own tables (pg-boss owns the `pgboss` schema). Each table has one
  * owning TypeScript module that writes it (tenants and tenant_api_keys →
- * src/tenants/store.ts, jobs and job_results → src/jobs/store.ts, settings →
+ * src/tenants/store.ts, jobs → src/jobs/store.ts, settings →
  * src/db/settings.ts, the scheduler's tables → src/scheduler/sql/<table>.ts, ...),
  * and the SQL functions that write it own their own statements: the whole map
  * is docs/ARCHITECTURE.md "Who writes each table" (test/table-owners.test.ts).
@@ -131,6 +131,17 @@ export const jobs = pgTable(
     runAfter: timestamp('run_after', { withTimezone: true }).notNull().defaultNow(),
     startedAt: timestamp('started_at', { withTimezone: true }),
     finishedAt: timestamp('finished_at', { withTimezone: true }),
+    /**
+     * Its result (invariant I6: one per job id), on its own row: written by the update that
+     * finishes it (sluice_finish_jobs), or by a put-back that keeps the last attempt's outcome, not
+     * by a row of another table inserted per finished job.
+     */
+    result: jsonb('result'),
+    errorCode: text('error_code'),
+    errorMessage: text('error_message'),
+    httpStatus: integer('http_status'),
+    /** What its attempts were billed (I11), added by the statement that settles each; null: 0. */
+    creditsBilled: integer('credits_billed'),
     ...timestamps,
   },
   (t) => [
@@ -143,27 +154,12 @@ export const jobs = pgTable(
     index('jobs_waiting_created_idx').on(t.createdAt, t.id).where(sql`${t.state} in ('QUEUED', 'WAITING_QUOTA')`),
     // Retention's walk over finished jobs.
     index('jobs_finished_idx').on(t.finishedAt).where(sql`${t.state} in ('SUCCEEDED', 'FAILED', 'CANCELLED')`),
+    // The alert on jobs whose attempts kept being lost reads the last hour of them: a tiny index.
+    index('jobs_attempt_lost_idx').on(t.finishedAt).where(sql`${t.errorCode} = 'ATTEMPT_LOST'`),
     check('jobs_priority_check', sql`${t.priority} in ('INTERACTIVE', 'STANDARD', 'BULK')`),
     check('jobs_state_check', sql`${t.state} in ('QUEUED', 'WAITING_QUOTA', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED')`),
   ],
 );
-
-/** One row per job, written with an upsert keyed by job id (invariant I6). */
-export const jobResults = pgTable('job_results', {
-  jobId: uuid('job_id')
-    .primaryKey()
-    .references(() => jobs.id, { onDelete: 'cascade' }),
-  data: jsonb('data'),
-  errorCode: text('error_code'),
-  errorMessage: text('error_message'),
-  httpStatus: integer('http_status'),
-  creditsBilled: integer('credits_billed').notNull().default(0),
-  attempts: integer('attempts').notNull().default(0),
-  ...timestamps,
-}, (t) => [
-  // The alert on jobs whose attempts kept being lost reads the last hour of them: a tiny index.
-  index('job_results_attempt_lost_idx').on(t.updatedAt).where(sql`${t.errorCode} = 'ATTEMPT_LOST'`),
-]);
 
 /** Small process-wide values that must survive restarts (e.g. the admin token's hash). */
 export const settings = pgTable('settings', {
@@ -392,9 +388,9 @@ export const tenantLedger = pgTable(
 
 /**
  * Credits held for one dispatched attempt, and the in-flight slots it occupies; settled exactly once (I5).
- * Its heap keeps room on every page (fillfactor 50, set by its migration: drizzle does not model it):
- * every row is updated once right after its lease inserts it (the sent mark), and that update is HOT
- * only when its new version fits on the same page.
+ * Whether its call was sent is not on the row: the sent mark is one `lease_sends` row per lease.
+ * Its heap keeps room on every page (fillfactor 50, set by its migration: drizzle does not model it)
+ * so a lease refresh's update is HOT.
  */
 export const reservations = pgTable(
   'reservations',
@@ -415,8 +411,12 @@ export const reservations = pgTable(
     windowSlot: boolean('window_slot').notNull().default(true),
     /** The attempt lease (the one liveness authority): refreshed by the attempt's node; once past, the sweeper settles it. */
     leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }).notNull().defaultNow(),
-    /** Set by its node, one statement per lease, before the call is sent: unset at expiry = refunded, never sent. */
-    sentAt: timestamp('sent_at', { withTimezone: true }),
+    /**
+     * The lease call that made it (one id per sluice_lease call): its sent mark, or its expiry's claim
+     * that it was never sent, is that lease's `lease_sends` row. The default makes a row inserted
+     * any other way a lease of its own.
+     */
+    leaseId: uuid('lease_id').notNull().default(sql`gen_random_uuid()`),
     /** A late settlement corrected the expiry's settlement: at most once. */
     reconciledAt: timestamp('reconciled_at', { withTimezone: true }),
     /** The expiry's bill a late settlement replaced (usage events: the charge as first served, then the correction). */
@@ -432,7 +432,7 @@ export const reservations = pgTable(
   (t) => [
     // Open reservations: a node's (dead-node sweep), and the sweeper's expired leases (the open rows
     // are the calls in flight, a few thousand at most: read here, not through an index on the lease,
-    // so the sent mark and the lease refresh, which change only sent_at and lease_expires_at, are HOT).
+    // so the lease refresh, which changes only lease_expires_at, is HOT).
     index('reservations_open_idx').on(t.nodeId).where(sql`${t.settledAt} is null`),
     // No index by job: nothing reads reservations by job id, and every lease's insert and every
     // settlement's (non-HOT) update would maintain one.
@@ -441,6 +441,30 @@ export const reservations = pgTable(
     // Usage events' corrections, in reconciliation order (rare rows: an update that does not reconcile adds nothing to it).
     index('reservations_reconciled_idx').on(t.reconciledAt, t.id).where(sql`${t.reconciledAt} is not null`),
   ],
+);
+
+/**
+ * One row per lease call whose fate is decided: its node's sent mark (`sent_at` set: every
+ * reservation of the lease but its `riders` was sent, and the lease lasts at least to
+ * `lease_expires_at`), or the sweeper's claim that it was never sent (`sent_at` null: its expiry
+ * found no mark). Both insert the same key, so a mark and an expiry cannot both win: whichever
+ * inserts first decides, and the other's insert waits for it and then does nothing. One row per
+ * lease instead of an update of every reservation (a lease carries up to a few hundred).
+ */
+export const leaseSends = pgTable(
+  'lease_sends',
+  {
+    leaseId: uuid('lease_id').primaryKey(),
+    /** The mark's time; null: claimed by an expiry, nothing of the lease was sent. */
+    sentAt: timestamp('sent_at', { withTimezone: true }),
+    /** The mark makes every reservation of the lease last at least this long (the call's own timeout and a margin). */
+    leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }),
+    /** A batch's duplicate inputs: fenced by the mark but not sent (they ride on another attempt's call). */
+    riders: uuid('riders').array(),
+    /** When it was written: retention deletes old rows whose lease has no open reservation. */
+    at: timestamp('at', { withTimezone: true }).notNull().defaultNow(),
+  },
+  (t) => [index('lease_sends_at_idx').on(t.at)],
 );
 
 /** Live processes: a worker that stops heartbeating is dead, and its open reservations are swept. */

@@ -92,7 +92,7 @@ export interface LateItem {
 
 /**
  * Reconciles late settlements in one transaction. Lock order: reservations
- * (id order), the jobs' result rows (job id order: the bill), tenants (id
+ * (id order), the jobs' rows (job id order: the bill), tenants (id
  * order), then per tenant and job its waiting pg-boss row and its jobs row,
  * the result, the ledger. Returns how many it reconciled.
  */
@@ -110,7 +110,7 @@ export async function reconcileLateSettlements(sql: Sql, items: readonly LateIte
     const lateOf = (x: LateItem): LateOutcome => ({ attempt: x.attempt, billed: x.billed, billedIsGuess: x.outcome.billedIsGuess === true, reaction: reactionTo(x.outcome) });
     // The jobs' bills first, in job id order, under the reservations' locks and before the tenants'
     // rows, as a settlement group takes them (a job leased again may be settling right now: its
-    // group holds the job's result row, then waits for the tenant). The bill does not depend on
+    // group holds the job's row, then waits for the tenant). The bill does not depend on
     // the job's state.
     todo.sort((a, b) => (a.x.jobId < b.x.jobId ? -1 : a.x.jobId > b.x.jobId ? 1 : 0));
     for (const { x, r } of todo) {

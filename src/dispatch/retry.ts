@@ -18,7 +18,7 @@ export function errorCodeFor(kind: OutcomeKind): string | null {
   return kind === 'billed' ? null : kind.toUpperCase();
 }
 
-/** A job's result row (job_results; written by jobs/store.ts upsertResult and the settlement's functions). */
+/** A job's result (on its jobs row; written by jobs/store.ts upsertResult and the settlement's functions). */
 export interface ResultRecord {
   data: unknown;
   errorCode: string | null;
@@ -27,7 +27,7 @@ export interface ResultRecord {
   attempts: number;
 }
 
-/** The result row an outcome stores (its bill is added by the settlement itself, sluice_settle). */
+/** The result an outcome stores on its job's row (its bill is added by the settlement itself, sluice_settle). */
 export function resultOf(outcome: CallOutcome, attempts: number, errorCode?: string): ResultRecord {
   return {
     data: outcome.kind === 'billed' ? outcome.data : null,

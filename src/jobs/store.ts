@@ -1,5 +1,5 @@
 /**
- * Owns the jobs and job_results tables: all their SQL lives here, as named
+ * Owns the jobs table (a job's result is on its row): all its SQL lives here, as named
  * functions, so the database contract reads in one place.
  *
  * State changes are conditional updates (`where state = ...`), so when two
@@ -67,14 +67,14 @@ export interface JobRow {
   traceParent?: string | null;
 }
 
-/** A job row as reads return it (its state as it shows: from jobs j, job_results r and QUOTA_JOIN); sluice_job_json (drizzle/functions/sluice_job_json.sql) gives the same shape for events. */
+/** A job row as reads return it (its state as it shows: from jobs j, its result on the row, and QUOTA_JOIN); sluice_job_json (drizzle/functions/sluice_job_json.sql) gives the same shape for events. */
 const JOB_COLUMNS = `
   j.id, j.tenant_id as "tenantId", j.api, j.params, j.priority, ${VISIBLE_STATE} as state,
   j.idempotency_key as "idempotencyKey", j.fairness_key as "fairnessKey", j.attempts, j.created_at as "createdAt",
   (extract(epoch from j.created_at) * 1000000)::bigint::text as "createdAtMicros", j.run_after as "runAfter",
   j.started_at as "startedAt", j.finished_at as "finishedAt",
-  r.data as result, r.error_code as "errorCode", r.error_message as "errorMessage",
-  r.http_status as "httpStatus", coalesce(r.credits_billed, 0) as "creditsBilled", j.trace_parent as "traceParent"`;
+  j.result, j.error_code as "errorCode", j.error_message as "errorMessage",
+  j.http_status as "httpStatus", coalesce(j.credits_billed, 0) as "creditsBilled", j.trace_parent as "traceParent"`;
 
 export interface NewJob extends ValidJob {
   id: string;
@@ -226,7 +226,7 @@ export async function originalsByIdempotencyKey(tx: Tx, pairs: ReadonlyArray<{ t
 
 export async function getJob(sql: Tx, tenantId: string | null, id: string): Promise<JobRow | null> {
   const rows = await sql.unsafe(
-    `select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id ${QUOTA_JOIN}
+    `select ${JOB_COLUMNS} from jobs j ${QUOTA_JOIN}
      where j.id = $1 and ($2::uuid is null or j.tenant_id = $2::uuid)`,
     [id, tenantId],
   );
@@ -249,7 +249,7 @@ export async function listJobs(
   after: { createdAtMicros: string; id: string } | null,
 ): Promise<JobRow[]> {
   const rows = await sql.unsafe(
-    `select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id ${QUOTA_JOIN}
+    `select ${JOB_COLUMNS} from jobs j ${QUOTA_JOIN}
      where j.tenant_id = $1
        and ($2::text is null or ${VISIBLE_STATE} = $2) and ($3::text is null or j.api = $3) and ($4::text is null or j.priority = $4)
        and ($8::text is null or j.idempotency_key = $8)
@@ -312,7 +312,7 @@ export async function cancelQueuedJobs(tx: Tx, tenantId: string, ids: readonly s
 export async function findJobs(sql: Tx, text: string, limit: number): Promise<JobRow[]> {
   const id = isUuid(text) ? text : null;
   const rows = await sql.unsafe(
-    `select ${JOB_COLUMNS} from jobs j left join job_results r on r.job_id = j.id ${QUOTA_JOIN}
+    `select ${JOB_COLUMNS} from jobs j ${QUOTA_JOIN}
      where ($1::uuid is not null and j.id = $1::uuid) or j.idempotency_key = $2
      order by j.created_at desc, j.id desc
      limit $3`,
@@ -382,30 +382,27 @@ export async function deleteFinishedJobs(sql: Tx, seconds: number, n: number): P
 export type { ResultRecord };
 
 /**
- * The result row, upserted by job id (invariant I6: one result per job id).
- * Its credits_billed is not written here: the settling statement adds every
- * credit it bills to the job's row, whoever settles (I11: sluice_bill_jobs, or
- * sluice_finish_jobs with the bill of a settlement group), and nothing else does.
+ * The job's result, on its row (invariant I6: one result per job id), outside a settlement group's
+ * finish (which writes it in the update that finishes the job): a put-back keeping its attempt's
+ * outcome, a late settlement, the reconciler. Its credits_billed is not written here: the settling
+ * statement adds every credit it bills to the job's row, whoever settles (I11: sluice_bill_jobs, or
+ * sluice_finish_jobs with the bill of a settlement group), and nothing else does. `attempts` is not
+ * stored: the job's own attempts column counts them.
  */
 export async function upsertResult(tx: Tx, jobId: string, r: ResultRecord): Promise<void> {
   await tx`
-    insert into job_results (job_id, data, error_code, error_message, http_status, attempts)
-    values (${jobId}, ${r.data === null || r.data === undefined ? null : tx.json(r.data as never)}, ${r.errorCode}, ${r.errorMessage},
-            ${r.httpStatus}, ${r.attempts})
-    on conflict (job_id) do update set
-      data = excluded.data, error_code = excluded.error_code, error_message = excluded.error_message,
-      http_status = excluded.http_status, attempts = excluded.attempts, updated_at = now()`;
+    update jobs set result = ${r.data === null || r.data === undefined ? null : tx.json(r.data as never)}, error_code = ${r.errorCode},
+      error_message = ${r.errorMessage}, http_status = ${r.httpStatus}, updated_at = now()
+    where id = ${jobId}`;
 }
 
 /**
  * Adds a correction to the job's creditsBilled (a late settlement that knew
- * better than the expiry's guess, dispatch/late-settlement.ts), upserting its
- * result row. The ledger moves by the same amount in the same transaction.
+ * better than the expiry's guess, dispatch/late-settlement.ts), on its row.
+ * The ledger moves by the same amount in the same transaction.
  */
 export async function addJobCredits(tx: Tx, jobId: string, delta: number): Promise<void> {
-  await tx`
-    insert into job_results (job_id, credits_billed) select ${jobId}, ${delta} where exists (select 1 from jobs where id = ${jobId})
-    on conflict (job_id) do update set credits_billed = job_results.credits_billed + excluded.credits_billed, updated_at = now()`;
+  await tx`update jobs set credits_billed = coalesce(credits_billed, 0) + ${delta}, updated_at = now() where id = ${jobId}`;
 }
 
 /** A job's state and attempt count, or null when it is gone. */
@@ -468,10 +465,10 @@ export async function finishJobs(tx: Tx, jobs: readonly FinishedJob[]): Promise<
 /** Jobs that failed with ATTEMPT_LOST within the last `seconds` (the alert's facts; a partial index holds only them). */
 export async function recentAttemptLost(sql: Tx, seconds: number, limit = 5): Promise<{ count: number; jobIds: string[] }> {
   const rows = await sql`
-    select job_id, count(*) over ()::int as n from job_results
-    where error_code = 'ATTEMPT_LOST' and updated_at > now() - make_interval(secs => ${seconds})
-    order by updated_at desc limit ${limit}`;
-  return { count: (rows[0]?.n as number | undefined) ?? 0, jobIds: rows.map((r) => r.job_id as string) };
+    select id, count(*) over ()::int as n from jobs
+    where error_code = 'ATTEMPT_LOST' and finished_at > now() - make_interval(secs => ${seconds})
+    order by finished_at desc limit ${limit}`;
+  return { count: (rows[0]?.n as number | undefined) ?? 0, jobIds: rows.map((r) => r.id as string) };
 }
 
 /**
@@ -517,7 +514,7 @@ export async function failWaitingJob(tx: Tx, id: string): Promise<number | null>
  */
 export async function finishedSince(sql: Tx, tenantId: string, since: Date, limit = 10_000): Promise<{ rows: JobRow[]; dbNow: Date }> {
   const rows = await sql.unsafe(
-    `select ${JOB_COLUMNS}, now() as "dbNow" from jobs j left join job_results r on r.job_id = j.id ${QUOTA_JOIN}
+    `select ${JOB_COLUMNS}, now() as "dbNow" from jobs j ${QUOTA_JOIN}
      where j.tenant_id = $1 and j.state in ('SUCCEEDED', 'FAILED', 'CANCELLED') and j.finished_at >= $2
      order by j.finished_at, j.id
      limit $3`,

@@ -106,7 +106,7 @@ export async function deleteTenant(deps: LifecycleDeps, id: string): Promise<{ c
     // A retry requeued while we waited: cancelled too, never sent.
     cancelledJobs += await cancelWaiting(tx, id);
     await deleteTenantReservations(tx, id);
-    // jobs, job_results, keys, sched_* rows and the ledger go with the tenant (on delete cascade).
+    // jobs, keys, sched_* rows and the ledger go with the tenant (on delete cascade).
     await deleteTenantRow(tx, id);
   });
   return { cancelledJobs };

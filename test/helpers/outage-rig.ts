@@ -77,7 +77,7 @@ export async function assertOneCallPerJob(sql: postgres.Sql, counter: CallCounte
     select j.id, j.tenant_id, j.params->>'domain' as domain, j.state,
       coalesce((select sum(r.billed) from reservations r where r.job_id = j.id), 0)::int as billed,
       (select coalesce(string_agg(format('#%s %s billed %s sent %s settled %s', r.attempt, r.outcome, r.billed,
-          to_char(r.sent_at, 'HH24:MI:SS.MS'), to_char(r.settled_at, 'HH24:MI:SS.MS')), '; ' order by r.created_at), '')
+          to_char((select s.sent_at from lease_sends s where s.lease_id = r.lease_id and r.id <> all(coalesce(s.riders, '{}'))), 'HH24:MI:SS.MS'), to_char(r.settled_at, 'HH24:MI:SS.MS')), '; ' order by r.created_at), '')
         from reservations r where r.job_id = j.id) as attempts
     from jobs j`;
   if (expectedJobs !== undefined) assert.equal(jobs.length, expectedJobs);

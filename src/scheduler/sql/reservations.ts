@@ -244,13 +244,13 @@ export async function refreshLeases(sql: Tx, ids: readonly string[], leaseSecond
 /**
  * The "sent" mark: ONE statement for all the reservations a
  * lease returned, before their calls are sent (sluice_mark_sent, which also
- * sends their jobs' RUNNING events). Returns the ids it marked; the
- * node sends only those (one missing was settled meanwhile: its lease
- * expired). All rows of one call share the statement's `now()`, so the
- * distinct marks count the statements. A lease whose rows never reached its
- * node is never marked, and its expiry refunds it. Rows are not locked
- * against a settlement: a mark waits for a sweep holding the row, then finds
- * it settled and leaves it out.
+ * sends their jobs' RUNNING events): one lease_sends row per lease, not an
+ * update of each reservation. Returns the ids it marked; the
+ * node sends only those (none of a lease the sweeper claimed first: its lease
+ * expired). A lease whose rows never reached its
+ * node is never marked, and its expiry refunds it. The mark and the sweeper's
+ * expiry insert the same key (the lease id), so they cannot both win: a mark
+ * waits for a claim under way, then does nothing, and a claim waits for a mark.
  *
  * The same statement makes each lease last at least `sentLeaseSeconds` from
  * the mark (dispatch/liveness.ts sentLeaseMs: the call's own timeout and a
@@ -277,7 +277,7 @@ export interface ExpiredReservation {
   /** The job's class (its pg-boss queue, with the tenant). */
   jobClass: JobClass;
   credits: number;
-  /** Its node marked it sent before calling (markSent); unmarked ones are refunded. */
+  /** Its node marked its lease sent before calling (markSent) and it was not a rider; unmarked ones are refunded. */
   sent: boolean;
 }
 
@@ -287,28 +287,41 @@ export interface ExpiredReservation {
  * settlement fails can be split and retried by halves. One whose expiry failed on its own is left
  * out until `retrySeconds` after its failure (recordExpiryFailure). The open rows are read through
  * reservations_open_idx (the calls in flight) and filtered by their lease: no index on the lease,
- * so the sent mark and the lease refresh stay HOT updates (schema.ts).
+ * so the lease refresh stays a HOT update (schema.ts). A lease its node marked sent lasts at least
+ * to its lease_sends row's `lease_expires_at` (the mark's).
  */
 export async function expiredReservationIds(sql: Tx, limit: number, retrySeconds: number): Promise<string[]> {
   const rows = await sql`
-    select id from reservations
-    where settled_at is null and lease_expires_at < clock_timestamp()
-      and (expiry_failed_at is null or expiry_failed_at < now() - make_interval(secs => ${retrySeconds}))
-    order by id limit ${limit}`;
+    select r.id from reservations r left join lease_sends s on s.lease_id = r.lease_id
+    where r.settled_at is null and r.lease_expires_at < clock_timestamp() and (s.lease_expires_at is null or s.lease_expires_at < clock_timestamp())
+      and (r.expiry_failed_at is null or r.expiry_failed_at < now() - make_interval(secs => ${retrySeconds}))
+    order by r.id limit ${limit}`;
   return rows.map((r) => r.id as string);
 }
 
 /**
  * These reservations, locked, while still open and expired; rows another sweeper holds are skipped.
- * In a short transaction.
+ * In a short transaction. Whether each was sent is its lease's lease_sends row: a lease with no row
+ * yet is claimed here as never sent (the same key the node's sent mark inserts: a mark under way
+ * makes the claim wait for its commit and then do nothing), and the rows are read again after the
+ * claim, so a lease whose mark committed meanwhile, with its longer lease, is left out.
  */
 export async function lockExpiredReservations(tx: Tx, ids: readonly string[]): Promise<ExpiredReservation[]> {
   if (ids.length === 0) return [];
-  const rows = await tx`
-    select r.id, r.job_id, r.attempt, r.tenant_id, j.priority, r.credits, r.sent_at is not null as sent
-    from reservations r join jobs j on j.id = r.job_id
-    where r.id = any(${ids as string[]}::uuid[]) and r.settled_at is null and r.lease_expires_at < clock_timestamp()
+  const locked = await tx`
+    select r.id, r.lease_id, s.lease_id is null as unclaimed
+    from reservations r left join lease_sends s on s.lease_id = r.lease_id
+    where r.id = any(${ids as string[]}::uuid[]) and r.settled_at is null and r.lease_expires_at < clock_timestamp() and (s.lease_expires_at is null or s.lease_expires_at < clock_timestamp())
     order by r.id for update of r skip locked`;
+  if (locked.length === 0) return [];
+  const unclaimed = [...new Set(locked.filter((r) => r.unclaimed).map((r) => r.lease_id as string))];
+  if (unclaimed.length > 0) await tx`insert into lease_sends (lease_id) select unnest(${unclaimed}::uuid[]) order by 1 on conflict (lease_id) do nothing`;
+  const rows = await tx`
+    select r.id, r.job_id, r.attempt, r.tenant_id, j.priority, r.credits,
+      (s.sent_at is not null and r.id <> all(coalesce(s.riders, '{}'))) as sent
+    from reservations r join jobs j on j.id = r.job_id join lease_sends s on s.lease_id = r.lease_id
+    where r.id = any(${locked.map((r) => r.id as string)}::uuid[]) and (s.lease_expires_at is null or s.lease_expires_at < clock_timestamp())
+    order by r.id`;
   return rows.map((r) => ({
     id: r.id as string,
     jobId: r.job_id as string,
@@ -333,7 +346,11 @@ export async function failedExpiries(sql: Tx, limit = 5): Promise<{ count: numbe
   return { count: (rows[0]?.n as number | undefined) ?? 0, ids: rows.map((r) => r.id as string) };
 }
 
-/** Retention: one batch of settled reservations older than `seconds` (rows another pass holds are skipped). Returns how many went. */
+/**
+ * Retention: one batch of settled reservations older than `seconds` (rows another pass holds are
+ * skipped), and one of lease_sends rows as old whose lease has no open reservation left (an open
+ * one's row says whether its call was sent: it stays). Returns how many reservations went.
+ */
 export async function deleteSettledReservations(sql: Tx, seconds: number, n: number): Promise<number> {
   const deleted = await sql`
     with doomed as (
@@ -341,6 +358,13 @@ export async function deleteSettledReservations(sql: Tx, seconds: number, n: num
       where settled_at is not null and settled_at < now() - make_interval(secs => ${seconds})
       order by settled_at limit ${n} for update skip locked)
     delete from reservations r using doomed where r.id = doomed.id`;
+  await sql`
+    with doomed as (
+      select s.lease_id from lease_sends s
+      where s.at < now() - make_interval(secs => ${seconds})
+        and not exists (select 1 from reservations r where r.settled_at is null and r.lease_id = s.lease_id)
+      order by s.at limit ${n} for update skip locked)
+    delete from lease_sends s using doomed where s.lease_id = doomed.lease_id`;
   return deleted.count;
 }
 
