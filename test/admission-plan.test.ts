@@ -187,14 +187,13 @@ describe('the edge', () => {
     classShare: { STANDARD: 1 },
   });
 
-  test('a screen group is planned in order like the gate\'s: refused when it cannot fit beside the ones before it that could', () => {
-    // Alone each fits the tenant bound (5); together they pass it: the first goes to the gate, the second is refused here.
+  test('each submission is judged alone: refused only when it cannot fit even if the others of its group were refused', () => {
+    // Together a and b pass the tenant bound (5); alone each fits: both go to the gate, which decides in order.
     const r = edgeRefusals(input([{ tenantId: 't', jobs: [job('a1'), job('a2')] }, { tenantId: 't', jobs: [job('b1'), job('b2')] }], { t: 2 }, 0));
-    assert.deepEqual([r[0], r[1]?.scope, r[1]?.excess], [null, 'TENANT', 1]);
-    const full = edgeRefusals(input([{ tenantId: 't', jobs: [job('c1')] }, { tenantId: 'u', jobs: [job('d1')] }, { tenantId: 'v', jobs: [job('f1')] }], { t: 5, u: 0, v: 0 }, 99));
+    assert.deepEqual(r, [null, null]);
+    const full = edgeRefusals(input([{ tenantId: 't', jobs: [job('c1')] }, { tenantId: 'u', jobs: [job('d1')] }], { t: 5, u: 0 }, 99));
     assert.equal(full[0]?.scope, 'TENANT');
-    assert.equal(full[1], null, 'one more fits the global bound exactly (the refused one before it takes no room)');
-    assert.deepEqual([full[2]?.scope, full[2]?.retryable, full[2]?.excess], ['GLOBAL', true, 1], 'the room is the one before it\'s');
+    assert.equal(full[1], null, 'one more fits the global bound exactly');
     const global = edgeRefusals(input([{ tenantId: 'u', jobs: [job('e1'), job('e2')] }], { u: 0 }, 99));
     assert.deepEqual([global[0]?.scope, global[0]?.retryable, global[0]?.excess], ['GLOBAL', true, 1]);
   });

@@ -94,17 +94,16 @@ export function planGroup<J extends PlannedJob>(input: PlanInput<J>): Array<Subm
 }
 
 /**
- * The edge's decision, before the gate (jobs/service.ts): which submissions of
- * a screen group to refuse on a lock-free snapshot of the depths. The group is
- * planned as the gate would plan it on the same snapshot, in order with running
- * totals: a submission is refused when it cannot fit beside the ones before it
- * that could, so while the bound is full the gate receives about as many
- * submissions as there is room, not the whole group (judged alone, each of a
- * group of 30 passed the screen whenever one job's room was free, and the gate
- * then refused 29 of them and made the one accept wait behind them). Replays
- * and conflicts are never refused here and take no room; what passes is
- * decided exactly under the gate. Pure.
+ * The edge's decision, before the gate (jobs/service.ts): which submissions
+ * surely cannot fit, each judged alone against a lock-free snapshot of the
+ * depths (no running totals: a submission refused here would not fit even if
+ * every other one of its group were refused at the gate). A refusal here is
+ * what the gate would answer on the same snapshot; anything that could fit,
+ * replays and conflicts go on to the gate, which decides exactly. Pure.
  */
 export function edgeRefusals<J extends PlannedJob>(input: PlanInput<J>): Array<Refusal | null> {
-  return planGroup(input).map((plan) => (plan.kind === 'refuse' ? plan.refusal : null));
+  return input.subs.map((sub) => {
+    const [plan] = planGroup({ ...input, subs: [sub] });
+    return plan!.kind === 'refuse' ? plan!.refusal : null;
+  });
 }

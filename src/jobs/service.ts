@@ -399,17 +399,13 @@ export class JobService {
       originalsByIdempotencyKey(sql, keyed),
       this.pressure.globalFull(now.getTime()) ? countWaiting(sql) : null,
     ]);
-    // Planned in order like the gate's group, without the ones the tenant's state refuses (they
-    // take no room). Without the global count (only tenants refuse), a global depth of 0: the
-    // global bound then refuses only what can never fit, whatever the depth.
-    const early = subs.map((s) => this.tenantRefusal(s, tenants.get(s.tenant.id), now));
-    const open = subs.filter((_, i) => early[i] === null);
-    const refusals = edgeRefusals(this.planInput(open, tenants, originals, waiting ? sumClasses(waiting) : 0));
-    let k = 0;
-    return subs.map((_, i): ItemResult<Outcome | null> => {
-      if (early[i]) return { ok: true, value: early[i] };
-      const refusal = refusals[k++];
-      return { ok: true, value: refusal ? { kind: 'refuse', refusal } : null };
+    // Without the global count (only tenants refuse), a global depth of 0: the global bound then
+    // refuses only what can never fit, whatever the depth.
+    const refusals = edgeRefusals(this.planInput(subs, tenants, originals, waiting ? sumClasses(waiting) : 0));
+    return subs.map((s, i): ItemResult<Outcome | null> => {
+      const early = this.tenantRefusal(s, tenants.get(s.tenant.id), now);
+      const refusal = refusals[i];
+      return { ok: true, value: early ?? (refusal ? { kind: 'refuse', refusal } : null) };
     });
   }
 
