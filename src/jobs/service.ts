@@ -337,9 +337,15 @@ export class JobService {
     // The three reads are pipelined: one round trip under the gate, not three. Postgres still runs
     // them in order, each with its own snapshot taken when it starts, so the reads see everything
     // the previous gate holder committed (a read folded into the locking statement would not).
+    // While the global bound refuses, the gate's estimate (which only drifts upward) is over the
+    // bound at every group, and each would reconcile before deciding: a fourth round trip under the
+    // gate, paid by the accepts. Then the exact count is sent with the lock, in the same round trip
+    // (after it, so it counts what the previous holder committed).
+    const exactFirst = this.pressure.globalFull(now.getTime());
     const keyed = keysOf(subs);
-    const [gate, tenants, originals] = await Promise.all([
+    const [gate, exact, tenants, originals] = await Promise.all([
       lockGate(tx),
+      exactFirst ? reconcileGate(tx) : null,
       readTenants(tx, tenantReads(subs, now)),
       originalsByIdempotencyKey(tx, keyed),
     ]);
@@ -348,11 +354,11 @@ export class JobService {
     const early = subs.map((s) => this.tenantRefusal(s, tenants.get(s.tenant.id), now));
     const open = subs.map((s, i) => ({ s, i })).filter(({ i }) => early[i] === null);
     const plan = (globalDepth: number) => planGroup(this.planInput(open.map(({ s }) => s), tenants, originals, globalDepth));
-    let plans = plan(sumClasses(gate));
+    let plans = plan(sumClasses(exact ?? gate));
     const refusedGlobally = plans.some((p) => p.kind === 'refuse' && p.refusal.scope === 'GLOBAL' && p.refusal.retryable);
-    if (refusedGlobally) {
+    if (refusedGlobally && !exact) {
       // The gate's estimate only drifts upward (dispatch does not lower it): count exactly before
-      // refusing. O(queues), once per refusing group, never on the accepting path.
+      // refusing. O(queues), once per refusing group; on the accepting path only under pressure (above).
       plans = plan(sumClasses(await reconcileGate(tx)));
     }
 
