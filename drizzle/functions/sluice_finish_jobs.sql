@@ -4,11 +4,11 @@
 -- the jobs row, in the update that finishes it: one write per job) and their pg-boss ack
 -- (sluice_boss_complete), in the same transaction (I6). Lock order: jobs, pgboss.job (as
 -- pg-boss's complete).
--- items: [{"id", "attempt", "state", "queue", "data", "error_code", "error_message", "http_status", "attempts", "billed"}, ...]
+-- items: [{"id", "attempt", "state", "queue", "data", "error_code", "error_message", "http_status", "billed"}, ...]
 -- "billed" (absent: 0) is what the caller's settlement, in this statement, billed for the job's
 -- reservations (sluice_settle_group): added to the job's creditsBilled in the same write, so a
 -- settled job's row is written once; the ledger moved by the same credits (I11). Nothing else is
--- billed here. "attempts" is not stored: the job's own attempts column counts them.
+-- billed here.
 CREATE OR REPLACE FUNCTION sluice_finish_jobs(items jsonb)
  RETURNS SETOF uuid
  LANGUAGE plpgsql
@@ -20,7 +20,7 @@ DECLARE
 BEGIN
   WITH x AS (
     SELECT * FROM jsonb_to_recordset(items) AS x(id uuid, attempt int, state text, queue text, data jsonb, error_code text,
-      error_message text, http_status int, attempts int, billed int)),
+      error_message text, http_status int, billed int)),
   f AS (
     UPDATE jobs j SET state = x.state, finished_at = now(), updated_at = now(),
       result = x.data, error_code = x.error_code, error_message = x.error_message, http_status = x.http_status,

@@ -39,7 +39,7 @@ BEGIN
   IF p_tenant.quota_policy = 'FAIL' THEN
     PERFORM sluice_boss_activate(ARRAY[p_queue], ARRAY[over_id]);
     IF EXISTS (SELECT 1 FROM sluice_finish_jobs(jsonb_build_array(jsonb_build_object('id', over_id, 'attempt', NULL, 'state', 'FAILED',
-        'queue', p_queue, 'data', NULL, 'error_code', 'QUOTA_EXCEEDED', 'http_status', NULL, 'attempts', 0,
+        'queue', p_queue, 'data', NULL, 'error_code', 'QUOTA_EXCEEDED', 'http_status', NULL,
         'error_message', format('the tenant''s monthly credit quota has no room for this job (%s credits)', p_costs[fit + 1]))))) THEN
       PERFORM sluice_job_events(jsonb_build_array(jsonb_build_object('jobId', over_id, 'tenantId', p_tenant.tenant_id, 'state', 'FAILED')));
     ELSE

@@ -135,7 +135,7 @@ export async function reconcileLateSettlements(sql: Sql, items: readonly LateIte
         finished = await finishWaitingJob(tx, x.jobId, x.attempt, plan.finish);
         if (finished) {
           await deleteWaitingBossJob(tx, x.queue, x.jobId);
-          await upsertResult(tx, x.jobId, resultOf(x.outcome, x.attempt));
+          await upsertResult(tx, x.jobId, resultOf(x.outcome));
           events.push({ jobId: x.jobId, tenantId: x.tenantId, state: plan.finish });
         }
       }

@@ -24,17 +24,15 @@ export interface ResultRecord {
   errorCode: string | null;
   errorMessage: string | null;
   httpStatus: number | null;
-  attempts: number;
 }
 
 /** The result an outcome stores on its job's row (its bill is added by the settlement itself, sluice_settle). */
-export function resultOf(outcome: CallOutcome, attempts: number, errorCode?: string): ResultRecord {
+export function resultOf(outcome: CallOutcome, errorCode?: string): ResultRecord {
   return {
     data: outcome.kind === 'billed' ? outcome.data : null,
     errorCode: errorCode ?? errorCodeFor(outcome.kind),
     errorMessage: outcome.message,
     httpStatus: outcome.httpStatus,
-    attempts,
   };
 }
 

@@ -448,7 +448,7 @@ export class Settler {
     const { plan } = settlement;
     if (plan.action !== 'requeue') return [];
     if (!(await requeueJob(tx, job.id, attempt.attempt, plan.countsAsAttempt, plan.delaySeconds))) return [];
-    await upsertResult(tx, job.id, resultOf(outcome, plan.countsAsAttempt ? attempt.attempt : attempt.attempt - 1));
+    await upsertResult(tx, job.id, resultOf(outcome));
     // Delete and re-insert under the same id: the job waits out its delay
     // without spending pg-boss's own retry budget, kept for crash redelivery.
     const startAfter = new Date(Date.now() + plan.delaySeconds * 1000);
@@ -529,7 +529,7 @@ function groupItem({ attempt, outcome, settlement }: SettleItem): SettleGroupIte
             attempt: attempt.attempt,
             state: settlement.plan.action === 'succeed' ? ('SUCCEEDED' as const) : ('FAILED' as const),
             queue: attempt.queue,
-            result: resultOf(outcome, attempt.attempt, settlement.errorCode),
+            result: resultOf(outcome, settlement.errorCode),
           },
         }),
   };

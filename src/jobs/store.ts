@@ -386,8 +386,8 @@ export type { ResultRecord };
  * finish (which writes it in the update that finishes the job): a put-back keeping its attempt's
  * outcome, a late settlement, the reconciler. Its credits_billed is not written here: the settling
  * statement adds every credit it bills to the job's row, whoever settles (I11: sluice_bill_jobs, or
- * sluice_finish_jobs with the bill of a settlement group), and nothing else does. `attempts` is not
- * stored: the job's own attempts column counts them.
+ * sluice_finish_jobs with the bill of a settlement group), and nothing else does. The job's own
+ * attempts column counts its attempts.
  */
 export async function upsertResult(tx: Tx, jobId: string, r: ResultRecord): Promise<void> {
   await tx`
@@ -448,7 +448,6 @@ export function finishItem(j: FinishedJob) {
     error_code: j.result.errorCode,
     error_message: j.result.errorMessage,
     http_status: j.result.httpStatus,
-    attempts: j.result.attempts,
   };
 }
 
@@ -499,12 +498,12 @@ export async function releaseLostJobs(tx: Tx, attempts: ReadonlyArray<{ jobId: s
   return rows.map((r) => ({ id: r.id as string, tenantId: r.tenant_id as string, priority: r.priority as JobClass, api: r.api as string, params: r.params as Record<string, unknown>, traceParent: (r.trace_parent as string | null) ?? null }));
 }
 
-/** QUEUED or WAITING_QUOTA → FAILED (the reconciler: its queue is gone); returns its attempts, or null when it was not waiting. */
-export async function failWaitingJob(tx: Tx, id: string): Promise<number | null> {
-  const [row] = await tx`
+/** QUEUED or WAITING_QUOTA → FAILED (the reconciler: its queue is gone); false when it was not waiting. */
+export async function failWaitingJob(tx: Tx, id: string): Promise<boolean> {
+  const rows = await tx`
     update jobs set state = 'FAILED', finished_at = now(), updated_at = now()
-    where id = ${id} and state in ('QUEUED', 'WAITING_QUOTA') returning attempts`;
-  return row ? (row.attempts as number) : null;
+    where id = ${id} and state in ('QUEUED', 'WAITING_QUOTA')`;
+  return rows.count > 0;
 }
 
 /**

@@ -110,10 +110,9 @@ export class Reconciler {
         await markQueuesReady(tx, job.tenantId, [job.priority]);
         requeued++;
       } else {
-        const attempts = await failWaitingJob(tx, job.id);
-        if (attempts === null) continue;
+        if (!(await failWaitingJob(tx, job.id))) continue;
         const message = "the job's queue entry was lost and its queue no longer exists; submit it again";
-        await upsertResult(tx, job.id, { data: null, errorCode: LOST_JOB_CODE, errorMessage: message, httpStatus: null, attempts });
+        await upsertResult(tx, job.id, { data: null, errorCode: LOST_JOB_CODE, errorMessage: message, httpStatus: null });
         await publishJobEvents(tx, [{ jobId: job.id, tenantId: job.tenantId, state: 'FAILED' }]);
         failed++;
       }

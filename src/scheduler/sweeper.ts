@@ -252,7 +252,7 @@ export class Sweeper {
       attempt: r.attempt,
       state: 'FAILED' as const,
       queue: queueName(r.tenantId, r.jobClass),
-      result: { data: null, errorCode: ATTEMPT_LOST_CODE, errorMessage: attemptLostMessage(r.attempt), httpStatus: null, attempts: r.attempt },
+      result: { data: null, errorCode: ATTEMPT_LOST_CODE, errorMessage: attemptLostMessage(r.attempt), httpStatus: null },
     })));
     if (failed.size > 0) this.o.log.warn({ jobs: [...failed].slice(0, 20), count: failed.size }, 'jobs whose attempts kept being lost (their worker died or never settled) failed with ATTEMPT_LOST');
     // Never marked sent: refunded (nothing went upstream); sent: the timeout rule (ledger.ts).
