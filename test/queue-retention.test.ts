@@ -9,7 +9,7 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import postgres from 'postgres';
 import type { PgBoss } from 'pg-boss';
-import { QUEUE_POLICY_SETTING, TENANT_QUEUE_RETENTION_SECONDS, alignTenantQueues, extendTenantQueueRetention, queueName, startBoss } from '../src/queue/boss.ts';
+import { BOSS_JOB_FILLFACTOR, QUEUE_POLICY_SETTING, TENANT_QUEUE_RETENTION_SECONDS, alignTenantQueues, extendTenantQueueRetention, queueName, startBoss } from '../src/queue/boss.ts';
 import { LOST_JOB_CODE } from '../src/scheduler/reconcile.ts';
 import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
 
@@ -56,6 +56,17 @@ describe('a job waiting past the queue retention', () => {
     const [job] = await sql`select keep_until > now() + interval '300 days' as long from pgboss.job where name = ${queue} and id = ${id}`;
     assert.equal(job!.long, true, "the waiting job's deadline moved out too");
     assert.equal(await extendTenantQueueRetention(sql as never), 0, 'idempotent');
+  });
+
+  test("the start leaves room on every page of pg-boss's job table (its storage setting, not its schema), and a changed setting is applied again", async () => {
+    const options = async () => (await sql`select reloptions from pg_class where oid = 'pgboss.job_common'::regclass`)[0]!.reloptions as string[] | null;
+    assert.deepEqual(await options(), [`fillfactor=${BOSS_JOB_FILLFACTOR}`]);
+    // A database whose table lost it (restored from a dump of another setup): the next start with another set of values puts it back.
+    await sql`alter table pgboss.job_common reset (fillfactor)`;
+    const seconds = Number((await sql`select deletion_seconds from pgboss.queue where name like 't.%' limit 1`)[0]?.deletion_seconds ?? 0) || 3600;
+    await alignTenantQueues(sql as never, seconds + 1);
+    assert.deepEqual(await options(), [`fillfactor=${BOSS_JOB_FILLFACTOR}`]);
+    await alignTenantQueues(sql as never, seconds);
   });
 
   test('the queue migrations run at start once per set of values, not on every start (each scans every queue)', async () => {

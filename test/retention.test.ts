@@ -96,7 +96,7 @@ describe('retention keeps history equal to the ledger', () => {
 
     // Age everything past the retention, add an old cleared alert and a recent one.
     await sql`update jobs set finished_at = now() - interval '2 days' where tenant_id = ${tenant.id}`;
-    await sql`update reservations set settled_at = now() - interval '2 days' where tenant_id = ${tenant.id}`;
+    await sql`update reservations set created_at = now() - interval '2 days', settled_at = now() - interval '2 days' + interval '1 second' where tenant_id = ${tenant.id}`;
     // The sent marks (one lease_sends row per lease) as old; one more of a lease still open, whose
     // row says whether its call was sent: it stays.
     await sql`update lease_sends set at = now() - interval '2 days'`;

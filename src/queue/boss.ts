@@ -118,7 +118,16 @@ export async function applyFinishedJobRetention(sql: Sql, seconds: number): Prom
 }
 
 /**
- * The three tenant-queue migrations above (heartbeats off, the long retention, finished-job
+ * Room kept free on every page of pg-boss's shared job table (a storage parameter, not its
+ * schema): Sluice writes each job's row twice after its insert (activation, completion), and a new
+ * version that fits on the old one's page saves a WAL record per write (the lock Postgres logs
+ * before it moves a row to another page) and most of the new version's bytes. Pages already full
+ * keep their rows; new rows go to pages filled to this percentage.
+ */
+export const BOSS_JOB_FILLFACTOR = 70;
+
+/**
+ * The storage setting above and the three tenant-queue migrations above (heartbeats off, the long retention, finished-job
  * deletion), run at a process's start only when the settings row says they have not yet run for
  * these values. Each one scans every row of pgboss.queue (`name like 't.%'` cannot use its key):
  * with 100,000 tenants (300,000 queues) that was most of a worker's 14 s start, on every start of
@@ -128,8 +137,9 @@ export async function applyFinishedJobRetention(sql: Sql, seconds: number): Prom
  * retention was extended, or null when skipped.
  */
 export async function alignTenantQueues(sql: Sql, finishedJobRetentionSeconds: number): Promise<number | null> {
-  const marker = `v1 retention=${TENANT_QUEUE_RETENTION_SECONDS} deletion=${finishedJobRetentionSeconds} heartbeat=off`;
+  const marker = `v1 retention=${TENANT_QUEUE_RETENTION_SECONDS} deletion=${finishedJobRetentionSeconds} heartbeat=off fillfactor=${BOSS_JOB_FILLFACTOR}`;
   if ((await readSetting(sql, QUEUE_POLICY_SETTING)) === marker) return null;
+  await sql.unsafe(`alter table pgboss.job_common set (fillfactor = ${BOSS_JOB_FILLFACTOR})`);
   await disableBossHeartbeats(sql);
   const extended = await extendTenantQueueRetention(sql);
   await applyFinishedJobRetention(sql, finishedJobRetentionSeconds);

@@ -347,16 +347,18 @@ export async function failedExpiries(sql: Tx, limit = 5): Promise<{ count: numbe
 }
 
 /**
- * Retention: one batch of settled reservations older than `seconds` (rows another pass holds are
- * skipped), and one of lease_sends rows as old whose lease has no open reservation left (an open
+ * Retention: one batch of settled reservations made more than `seconds` ago (by
+ * reservations_created_idx: a reservation settles within its lease, so its making is its age for
+ * retention, and no index of settled_at costs every settlement an entry; rows another pass holds
+ * are skipped), and one of lease_sends rows as old whose lease has no open reservation left (an open
  * one's row says whether its call was sent: it stays). Returns how many reservations went.
  */
 export async function deleteSettledReservations(sql: Tx, seconds: number, n: number): Promise<number> {
   const deleted = await sql`
     with doomed as (
       select id from reservations
-      where settled_at is not null and settled_at < now() - make_interval(secs => ${seconds})
-      order by settled_at limit ${n} for update skip locked)
+      where created_at < now() - make_interval(secs => ${seconds}) and settled_at is not null
+      order by created_at limit ${n} for update skip locked)
     delete from reservations r using doomed where r.id = doomed.id`;
   await sql`
     with doomed as (
