@@ -3,13 +3,18 @@
 -- - each served queue's virtual time (p_sv_*) and, for the jobs it claimed, its depth (down) and
 --   running count (up), which the claim's triggers left to this write (sluice.lease_claim); a
 --   queue that claimed jobs and has nothing left waiting goes idle (a submission or a retry marks
---   it ready again): one write per queue. A claimed queue not among the served ones (none
---   expected: every pick is a served queue's) gets its counts the triggers' way;
+--   it ready again): one write per queue. A queue it idles leaves the fair index: the change of
+--   its class's reserved-shares totals goes straight into the class's row with the fold below
+--   (this call writes that row anyway), not through a sched_share_deltas row appended by the
+--   shares trigger (sluice.lease_commit keeps it from firing) and deleted again by the next fold.
+--   A claimed queue not among the served ones (none expected: every pick is a served queue's)
+--   gets its counts the triggers' way;
 -- - the credits: one ledger write per tenant and period; the reservations (one per attempt, all
 --   with this call's lease id: their node's sent mark is one lease_sends row for them all);
 -- - each class's clock: the largest start tag served in fair order (p_served; no credit for idle
 --   time), and the reserved-shares deltas folded into the classes' counters (SKIP LOCKED: a
---   concurrent fold, another window's lease or the sweeper, takes the rest);
+--   concurrent fold, another window's lease or the sweeper, takes the rest), with this call's
+--   idled queues';
 -- - the lift: ready queues lagging the new clock by more than LAG_SLACK (8: a few turns' worth)
 --   are lifted to it: passed over while their tenant was capped, an API held or the row locked, or
 --   marked ready at a clock this call then moved; otherwise such a queue is served alone until it
@@ -32,13 +37,30 @@ DECLARE
   slots int;
   stray jsonb;
   lease uuid := gen_random_uuid();
+  idled_c text[];
+  idled_r numeric[];
+  idled_w numeric[];
+  idled_rw numeric[];
 BEGIN
-  UPDATE sched_queues sq SET vtime = x.v, depth = sq.depth - coalesce(d.n, 0), running = sq.running + coalesce(d.n, 0),
-      ready_at = CASE WHEN d.n IS NOT NULL AND sq.depth - d.n = 0 THEN NULL ELSE sq.ready_at END
-    FROM unnest(p_sv_key, p_sv_t, p_sv_c, p_sv_v) x(k, t, c, v)
-    LEFT JOIN (SELECT (o->>'tenant_id')::uuid AS t, o->>'class' AS c, count(*)::int AS n FROM jsonb_array_elements(p_out) o GROUP BY 1, 2) d
-      ON d.t = x.t AND d.c = x.c
-    WHERE sq.tenant_id = x.t AND sq.class = x.c AND sq.tenant_id = ANY (p_sv_t);
+  PERFORM set_config('sluice.lease_commit', 'on', true);
+  WITH was AS (
+    SELECT q.tenant_id, q.class, sluice_queue_in_fair_index(q) AS was FROM sched_queues q
+    WHERE (q.tenant_id, q.class) IN (SELECT * FROM unnest(p_sv_t, p_sv_c)) AND q.tenant_id = ANY (p_sv_t)),
+  u AS (
+    UPDATE sched_queues sq SET vtime = x.v, depth = sq.depth - coalesce(d.n, 0), running = sq.running + coalesce(d.n, 0),
+        ready_at = CASE WHEN d.n IS NOT NULL AND sq.depth - d.n = 0 THEN NULL ELSE sq.ready_at END
+      FROM unnest(p_sv_key, p_sv_t, p_sv_c, p_sv_v) x(k, t, c, v)
+      LEFT JOIN (SELECT (o->>'tenant_id')::uuid AS t, o->>'class' AS c, count(*)::int AS n FROM jsonb_array_elements(p_out) o GROUP BY 1, 2) d
+        ON d.t = x.t AND d.c = x.c
+      WHERE sq.tenant_id = x.t AND sq.class = x.c AND sq.tenant_id = ANY (p_sv_t)
+      RETURNING sq.tenant_id, sq.class, sluice_queue_in_fair_index(sq) AS now)
+  SELECT coalesce(array_agg(u.class), '{}'), coalesce(array_agg(CASE WHEN st.reserved_share > 0 THEN -st.reserved_share::numeric ELSE 0 END), '{}'),
+      coalesce(array_agg(CASE WHEN st.reserved_share > 0 THEN 0 ELSE -st.weight END), '{}'),
+      coalesce(array_agg(CASE WHEN st.reserved_share > 0 THEN -st.weight ELSE 0 END), '{}')
+    INTO idled_c, idled_r, idled_w, idled_rw
+    FROM u JOIN was ON was.tenant_id = u.tenant_id AND was.class = u.class JOIN sched_tenants st ON st.tenant_id = u.tenant_id
+    WHERE was.was AND NOT u.now AND st.weight > 0;
+  PERFORM set_config('sluice.lease_commit', 'off', true);
   IF jsonb_array_length(p_out) = 0 THEN
     RETURN;
   END IF;
@@ -59,9 +81,10 @@ BEGIN
     FROM jsonb_array_elements(p_out) o;
   UPDATE sched_classes k SET clock = greatest(k.clock, (p_served->>k.class)::float8), served_at = now() WHERE p_served ? k.class;
   WITH d AS (DELETE FROM sched_share_deltas x WHERE x.ctid = ANY (ARRAY(SELECT y.ctid FROM sched_share_deltas y FOR UPDATE SKIP LOCKED))
-    RETURNING x.class, x.r, x.w, x.rw)
+    RETURNING x.class, x.r, x.w, x.rw),
+  a AS (SELECT d.class, d.r, d.w, d.rw FROM d UNION ALL SELECT * FROM unnest(idled_c, idled_r, idled_w, idled_rw))
   UPDATE sched_classes k SET reserved_sum = k.reserved_sum + s.r, unreserved_weight = k.unreserved_weight + s.w, reserved_weight = k.reserved_weight + s.rw
-    FROM (SELECT d.class, sum(d.r) AS r, sum(d.w) AS w, sum(d.rw) AS rw FROM d GROUP BY d.class) s WHERE k.class = s.class;
+    FROM (SELECT a.class, sum(a.r) AS r, sum(a.w) AS w, sum(a.rw) AS rw FROM a GROUP BY a.class) s WHERE k.class = s.class;
   FOR c IN SELECT jsonb_object_keys(p_served) LOOP
     SELECT k.clock INTO lift_to FROM sched_classes k WHERE k.class = c;
     UPDATE sched_queues q SET vtime = lift_to

@@ -30,8 +30,10 @@ END $function$;
 -- The triggers executing it (as pg_get_triggerdef prints them).
 -- Only a row entering or leaving the fair index calls the function: a depth or virtual-time write
 -- (nearly every write of the table) is judged by the WHEN clause alone.
+-- Not for the lease commit's own write (sluice.lease_commit on): it folds the change it makes
+-- into the classes' row itself.
 CREATE TRIGGER sched_queues_shares_upd AFTER UPDATE ON sched_queues FOR EACH ROW
-  WHEN ((sluice_queue_in_fair_index(old.*) IS DISTINCT FROM sluice_queue_in_fair_index(new.*)))
+  WHEN (((sluice_queue_in_fair_index(old.*) IS DISTINCT FROM sluice_queue_in_fair_index(new.*)) AND (current_setting('sluice.lease_commit'::text, true) IS DISTINCT FROM 'on'::text)))
   EXECUTE FUNCTION sluice_queues_shares();
 
 CREATE TRIGGER sched_queues_shares_del AFTER DELETE ON sched_queues FOR EACH ROW
