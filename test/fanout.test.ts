@@ -201,6 +201,40 @@ describe('final job states fan out with their row', () => {
     }
   });
 
+  test("a subscriber that names its tenant is offered that tenant's events only; unkeyed ones are offered all", async () => {
+    const sql = postgres(t.databaseUrl, { max: 2, onnotice: () => {} });
+    const bus = new EventBus();
+    const notify = (tenantId: string, jobId: string) => sql`select pg_notify(${JOB_EVENTS_CHANNEL}, ${JSON.stringify({ jobId, tenantId, state: 'RUNNING' })})`;
+    const offered = { a: 0, any: 0 };
+    const got = { a: [] as string[], any: [] as string[] };
+    try {
+      await bus.start(sql);
+      const a = bus.subscribe(() => (offered.a++, true), { tenantId: 'tenant-a' });
+      const any = bus.subscribe(() => (offered.any++, true));
+      void (async () => {
+        for await (const e of a) got.a.push(e.jobId);
+      })();
+      void (async () => {
+        for await (const e of any) got.any.push(e.jobId);
+      })();
+      for (let i = 0; i < 5; i++) await notify('tenant-b', `b${i}`);
+      await notify('tenant-a', 'a0');
+      await eventually(async () => got.any.length === 6 && got.a.length === 1);
+      assert.deepEqual(got.a, ['a0']);
+      assert.equal(offered.a, 1, "the keyed subscriber's filter never saw another tenant's events");
+      assert.equal(offered.any, 6);
+      // Gone once it returns: the next event of its tenant reaches only the unkeyed one.
+      await a.return?.();
+      await notify('tenant-a', 'a1');
+      await eventually(async () => got.any.length === 7);
+      assert.equal(offered.a, 1);
+      await any.return?.();
+    } finally {
+      await bus.stop();
+      await sql.end({ timeout: 2 });
+    }
+  });
+
   test("a settlement's final events reach its own process's subscribers once, and another process's by NOTIFY", async () => {
     // An API-only process on the same database: it settles nothing, so it hears of every job by NOTIFY.
     const other = await startTestApp({ DATABASE_URL: t.databaseUrl, SLUICE_ROLE: 'api' });

@@ -153,10 +153,23 @@ export interface OwnEvents {
 }
 
 export class EventBus implements OwnEvents {
+  /** Every subscriber (RESYNC goes to all). */
   private readonly listeners = new Set<Listener>();
+  /**
+   * Subscribers that named their tenant, by tenant: an event is offered to its tenant's and to the
+   * unkeyed ones only, not to every subscriber of the process (a burst of events to many
+   * subscribers was events × subscribers filter calls).
+   */
+  private readonly byTenant = new Map<string, Set<Listener>>();
+  private readonly unkeyed = new Set<Listener>();
   private unlisten: (() => Promise<void>) | null = null;
   /** This process's own final events whose other copy may still come (OwnEvent), oldest first. */
   private readonly own = new Map<string, OwnEvent>();
+  /**
+   * The payloads of own events delivered from the settlement's result, to their job: the NOTIFY
+   * copy that comes back is recognised by its text and dropped without being parsed again.
+   */
+  private readonly ownPayloads = new Map<string, string>();
   /** Final events this process delivered from its own settlement's result, before their NOTIFY (for tests and metrics). */
   ownDelivered = 0;
   /** Copies of an event already delivered, dropped (for tests and metrics). */
@@ -200,6 +213,14 @@ export class EventBus implements OwnEvents {
     const { unlisten } = await sql.listen(
       JOB_EVENTS_CHANNEL,
       (payload) => {
+        const twinOf = this.ownPayloads.get(payload);
+        if (twinOf !== undefined) {
+          // Its settlement's result delivered it already.
+          this.ownPayloads.delete(payload);
+          this.own.delete(twinOf);
+          this.twinsDropped++;
+          return;
+        }
         const event = eventFromPayload(payload);
         if (!event) return;
         const mine = event.job ? this.own.get(event.jobId) : undefined;
@@ -232,12 +253,15 @@ export class EventBus implements OwnEvents {
     await this.unlisten?.();
     this.unlisten = null;
     this.own.clear();
+    this.ownPayloads.clear();
   }
 
-  /** An event to every subscriber whose filter takes it. */
+  /** An event to every subscriber of its tenant, and every unkeyed one, whose filter takes it. */
   private deliver(event: JobEvent): void {
     let pushed = 0;
-    for (const listener of this.listeners) if (listener(event)) pushed++;
+    const keyed = this.byTenant.get(event.tenantId);
+    if (keyed) for (const listener of keyed) if (listener(event)) pushed++;
+    for (const listener of this.unkeyed) if (listener(event)) pushed++;
     // A traced job's event (its row carries its traceparent) pushed to subscribers here: one span in its trace.
     if (pushed > 0 && tracing.on && event.job?.traceParent) pushSpan(event, event.job.traceParent, pushed);
   }
@@ -247,6 +271,7 @@ export class EventBus implements OwnEvents {
     for (const [jobId, e] of this.own) {
       if (e.at > now - OWN_EVENT_TTL_MS) return;
       this.own.delete(jobId);
+      if (e.via === 'own') this.ownPayloads.delete(e.payload!);
     }
   }
 
@@ -272,6 +297,7 @@ export class EventBus implements OwnEvents {
       // (read once there), and so is one this process did not announce (not listening).
       if (!event?.job || mine?.via !== 'pending') continue;
       Object.assign(mine, { via: 'own', payload });
+      this.ownPayloads.set(payload, event.jobId);
       this.ownDelivered++;
       this.deliver(event);
     }
@@ -291,12 +317,14 @@ export class EventBus implements OwnEvents {
    * the subscriber is dropped (its buffer freed, its socket closed with
    * SLOW_CONSUMER_CLOSE, its iterator ended), so a consumer that does not read
    * never grows the process's memory. `return()` (client unsubscribes)
-   * removes the listener.
+   * removes the listener. `tenantId`: the one tenant whose events `filter`
+   * can take, if there is one; the subscriber is then offered only that
+   * tenant's events (the filter still decides which).
    */
-  subscribe(filter: (event: JobEvent) => boolean, opts?: { socket?: SubscriberSocket | undefined }): AsyncIterableIterator<JobEvent>;
+  subscribe(filter: (event: JobEvent) => boolean, opts?: { socket?: SubscriberSocket | undefined; tenantId?: string | undefined }): AsyncIterableIterator<JobEvent>;
   /** With `resync`, RESYNC is yielded after each re-LISTEN (at most one pending at a time). */
-  subscribe(filter: (event: JobEvent) => boolean, opts: { resync: true; socket?: SubscriberSocket | undefined }): AsyncIterableIterator<BusItem>;
-  subscribe(filter: (event: JobEvent) => boolean, opts: { resync?: boolean; socket?: SubscriberSocket | undefined } = {}): AsyncIterableIterator<BusItem> {
+  subscribe(filter: (event: JobEvent) => boolean, opts: { resync: true; socket?: SubscriberSocket | undefined; tenantId?: string | undefined }): AsyncIterableIterator<BusItem>;
+  subscribe(filter: (event: JobEvent) => boolean, opts: { resync?: boolean; socket?: SubscriberSocket | undefined; tenantId?: string | undefined } = {}): AsyncIterableIterator<BusItem> {
     const buffer: BusItem[] = [];
     let wake: (() => void) | null = null;
     let done = false;
@@ -317,9 +345,15 @@ export class EventBus implements OwnEvents {
       return true;
     };
     this.listeners.add(listener);
+    const keyed = opts.tenantId === undefined ? this.unkeyed : this.byTenant.get(opts.tenantId) ?? new Set<Listener>();
+    if (opts.tenantId !== undefined && keyed.size === 0) this.byTenant.set(opts.tenantId, keyed);
+    keyed.add(listener);
     const finish = () => {
+      if (done) return;
       done = true;
       this.listeners.delete(listener);
+      keyed.delete(listener);
+      if (opts.tenantId !== undefined && keyed.size === 0 && this.byTenant.get(opts.tenantId) === keyed) this.byTenant.delete(opts.tenantId);
       wake?.();
     };
     const iterator: AsyncIterableIterator<BusItem> = {

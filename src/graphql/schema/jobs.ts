@@ -334,7 +334,7 @@ builder.subscriptionFields((t) => ({
       const jobId = asId(id, 'job');
       // Listen before reading, so a change between the read and the listen is not missed.
       // A tenant-wide event (the quota block: one for all the tenant's waiting jobs) is read as this job's.
-      const events = ctx.services.bus.subscribe((e) => e.tenantId === tenantId && (e.jobId === jobId || e.allWaiting === true), { resync: true, socket: ctx.socket });
+      const events = ctx.services.bus.subscribe((e) => e.tenantId === tenantId && (e.jobId === jobId || e.allWaiting === true), { resync: true, socket: ctx.socket, tenantId });
       try {
         const current = await getJob(ctx.services.sql, tenantId, jobId);
         if (!current) throw new SluiceError('NOT_FOUND', `no job with id ${jobId}`);
@@ -382,7 +382,7 @@ builder.subscriptionFields((t) => ({
     description: 'Every job of yours that reaches SUCCEEDED, FAILED or CANCELLED.',
     subscribe: async function* (_r, _a, ctx) {
       const tenantId = tenantOf(ctx).id;
-      const events = ctx.services.bus.subscribe((e) => e.tenantId === tenantId && (FINAL_STATES as string[]).includes(e.state), { resync: true, socket: ctx.socket });
+      const events = ctx.services.bus.subscribe((e) => e.tenantId === tenantId && (FINAL_STATES as string[]).includes(e.state), { resync: true, socket: ctx.socket, tenantId });
       // What was sent, by finish time, to send each job once across a resync; only the last
       // RESYNC_MARGIN_MS before the watermark are kept (the resync re-reads from there).
       const sent = new Map<string, number>();
