@@ -139,7 +139,13 @@ export const BOSS_JOB_FILLFACTOR = 70;
 export async function alignTenantQueues(sql: Sql, finishedJobRetentionSeconds: number): Promise<number | null> {
   const marker = `v1 retention=${TENANT_QUEUE_RETENTION_SECONDS} deletion=${finishedJobRetentionSeconds} heartbeat=off fillfactor=${BOSS_JOB_FILLFACTOR}`;
   if ((await readSetting(sql, QUEUE_POLICY_SETTING)) === marker) return null;
-  await sql.unsafe(`alter table pgboss.job_common set (fillfactor = ${BOSS_JOB_FILLFACTOR})`);
+  try {
+    await sql.unsafe(`alter table pgboss.job_common set (fillfactor = ${BOSS_JOB_FILLFACTOR})`);
+  } catch (err) {
+    // Another role owns pg-boss's tables (set up by hand): a tuning, not a need; the rest goes on.
+    if ((err as { code?: string }).code !== '42501') throw err;
+    process.emitWarning(`pg-boss's job table keeps its fillfactor: ${(err as Error).message}`);
+  }
   await disableBossHeartbeats(sql);
   const extended = await extendTenantQueueRetention(sql);
   await applyFinishedJobRetention(sql, finishedJobRetentionSeconds);
