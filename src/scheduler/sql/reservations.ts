@@ -282,6 +282,14 @@ export interface ExpiredReservation {
 }
 
 /**
+ * Whether the lease's sent mark, if it has one (lease_sends `s`, left-joined), no longer extends it:
+ * no mark, a claim that it was never sent, or a mark whose lease is over.
+ */
+const markLapsed = (sql: Tx) => sql`(s.lease_expires_at is null or s.lease_expires_at < clock_timestamp())`;
+/** An open reservation `r` whose attempt lease is over, its own and its mark's (`s`). */
+const leaseLapsed = (sql: Tx) => sql`r.settled_at is null and r.lease_expires_at < clock_timestamp() and ${markLapsed(sql)}`;
+
+/**
  * Open reservations whose attempt lease expired (the one liveness authority), up to `limit`, in id
  * order, without locking: the sweeper locks them by id (lockExpiredReservations), so a batch whose
  * settlement fails can be split and retried by halves. One whose expiry failed on its own is left
@@ -293,7 +301,7 @@ export interface ExpiredReservation {
 export async function expiredReservationIds(sql: Tx, limit: number, retrySeconds: number): Promise<string[]> {
   const rows = await sql`
     select r.id from reservations r left join lease_sends s on s.lease_id = r.lease_id
-    where r.settled_at is null and r.lease_expires_at < clock_timestamp() and (s.lease_expires_at is null or s.lease_expires_at < clock_timestamp())
+    where ${leaseLapsed(sql)}
       and (r.expiry_failed_at is null or r.expiry_failed_at < now() - make_interval(secs => ${retrySeconds}))
     order by r.id limit ${limit}`;
   return rows.map((r) => r.id as string);
@@ -311,7 +319,7 @@ export async function lockExpiredReservations(tx: Tx, ids: readonly string[]): P
   const locked = await tx`
     select r.id, r.lease_id, s.lease_id is null as unclaimed
     from reservations r left join lease_sends s on s.lease_id = r.lease_id
-    where r.id = any(${ids as string[]}::uuid[]) and r.settled_at is null and r.lease_expires_at < clock_timestamp() and (s.lease_expires_at is null or s.lease_expires_at < clock_timestamp())
+    where r.id = any(${ids as string[]}::uuid[]) and ${leaseLapsed(tx)}
     order by r.id for update of r skip locked`;
   if (locked.length === 0) return [];
   const unclaimed = [...new Set(locked.filter((r) => r.unclaimed).map((r) => r.lease_id as string))];
@@ -320,7 +328,7 @@ export async function lockExpiredReservations(tx: Tx, ids: readonly string[]): P
     select r.id, r.job_id, r.attempt, r.tenant_id, j.priority, r.credits,
       (s.sent_at is not null and r.id <> all(coalesce(s.riders, '{}'))) as sent
     from reservations r join jobs j on j.id = r.job_id join lease_sends s on s.lease_id = r.lease_id
-    where r.id = any(${locked.map((r) => r.id as string)}::uuid[]) and (s.lease_expires_at is null or s.lease_expires_at < clock_timestamp())
+    where r.id = any(${locked.map((r) => r.id as string)}::uuid[]) and ${markLapsed(tx)}
     order by r.id`;
   return rows.map((r) => ({
     id: r.id as string,
