@@ -97,8 +97,8 @@ export const tenantApiKeys = pgTable(
 );
 
 /**
- * A job: its state, its attempts and, once finished, its result and bill. Its heap keeps half of
- * every page free (fillfactor 50, set by its migration: drizzle does not model it): a job is
+ * A job: its state, its attempts and, once finished, its result and bill. Its heap keeps 30 % of
+ * every page free (fillfactor 70, set by its migration: drizzle does not model it): a job is
  * written twice after its insert (claim, finish), both non-HOT, and a new version that fits on the
  * old one's page saves a WAL record per write (the lock Postgres logs before it moves a row to
  * another page) and most of the new version's bytes (logged as a change of the old).
