@@ -86,7 +86,7 @@ async function pair(a: string, b: string, order: 'key' | 'outcome'): Promise<[st
   const settlement = sql.begin(async (tx) => {
     for (const [k, i] of idx.entries()) {
       const o = outcomes[i]!;
-      assert.ok(await requeueJob(tx, o.id, 1, true, 0));
+      assert.ok(await requeueJob(tx, o.id, 1, true, 0, { data: null, errorCode: 'HTTP_503', errorMessage: 'retry', httpStatus: 503 }));
       await markQueuesReady(tx, o.tenantId, [o.jobClass]);
       if (k === 0) {
         holding();

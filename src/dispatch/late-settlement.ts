@@ -33,7 +33,7 @@
 import type { Logger } from 'pino';
 import type { Sql } from '../db/client.ts';
 import { publishJobEvents, type JobEvent } from '../events/bus.ts';
-import { addJobCredits, finishWaitingJob, jobStateOf, upsertResult, type JobState } from '../jobs/store.ts';
+import { addJobCredits, finishWaitingJob, jobStateOf, type JobState } from '../jobs/store.ts';
 import { reactionTo } from '../provider/classify.ts';
 import type { CallOutcome } from '../provider/types.ts';
 import { deleteWaitingBossJob, lockBossJob } from '../queue/boss.ts';
@@ -132,10 +132,9 @@ export async function reconcileLateSettlements(sql: Sql, items: readonly LateIte
       let finished = false;
       if (plan.finish) {
         await lockBossJob(tx, x.queue, x.jobId);
-        finished = await finishWaitingJob(tx, x.jobId, x.attempt, plan.finish);
+        finished = await finishWaitingJob(tx, x.jobId, x.attempt, plan.finish, resultOf(x.outcome));
         if (finished) {
           await deleteWaitingBossJob(tx, x.queue, x.jobId);
-          await upsertResult(tx, x.jobId, resultOf(x.outcome));
           events.push({ jobId: x.jobId, tenantId: x.tenantId, state: plan.finish });
         }
       }

@@ -18,7 +18,7 @@ export function errorCodeFor(kind: OutcomeKind): string | null {
   return kind === 'billed' ? null : kind.toUpperCase();
 }
 
-/** A job's result (on its jobs row; written by jobs/store.ts upsertResult and the settlement's functions). */
+/** A job's result (on its jobs row; written with the state change that ends an attempt: jobs/store.ts and the settlement's functions). */
 export interface ResultRecord {
   data: unknown;
   errorCode: string | null;

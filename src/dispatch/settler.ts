@@ -19,7 +19,7 @@ import type postgres from 'postgres';
 import type { PgBoss } from 'pg-boss';
 import type { Sql } from '../db/client.ts';
 import { publishJobEvents, type JobEvent, type OwnEvents } from '../events/bus.ts';
-import { requeueJob, upsertResult } from '../jobs/store.ts';
+import { requeueJob } from '../jobs/store.ts';
 import { reactionTo } from '../provider/classify.ts';
 import type { CallOutcome } from '../provider/types.ts';
 import { reinsertJobs } from '../queue/boss.ts';
@@ -447,8 +447,7 @@ export class Settler {
     const { tenantId } = job.data;
     const { plan } = settlement;
     if (plan.action !== 'requeue') return [];
-    if (!(await requeueJob(tx, job.id, attempt.attempt, plan.countsAsAttempt, plan.delaySeconds))) return [];
-    await upsertResult(tx, job.id, resultOf(outcome));
+    if (!(await requeueJob(tx, job.id, attempt.attempt, plan.countsAsAttempt, plan.delaySeconds, resultOf(outcome)))) return [];
     // Delete and re-insert under the same id: the job waits out its delay
     // without spending pg-boss's own retry budget, kept for crash redelivery.
     const startAfter = new Date(Date.now() + plan.delaySeconds * 1000);

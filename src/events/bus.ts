@@ -223,16 +223,10 @@ export class EventBus implements OwnEvents {
         }
         const event = eventFromPayload(payload);
         if (!event) return;
+        // Not a twin of an own delivery (those are dropped above, by their text): the NOTIFY came
+        // first, and the statement's copy is the one to drop.
         const mine = event.job ? this.own.get(event.jobId) : undefined;
-        if (mine) {
-          if (mine.via === 'own' && mine.payload === payload) {
-            // Its settlement's result delivered it already.
-            this.own.delete(event.jobId);
-            this.twinsDropped++;
-            return;
-          }
-          if (mine.via === 'pending') Object.assign(mine, { via: 'notify', payload });
-        }
+        if (mine?.via === 'pending') Object.assign(mine, { via: 'notify', payload });
         this.deliver(event);
       },
       // postgres.js re-LISTENs by itself when its connection comes back; this runs each time.

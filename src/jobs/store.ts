@@ -382,19 +382,16 @@ export async function deleteFinishedJobs(sql: Tx, seconds: number, n: number): P
 export type { ResultRecord };
 
 /**
- * The job's result, on its row (invariant I6: one result per job id), outside a settlement group's
- * finish (which writes it in the update that finishes the job): a put-back keeping its attempt's
- * outcome, a late settlement, the reconciler. Its credits_billed is not written here: the settling
- * statement adds every credit it bills to the job's row, whoever settles (I11: sluice_bill_jobs, or
- * sluice_finish_jobs with the bill of a settlement group), and nothing else does. The job's own
- * attempts column counts its attempts.
+ * The SET columns of a job's result, for the update that changes its state outside a settlement
+ * group's finish (a put-back keeping its attempt's outcome, a late settlement, the reconciler), so
+ * the row is written once (invariant I6: one result per job id). Its credits_billed is not written
+ * here: the settling statement adds every credit it bills to the job's row, whoever settles (I11:
+ * sluice_bill_jobs, or sluice_finish_jobs with the bill of a settlement group), and nothing else
+ * does. The job's own attempts column counts its attempts.
  */
-export async function upsertResult(tx: Tx, jobId: string, r: ResultRecord): Promise<void> {
-  await tx`
-    update jobs set result = ${r.data === null || r.data === undefined ? null : tx.json(r.data as never)}, error_code = ${r.errorCode},
-      error_message = ${r.errorMessage}, http_status = ${r.httpStatus}, updated_at = now()
-    where id = ${jobId}`;
-}
+const resultColumns = (tx: Tx, r: ResultRecord) =>
+  tx`result = ${r.data === null || r.data === undefined ? null : tx.json(r.data as never)}, error_code = ${r.errorCode},
+    error_message = ${r.errorMessage}, http_status = ${r.httpStatus}`;
 
 /**
  * Adds a correction to the job's creditsBilled (a late settlement that knew
@@ -413,12 +410,12 @@ export async function jobStateOf(tx: Tx, id: string): Promise<{ state: JobState;
 
 /**
  * QUEUED or WAITING_QUOTA on this attempt (not leased again) → SUCCEEDED or
- * FAILED: a late settlement brought the outcome of the attempt the sweeper
+ * FAILED, with its result: a late settlement brought the outcome of the attempt the sweeper
  * had given up on. The caller locked its pg-boss row first and deletes it.
  */
-export async function finishWaitingJob(tx: Tx, id: string, attempt: number, state: 'SUCCEEDED' | 'FAILED'): Promise<boolean> {
+export async function finishWaitingJob(tx: Tx, id: string, attempt: number, state: 'SUCCEEDED' | 'FAILED', result: ResultRecord): Promise<boolean> {
   const rows = await tx`
-    update jobs set state = ${state}, finished_at = now(), updated_at = now()
+    update jobs set state = ${state}, finished_at = now(), updated_at = now(), ${resultColumns(tx, result)}
     where id = ${id} and state in ('QUEUED', 'WAITING_QUOTA') and attempts = ${attempt} returning id`;
   return rows.length > 0;
 }
@@ -471,12 +468,12 @@ export async function recentAttemptLost(sql: Tx, seconds: number, limit = 5): Pr
 }
 
 /**
- * RUNNING (on this attempt) → QUEUED, ready after `delaySeconds`. A put-back
- * gives back the attempt it claimed: it was not the job's fault.
+ * RUNNING (on this attempt) → QUEUED, ready after `delaySeconds`, with the attempt's result. A
+ * put-back gives back the attempt it claimed: it was not the job's fault.
  */
-export async function requeueJob(tx: Tx, id: string, attempt: number, countsAsAttempt: boolean, delaySeconds: number): Promise<boolean> {
+export async function requeueJob(tx: Tx, id: string, attempt: number, countsAsAttempt: boolean, delaySeconds: number, result: ResultRecord): Promise<boolean> {
   const rows = await tx`
-    update jobs set state = 'QUEUED', updated_at = now(),
+    update jobs set state = 'QUEUED', updated_at = now(), ${resultColumns(tx, result)},
       run_after = now() + make_interval(secs => ${delaySeconds}),
       attempts = case when ${countsAsAttempt}::boolean then attempts else greatest(attempts - 1, 0) end
     where id = ${id} and state = 'RUNNING' and attempts = ${attempt} returning id`;
@@ -498,10 +495,10 @@ export async function releaseLostJobs(tx: Tx, attempts: ReadonlyArray<{ jobId: s
   return rows.map((r) => ({ id: r.id as string, tenantId: r.tenant_id as string, priority: r.priority as JobClass, api: r.api as string, params: r.params as Record<string, unknown>, traceParent: (r.trace_parent as string | null) ?? null }));
 }
 
-/** QUEUED or WAITING_QUOTA → FAILED (the reconciler: its queue is gone); false when it was not waiting. */
-export async function failWaitingJob(tx: Tx, id: string): Promise<boolean> {
+/** QUEUED or WAITING_QUOTA → FAILED with its result (the reconciler: its queue is gone); false when it was not waiting. */
+export async function failWaitingJob(tx: Tx, id: string, result: ResultRecord): Promise<boolean> {
   const rows = await tx`
-    update jobs set state = 'FAILED', finished_at = now(), updated_at = now()
+    update jobs set state = 'FAILED', finished_at = now(), updated_at = now(), ${resultColumns(tx, result)}
     where id = ${id} and state in ('QUEUED', 'WAITING_QUOTA')`;
   return rows.count > 0;
 }

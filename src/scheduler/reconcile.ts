@@ -16,7 +16,7 @@ import type postgres from 'postgres';
 import type { PgBoss } from 'pg-boss';
 import type { Logger } from 'pino';
 import { publishJobEvents } from '../events/bus.ts';
-import { failWaitingJob, upsertResult } from '../jobs/store.ts';
+import { failWaitingJob } from '../jobs/store.ts';
 import { inTransaction, queueName } from '../queue/boss.ts';
 import { type JobClass } from '../config/classes.ts';
 import { markQueuesReady } from './sql/queues.ts';
@@ -110,9 +110,8 @@ export class Reconciler {
         await markQueuesReady(tx, job.tenantId, [job.priority]);
         requeued++;
       } else {
-        if (!(await failWaitingJob(tx, job.id))) continue;
         const message = "the job's queue entry was lost and its queue no longer exists; submit it again";
-        await upsertResult(tx, job.id, { data: null, errorCode: LOST_JOB_CODE, errorMessage: message, httpStatus: null });
+        if (!(await failWaitingJob(tx, job.id, { data: null, errorCode: LOST_JOB_CODE, errorMessage: message, httpStatus: null }))) continue;
         await publishJobEvents(tx, [{ jobId: job.id, tenantId: job.tenantId, state: 'FAILED' }]);
         failed++;
       }
