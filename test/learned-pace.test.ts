@@ -156,10 +156,21 @@ describe('a provider that never states its window', () => {
   });
 
   test('a 429 halves the pace, answers without headers climb it back, and once the window rises the rate reaches the configuration', async () => {
-    const halved = await eventually(async () => {
+    // Each change of the window as polled, so a wait that runs out says where the pace stood.
+    const trail: string[] = [];
+    const traced = async () => {
       const w = await windowRow();
+      const s = sim.stats().keys[sim.apiKey]!;
+      const key = `${w.reason} ${w.rate.toFixed(0)}/min${w.pausedFor > 0 ? ' paused' : ''}`;
+      const line = `${new Date().toISOString().slice(11, 23)} ${key}; provider calls ${s.calls}, 429s ${s.rateLimited}`;
+      if (trail.length === 0 || !trail.at(-1)!.slice(13).startsWith(`${key};`)) trail.push(line);
+      else trail[trail.length - 1] = `${trail.at(-1)!.split(' … ')[0]} … ${line}`;
+      return w;
+    };
+    const halved = await eventually(async () => {
+      const w = await traced();
       return w.reason === 'RATE_LIMITED' ? w : null;
-    }, 30_000, 20);
+    }, 30_000, 20).catch((e: Error) => assert.fail(`${e.message}; the window as polled:\n${trail.slice(-40).join('\n')}`));
     assert.ok(halved.rate < 2160, `lowered by the 429 (${halved.rate})`);
     assert.ok(sim.stats().keys[sim.apiKey]!.rateLimited > 0, 'the provider did answer 429');
     // No header ever confirms the lower rate: the answers that are not 429s climb it again.

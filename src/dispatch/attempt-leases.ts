@@ -42,6 +42,8 @@ export interface Attempt {
    * returned, then from each refresh's send time; dispatch/liveness.ts).
    */
   deadline: number;
+  /** Monotonic clock (performance.now, ms) when its lease returned: how long it holds its pool slot is counted from here. */
+  leasedAt: number;
   /** Aborts the call: the lease could not be refreshed in time, or it was superseded. */
   abort: AbortController;
   /** The provider client said the request may have left (CallRequest.onSent): a throw after this may have been billed. */

@@ -101,6 +101,13 @@ export class WindowLoops {
   private readonly inFlight = new Set<Promise<void>>();
   private readonly wakers = new Set<() => void>();
   readonly latency = new Map<string, LatencyTracker>();
+  /**
+   * How long a call holds its pool slot, per window: from the lease's return to its settlement
+   * landing (the mark, the call, the settlement's commit). This, not the call's latency, is the W of
+   * Little's law for the pool: a slot is free again only when the settlement commits, so a pool
+   * sized by the call alone falls short of the paced rate whenever commits are slow.
+   */
+  readonly held = new Map<string, LatencyTracker>();
   /** Oldest ready job's wait per class, refreshed by the sweeper for the starvation guard. */
   oldestWaitMs: Partial<Record<JobClass, number>> = {};
   /** Windows one of this process's loops is leasing right now. */
@@ -110,11 +117,15 @@ export class WindowLoops {
 
   constructor(options: WindowLoopsOptions) {
     this.options = options;
-    for (const w of options.windows) this.latency.set(w.name, new LatencyTracker(500, options.initialLatencyMs));
+    for (const w of options.windows) {
+      this.latency.set(w.name, new LatencyTracker(500, options.initialLatencyMs));
+      this.held.set(w.name, new LatencyTracker(500, options.initialLatencyMs));
+    }
   }
 
+  /** Little's law: the paced rate × the p95 time a call holds its slot (`held`). */
   poolFor(w: WindowSpec): number {
-    return poolSize(w.pacedPerMinute, this.latency.get(w.name)!.percentile(95), { concurrentLimit: w.concurrentLimit, max: this.options.poolMax });
+    return poolSize(w.pacedPerMinute, this.held.get(w.name)!.percentile(95), { concurrentLimit: w.concurrentLimit, max: this.options.poolMax });
   }
 
   start(): void {
@@ -257,6 +268,7 @@ export class WindowLoops {
     });
     // The reservations' leases start inside the call, after any lock it waited on: count from its return.
     const deadline = leases.deadlineFromNow();
+    const leasedAt = performance.now();
     if (status !== 'leased') return status;
     const out: Leased = { singles: [], batches: [] };
     // Per batch call (many tenants' turns may share one): the call and its items by tenant and input,
@@ -274,6 +286,7 @@ export class WindowLoops {
         reservationId: r.reservationId,
         credits: r.credits,
         deadline,
+        leasedAt,
         abort: new AbortController(),
         sent: false,
         settling: false,
@@ -419,6 +432,7 @@ export class WindowLoops {
       this.options.onAnswer?.(w, outcome);
     }
     await settler.settle(w, a, outcome);
+    if (outcome.httpStatus !== null) this.held.get(w.name)!.record(performance.now() - a.leasedAt);
   }
 
   /** Calls one batch for its distinct items and settles every attempt from its item's outcome. */
@@ -472,5 +486,6 @@ export class WindowLoops {
       return { ...rest, status: call.status, latencyMs: call.latencyMs };
     });
     await settler.settleBatch(w, b, outcomes);
+    if (call.httpStatus !== null) this.held.get(w.name)!.record(performance.now() - all[0]!.leasedAt);
   }
 }
