@@ -50,9 +50,9 @@ describe('a pool sized by the time a call holds its slot', () => {
 
   test('with slow commits the pool covers the mark, the call and the settlement, not the call alone', async () => {
     const probe = postgres(db.url, { max: 1, onnotice: () => {} });
-    const [{ commit_delay }] = await probe`select current_setting('commit_delay') as commit_delay`;
+    const [setting] = await probe`select current_setting('commit_delay') as commit_delay`;
     await probe.end();
-    assert.equal(commit_delay, String(COMMIT_DELAY_MS * 1000), "the app's sessions wait at each commit");
+    assert.equal(setting?.commit_delay, String(COMMIT_DELAY_MS * 1000), "the app's sessions wait at each commit");
 
     const tenant = await t.createTenant('steady', 'ENTERPRISE');
     const jobs = Array.from({ length: 400 }, (_, k) => ({ api: 'dnslookup', params: { domain: `s${k}.example` } }));

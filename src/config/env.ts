@@ -128,7 +128,7 @@ export const envSchema = z.object({
   /** Starvation guard: a lower class waiting longer than this is served anyway (`STANDARD=30,BULK=120`). */
   CLASS_MAX_WAIT_SECONDS: classNumbers('STANDARD=30,BULK=120'),
 
-  /** Pools: ceil(paced rate × p95 latency) per window, at most this (and the plan's concurrent calls). */
+  /** Pools: ceil(paced rate × p95 time a call holds its slot) per window, at most this (and the plan's concurrent calls). */
   POOL_MAX: int(1_024, 1),
   /** Latency assumed before any call was measured. */
   INITIAL_LATENCY_MS: int(1_000, 1),

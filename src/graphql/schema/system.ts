@@ -25,7 +25,7 @@ const WindowRef = builder.objectRef<WindowRow & { callsPerSecond?: number }>('Wi
     tokens: t.float({ nullable: true, description: 'Tokens in the bucket now; null for an unlimited window.', resolve: (w) => (w.ratePerMinute === null ? null : Math.round(tokensAt(w, w.dbNow) * 1000) / 1000) }),
     pausedUntil: t.field({ type: 'DateTime', nullable: true, resolve: (w) => (w.pausedUntil && w.pausedUntil > w.dbNow ? new Date(w.pausedUntil) : null) }),
     pauseReason: t.string({ nullable: true, resolve: (w) => (w.pausedUntil && w.pausedUntil > w.dbNow ? w.pauseReason : null) }),
-    poolSize: t.int({ description: "ceil(paced rate × p95 latency), within the window's concurrency limit (as last published by a worker).", resolve: (w) => w.poolSize }),
+    poolSize: t.int({ description: "ceil(paced rate × p95 of how long a call holds its slot: lease to settlement commit), within the window's concurrency limit (as last published by a worker).", resolve: (w) => w.poolSize }),
     busy: t.int({ description: 'Calls in flight on this window across all nodes.', resolve: (w) => w.inFlight }),
     latencyP50Ms: t.float({ nullable: true, resolve: (w) => w.latencyP50Ms }),
     latencyP95Ms: t.float({ nullable: true, resolve: (w) => w.latencyP95Ms }),
