@@ -13,7 +13,7 @@ const NOW = Date.parse('2026-12-04T10:00:00Z');
 function status(over: Partial<Pick<SystemStatus, 'account' | 'windows' | 'breakers' | 'alerts'>> = {}): Pick<SystemStatus, 'account' | 'windows' | 'breakers' | 'alerts'> {
   const window = (name: string) => ({
     name, ratePerMinute: 60, burst: 3, tokens: 3, refilledAt: NOW, pausedUntil: null, pauseReason: null, inFlight: 0, poolSize: 1,
-    latencyP50Ms: null, latencyP95Ms: null, dbNow: NOW, accountStoppedUntil: null, callsPerSecond: 0,
+    latencyP50Ms: null, latencyP95Ms: null, slotHoldP95Ms: null, dbNow: NOW, accountStoppedUntil: null, callsPerSecond: 0,
     configuredRatePerMinute: 60, configuredBurst: 3, observedLimitPerMinute: null, paceReason: null, pacedAt: null,
   });
   return {

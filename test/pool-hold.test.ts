@@ -63,7 +63,7 @@ describe('a pool sized by the time a call holds its slot', () => {
     const w = await eventually(async () => {
       const s = sim.stats().keys[sim.apiKey]!;
       if (s.calls < 120) return null;
-      const q = await t.gql(`{ system { windows { name ratePerMinute poolSize latencyP95Ms } } }`);
+      const q = await t.gql(`{ system { windows { name ratePerMinute poolSize latencyP95Ms slotHoldP95Ms } } }`);
       const row = q.body.data.system.windows.find((x: any) => x.name === 'primary');
       return row.latencyP95Ms !== null ? row : null;
     }, 60_000, 200);
@@ -75,5 +75,8 @@ describe('a pool sized by the time a call holds its slot', () => {
     assert.ok(byHold > byCall, `the commits matter at this rate (${byCall} vs ${byHold})`);
     assert.ok(w.poolSize >= byHold, `pool ${w.poolSize}: at least ${byHold} (rate × (p95 ${w.latencyP95Ms} ms + two commits)), not ${byCall} (rate × the call alone)`);
     assert.ok(w.poolSize <= 50, 'never above the concurrent-call limit');
+    // What the pool was sized by is published beside it: the slot's hold time, two commits above the call.
+    assert.ok(w.slotHoldP95Ms >= w.latencyP95Ms + 2 * COMMIT_DELAY_MS - 5, `slot held ${w.slotHoldP95Ms} ms at p95, calls ${w.latencyP95Ms} ms`);
+    assert.equal(w.poolSize, Math.min(50, Math.max(1, Math.ceil((w.ratePerMinute / 60) * (w.slotHoldP95Ms / 1000)))), 'poolSize = ceil(rate × slotHoldP95Ms)');
   });
 });

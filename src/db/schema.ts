@@ -368,6 +368,8 @@ export const windows = pgTable(
   poolSize: integer('pool_size').notNull().default(1),
   latencyP50Ms: doublePrecision('latency_p50_ms'),
   latencyP95Ms: doublePrecision('latency_p95_ms'),
+  /** p95 of how long a call held its pool slot (lease to settlement commit): the pool's W in Little's law. */
+  slotHoldP95Ms: doublePrecision('slot_hold_p95_ms'),
   updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
   },
   // Folded in_flight is never clamped: more slots released than taken raises.

@@ -121,9 +121,14 @@ export class Dispatcher {
     });
   }
 
-  /** Each window's call latencies (p50/p95 feed its pool size; the sweeper publishes them). */
+  /** Each window's call latencies (the sweeper publishes their p50/p95). */
   get latency(): ReadonlyMap<string, LatencyTracker> {
     return this.loops.latency;
+  }
+
+  /** How long each window's calls held their pool slots (the p95 sizes the pool; the sweeper publishes it). */
+  get held(): ReadonlyMap<string, LatencyTracker> {
+    return this.loops.held;
   }
 
   /** Oldest ready job's wait per class, refreshed by the sweeper for the starvation guard. */

@@ -45,7 +45,7 @@ export function sweeperDuties(o: SweeperDutiesOptions): { onRound: () => Promise
     onRound: async () => {
       for (const w of windows) {
         const lat = dispatcher.latency.get(w.name)!;
-        if (lat.count > 0) await reportWindowLatency(sql, w.name, dispatcher.poolFor(w), lat.percentile(50), lat.percentile(95));
+        if (lat.count > 0) await reportWindowLatency(sql, w.name, dispatcher.poolFor(w), lat.percentile(50), lat.percentile(95), dispatcher.held.get(w.name)!.percentile(95));
       }
       dispatcher.oldestWaitMs = await oldestWaitByClass(sql);
       await publishBreakers(sql, breakers.states().map((b) => ({ ...b, retryAt: b.state === 'OPEN' ? new Date(breakers.retryAt(b.api) ?? Date.now()) : null })));

@@ -29,6 +29,11 @@ const WindowRef = builder.objectRef<WindowRow & { callsPerSecond?: number }>('Wi
     busy: t.int({ description: 'Calls in flight on this window across all nodes.', resolve: (w) => w.inFlight }),
     latencyP50Ms: t.float({ nullable: true, resolve: (w) => w.latencyP50Ms }),
     latencyP95Ms: t.float({ nullable: true, resolve: (w) => w.latencyP95Ms }),
+    slotHoldP95Ms: t.float({
+      nullable: true,
+      description: "p95 of how long a call held its pool slot, from its lease through the call to its settlement's commit (as last published by a worker): the time poolSize is sized by. Far above latencyP95Ms, the database's commits are slow.",
+      resolve: (w) => w.slotHoldP95Ms,
+    }),
     callsPerSecond: t.float({ description: 'Calls sent on this window over the last 10 seconds, per second (one per batch item, as the pacer counts).', resolve: (w) => w.callsPerSecond ?? 0 }),
     paceUsed: t.float({
       nullable: true,

@@ -175,6 +175,8 @@ export interface WindowRow extends BucketState {
   pauseReason: string | null;
   latencyP50Ms: number | null;
   latencyP95Ms: number | null;
+  /** p95 of how long a call held its pool slot (lease to settlement commit), as last published. */
+  slotHoldP95Ms: number | null;
   /** The database's clock when read, so waits are computed on one clock. */
   dbNow: number;
   /** All dispatch is stopped until then (credits exhausted), or null. */
@@ -206,11 +208,12 @@ export async function readWindows(sql: Tx, names?: readonly string[]): Promise<W
     poolSize: r.pool_size as number,
     latencyP50Ms: r.latency_p50_ms as number | null,
     latencyP95Ms: r.latency_p95_ms as number | null,
+    slotHoldP95Ms: r.slot_hold_p95_ms as number | null,
     dbNow: (r.db_now as Date).getTime(),
     accountStoppedUntil: r.dispatch_stopped_until ? (r.dispatch_stopped_until as Date).getTime() : null,
   }));
 }
 
-export async function reportWindowLatency(sql: Tx, window: string, poolSize: number, p50: number, p95: number): Promise<void> {
-  await sql`update windows set pool_size = ${poolSize}, latency_p50_ms = ${p50}, latency_p95_ms = ${p95}, updated_at = now() where name = ${window}`;
+export async function reportWindowLatency(sql: Tx, window: string, poolSize: number, p50: number, p95: number, holdP95: number): Promise<void> {
+  await sql`update windows set pool_size = ${poolSize}, latency_p50_ms = ${p50}, latency_p95_ms = ${p95}, slot_hold_p95_ms = ${holdP95}, updated_at = now() where name = ${window}`;
 }

@@ -1,0 +1,1 @@
+ALTER TABLE "windows" ADD COLUMN "slot_hold_p95_ms" double precision;
