@@ -7,8 +7,9 @@
  * The files run in Node's test runner (`run()`, one process per file, the spec
  * reporter's output), and the run passes only if the counts check in
  * test/lib/tally.ts does: every test each file declared reported a result, and
- * every file's process finished its run and ended cleanly. It ends with the line
- * `N passed, N failed, N skipped`.
+ * every file's process finished its run and ended cleanly. A file's process still up after
+ * its tests ended (60 s) is ended and named (test/lib/linger-guard.ts), so a handle a test left open
+ * never hangs the run. It ends with the line `N passed, N failed, N skipped`.
  */
 import { chmodSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -50,17 +51,25 @@ const isBrowser = (f: string) => BROWSER.has(path.basename(f));
 const { NODE_TEST_CONTEXT: _, ...parentEnv } = process.env;
 const env = { DB_POOL_MAX: TEST_DB_POOL_MAX, ...parentEnv, TEST_DATABASE_URL: adminUrl, NODE_ENV: 'test' };
 const tally: Tally = new Map();
+// Each file's process exits by itself once its tests end, or the guard ends it (test/lib/linger-guard.ts).
+const guard = ['--import', path.join(root, 'test', 'lib', 'linger-guard.ts')];
+const lingered = new Set<string>();
 const COUNTED = ['test:enqueue', 'test:pass', 'test:fail', 'test:complete', 'test:summary'] as const;
 const runFiles = async (list: string[], concurrency: number): Promise<void> => {
   if (list.length === 0) return;
-  const stream = run({ files: list, cwd: root, concurrency, timeout: 120_000, isolation: 'process', env });
+  const stream = run({ files: list, cwd: root, concurrency, timeout: 120_000, isolation: 'process', env, execArgv: guard });
   for (const type of COUNTED) stream.on(type, (data: unknown) => record(tally, { type, data }));
+  stream.on('test:stderr', (d: { file?: string; message: string }) => {
+    if (d.file && d.message.includes('linger-guard:')) lingered.add(path.resolve(root, d.file));
+  });
   await pipeline(stream, spec(), process.stdout, { end: false });
 };
 await runFiles(files.filter((f) => !isBrowser(f)), 2);
 await runFiles(files.filter(isBrowser), 1);
 await cleanup();
 
-const verdict = judge(files.map((f) => path.resolve(root, f)), tally);
+// Not a failure (their tests ran and reported), but a handle a test left open: named, to be found.
+if (lingered.size > 0) console.log(`\nlinger-guard: ${lingered.size} test file(s) stayed up after their tests and were ended: ${[...lingered].map((f) => path.relative(root, f)).join(', ')}`);
+const verdict = judge(files.map((f) => path.resolve(root, f)), tally, lingered);
 for (const line of report(verdict, (f) => path.relative(root, f))) console.log(line);
 process.exit(verdict.ok ? 0 : 1);

@@ -15,12 +15,16 @@ const fixture = (name: string) => path.join('test', 'fixtures', 'runner', `${nam
 
 /** Runs `npm test`'s script over the fixtures; its exit code and output. */
 async function runTests(...files: string[]): Promise<{ code: number | null; out: string; summary: string }> {
+  return runTestsWith({}, ...files);
+}
+
+async function runTestsWith(extraEnv: Record<string, string>, ...files: string[]): Promise<{ code: number | null; out: string; summary: string }> {
   // Not this file's runner context: run.ts is a runner of its own. No Postgres is needed (the
   // fixtures use none): a TEST_DATABASE_URL keeps run.ts from starting an embedded one.
   const { NODE_TEST_CONTEXT: _, ...env } = process.env;
   const child = spawn(process.execPath, ['test/run.ts', ...files], {
     cwd: root,
-    env: { ...env, TEST_DATABASE_URL: 'postgres://unused@127.0.0.1:1/unused' },
+    env: { ...env, TEST_DATABASE_URL: 'postgres://unused@127.0.0.1:1/unused', ...extraEnv },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
@@ -65,6 +69,14 @@ describe('npm test over fixture files', () => {
     assert.equal(r.summary, '0 passed, 1 failed, 0 skipped');
   });
 
+  test('a file that stays up after its tests is ended by the guard and named; its passing tests still pass the run', async () => {
+    const r = await runTestsWith({ TEST_LINGER_MS: '2000' }, fixture('lingers'));
+    assert.equal(r.code, 0, r.out);
+    assert.match(r.out, /linger-guard: 1 test file\(s\) stayed up after their tests and were ended: test\/fixtures\/runner\/lingers\.fixture\.ts/);
+    assert.doesNotMatch(r.out, /counts check/);
+    assert.equal(r.summary, '2 passed, 0 failed, 0 skipped');
+  });
+
   test('a failing test fails the run; its exit code 1 is a normal end, and the counts add up over files', async () => {
     const r = await runTests(fixture('fails'), fixture('passes'));
     assert.equal(r.code, 1, r.out);
@@ -101,6 +113,16 @@ describe('the counts check (pure)', () => {
     assert.deepEqual(v.files[0]!.problems, ['its process exited with code 1']);
     assert.equal(v.ok, false);
     assert.equal(v.failed, 1, 'the summary line never says 0 failed for a failing run');
+  });
+
+  test('a file the guard ended passes without its summary only if every declared test reported', () => {
+    const reportedAll = events(['test:enqueue', child(1)], ['test:pass', child(1, { details: { type: 'test' } })], ended());
+    assert.deepEqual(judge([file], reportedAll, new Set([file])).files[0]!.problems, []);
+    assert.match(judge([file], reportedAll).files[0]!.problems[0]!, /before its test runner finished/, 'without the guard, a missing summary fails');
+    const lostOne = events(['test:enqueue', child(1)], ['test:enqueue', child(2)], ['test:pass', child(1, { details: { type: 'test' } })], ended());
+    const v = judge([file], lostOne, new Set([file]));
+    assert.deepEqual(v.files[0]!.problems, ['1 declared never reported: "t2"']);
+    assert.equal(v.ok, false);
   });
 
   test('a file nothing was heard of, and a summary whose count differs from the results received, fail', () => {

@@ -127,8 +127,12 @@ const pathName = (t: FileTally, id: number): string => {
   return names.join(' > ');
 };
 
-/** Judges one file from its tally. */
-export function judgeFile(file: string, t: FileTally | undefined): FileVerdict {
+/**
+ * Judges one file from its tally. `lingered`: its process stayed up after its tests ended and
+ * test/lib/linger-guard.ts ended it, so it sent no summary of its own (the runner sends that as
+ * the process drains); every declared test must still have reported.
+ */
+export function judgeFile(file: string, t: FileTally | undefined, lingered = false): FileVerdict {
   const v: FileVerdict = { file, declared: 0, ran: 0, passed: 0, failed: 0, skipped: 0, missing: [], problems: [] };
   if (!t) {
     v.problems.push('the test runner reported nothing for it');
@@ -150,7 +154,9 @@ export function judgeFile(file: string, t: FileTally | undefined): FileVerdict {
   else if (exit.signal) v.problems.push(`its process was killed by ${exit.signal}`);
   // Exit code 1 is how a finished run says some of its tests failed; anything else is abnormal.
   else if (exit.code !== 0 && !(exit.code === 1 && t.summary?.success === false)) v.problems.push(`its process exited with code ${exit.code}`);
-  if (!t.summary) {
+  if (!t.summary && lingered && exit && !exit.signal) {
+    // Ended by the guard after its tests: the declared-vs-reported check below still holds it.
+  } else if (!t.summary) {
     v.problems.push(
       exit && !exit.signal && exit.code === 0
         ? 'its process exited (code 0) before its test runner finished: something called process.exit (an exit hook?)'
@@ -165,8 +171,8 @@ export function judgeFile(file: string, t: FileTally | undefined): FileVerdict {
 }
 
 /** Judges the run over the files it was given (absolute paths). */
-export function judge(files: readonly string[], tally: Tally): Verdict {
-  const verdicts = files.map((f) => judgeFile(f, tally.get(f)));
+export function judge(files: readonly string[], tally: Tally, lingered: ReadonlySet<string> = new Set()): Verdict {
+  const verdicts = files.map((f) => judgeFile(f, tally.get(f), lingered.has(f)));
   // Events for a file nobody asked for (cannot happen with run()'s own files): judged too, not dropped.
   for (const [f, t] of tally) if (!files.includes(f)) verdicts.push(judgeFile(f, t));
   let passed = 0;

@@ -1,0 +1,28 @@
+/**
+ * Loaded into every test file's process (test/run.ts, `--import`): once the file's tests have
+ * ended, the process has LINGER_MS (60 s; TEST_LINGER_MS) to exit by itself. One that stays up (a handle left open: a
+ * socket reconnecting to a test database already dropped, a timer) would otherwise keep the
+ * runner waiting for ever, and the suite would hang instead of finishing. It is reported on
+ * stderr with the open resources, then the process exits with the code its runner set.
+ *
+ * The known case: postgres.js's LISTEN connection subscribes again whenever it closes and drops
+ * the error of that attempt, so an in-process app whose LISTEN connection was being re-made when
+ * its test dropped the database retries against a database that no longer exists, without end.
+ * A Sluice process never meets this (`npm start` exits once its graceful stop is done).
+ */
+import { after } from 'node:test';
+
+/**
+ * Long enough for the file's own top-level `after` hooks (stopping apps, dropping databases),
+ * which may run after this one: it is armed when the root's hooks start.
+ */
+const LINGER_MS = Number(process.env.TEST_LINGER_MS ?? 60_000);
+
+after(() => {
+  const timer = setTimeout(() => {
+    process.stderr.write(`linger-guard: the process was still up ${LINGER_MS / 1000} s after its tests ended (open: ${JSON.stringify(process.getActiveResourcesInfo())}); exiting\n`);
+    process.exit();
+  }, LINGER_MS);
+  // Only a process that something else keeps alive ever reaches it.
+  timer.unref();
+});
