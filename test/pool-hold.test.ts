@@ -9,12 +9,15 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import postgres from 'postgres';
+import { poolSize } from '../src/scheduler/pool.ts';
 import { startSimulator, type Simulator } from '../src/simulator/index.ts';
 import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
 import { adminUrl, createTestDatabase } from './helpers/db.ts';
 
 /** Each commit's wait (commit_delay, µs / 1000). */
 const COMMIT_DELAY_MS = 40;
+/** The window's pool limits: APIVERVE_CONCURRENT_CALLS below, POOL_MAX's default. */
+const LIMITS = { concurrentLimit: 50, max: 1_024 };
 
 describe('a pool sized by the time a call holds its slot', () => {
   let sim: Simulator;
@@ -68,15 +71,16 @@ describe('a pool sized by the time a call holds its slot', () => {
       return row.latencyP95Ms !== null ? row : null;
     }, 60_000, 200);
     assert.equal(w.ratePerMinute, 2160, 'paced at 0.9 of the configured rate');
-    const perMs = w.ratePerMinute / 60_000;
-    const byCall = Math.max(1, Math.ceil(perMs * w.latencyP95Ms));
+    // Little's law as the dispatcher applies it (scheduler/pool.ts), within this window's limits.
+    const pool = (waitMs: number) => poolSize(w.ratePerMinute, waitMs, LIMITS);
+    const byCall = pool(w.latencyP95Ms);
     // The slot is held for the call plus two commits (the mark and the settlement), each at least COMMIT_DELAY_MS.
-    const byHold = Math.ceil(perMs * (w.latencyP95Ms + 2 * COMMIT_DELAY_MS));
+    const byHold = pool(w.latencyP95Ms + 2 * COMMIT_DELAY_MS);
     assert.ok(byHold > byCall, `the commits matter at this rate (${byCall} vs ${byHold})`);
     assert.ok(w.poolSize >= byHold, `pool ${w.poolSize}: at least ${byHold} (rate × (p95 ${w.latencyP95Ms} ms + two commits)), not ${byCall} (rate × the call alone)`);
-    assert.ok(w.poolSize <= 50, 'never above the concurrent-call limit');
+    assert.ok(w.poolSize <= LIMITS.concurrentLimit, 'never above the concurrent-call limit');
     // What the pool was sized by is published beside it: the slot's hold time, two commits above the call.
     assert.ok(w.slotHoldP95Ms >= w.latencyP95Ms + 2 * COMMIT_DELAY_MS - 5, `slot held ${w.slotHoldP95Ms} ms at p95, calls ${w.latencyP95Ms} ms`);
-    assert.equal(w.poolSize, Math.min(50, Math.max(1, Math.ceil((w.ratePerMinute / 60) * (w.slotHoldP95Ms / 1000)))), 'poolSize = ceil(rate × slotHoldP95Ms)');
+    assert.equal(w.poolSize, pool(w.slotHoldP95Ms), 'poolSize = ceil(rate × slotHoldP95Ms)');
   });
 });

@@ -19,7 +19,7 @@ import { run } from 'node:test';
 import { spec } from 'node:test/reporters';
 import { startEmbeddedPostgres } from '../src/db/embedded.ts';
 import { TEST_DB_POOL_MAX } from './helpers/db.ts';
-import { judge, record, report, type Tally } from './lib/tally.ts';
+import { LINGER_MARK, judge, record, report, type Tally } from './lib/tally.ts';
 
 const root = path.dirname(path.dirname(new URL(import.meta.url).pathname));
 let adminUrl = process.env.TEST_DATABASE_URL;
@@ -60,7 +60,7 @@ const runFiles = async (list: string[], concurrency: number): Promise<void> => {
   const stream = run({ files: list, cwd: root, concurrency, timeout: 120_000, isolation: 'process', env, execArgv: guard });
   for (const type of COUNTED) stream.on(type, (data: unknown) => record(tally, { type, data }));
   stream.on('test:stderr', (d: { file?: string; message: string }) => {
-    if (d.file && d.message.includes('linger-guard:')) lingered.add(path.resolve(root, d.file));
+    if (d.file && d.message.includes(LINGER_MARK)) lingered.add(path.resolve(root, d.file));
   });
   await pipeline(stream, spec(), process.stdout, { end: false });
 };
@@ -69,7 +69,7 @@ await runFiles(files.filter(isBrowser), 1);
 await cleanup();
 
 // Not a failure (their tests ran and reported), but a handle a test left open: named, to be found.
-if (lingered.size > 0) console.log(`\nlinger-guard: ${lingered.size} test file(s) stayed up after their tests and were ended: ${[...lingered].map((f) => path.relative(root, f)).join(', ')}`);
+if (lingered.size > 0) console.log(`\n${LINGER_MARK} ${lingered.size} test file(s) stayed up after their tests and were ended: ${[...lingered].map((f) => path.relative(root, f)).join(', ')}`);
 const verdict = judge(files.map((f) => path.resolve(root, f)), tally, lingered);
 for (const line of report(verdict, (f) => path.relative(root, f))) console.log(line);
 process.exit(verdict.ok ? 0 : 1);

@@ -11,6 +11,7 @@
  * A Sluice process never meets this (`npm start` exits once its graceful stop is done).
  */
 import { after } from 'node:test';
+import { LINGER_MARK } from './tally.ts';
 
 /**
  * Long enough for the file's own top-level `after` hooks (stopping apps, dropping databases),
@@ -20,7 +21,7 @@ const LINGER_MS = Number(process.env.TEST_LINGER_MS ?? 60_000);
 
 after(() => {
   const timer = setTimeout(() => {
-    process.stderr.write(`linger-guard: the process was still up ${LINGER_MS / 1000} s after its tests ended (open: ${JSON.stringify(process.getActiveResourcesInfo())}); exiting\n`);
+    process.stderr.write(`${LINGER_MARK} the process was still up ${LINGER_MS / 1000} s after its tests ended (open: ${JSON.stringify(process.getActiveResourcesInfo())}); exiting\n`);
     process.exit();
   }, LINGER_MS);
   // Only a process that something else keeps alive ever reaches it.

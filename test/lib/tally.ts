@@ -54,6 +54,9 @@ export interface FileTally {
 
 export type Tally = Map<string, FileTally>;
 
+/** How test/lib/linger-guard.ts's line on stderr starts; test/run.ts reads it to know the guard ended a file. */
+export const LINGER_MARK = 'linger-guard:';
+
 const fileTally = (tally: Tally, file: string): FileTally => {
   let t = tally.get(file);
   if (!t) {
