@@ -1,5 +1,5 @@
 /**
- * postinstall: two fixes to postgres.js 3.4.x that are not released upstream.
+ * postinstall: three fixes to postgres.js 3.4.x that are not released upstream.
  * Idempotent; src/db/guard.ts checks at start that both are in place.
  *
  * 1. nextWrite() guarded against a closed socket (porsager/postgres #1154,
@@ -17,6 +17,26 @@
  *    forever (porsager/postgres #970). postgres.js skips its reservation hook
  *    when the pipeline is full, so with `max_pipeline: 0` every `sql.begin`
  *    failed with UNSAFE_TRANSACTION; the patch calls the hook either way.
+ *
+ * 3. A connection that closes fails everything still pending on it and then
+ *    forgets it (the family of porsager/postgres #1223). Two ways a closed
+ *    connection's state reached the next connection made by the same object:
+ *    - Postgres terminating a backend mid-query sends an ErrorResponse (57P01)
+ *      and closes. postgres.js rejects that query with CONNECTION_CLOSED but
+ *      keeps it, and the ErrorResponse, as the current query. While the next
+ *      query connects, that stale state meets it: with the database still
+ *      there it is rejected with the old 57P01; with the database gone
+ *      (dropped, or refusing connections) the startup's FATAL is filed under
+ *      the stale query, the new query is never rejected, and the connection
+ *      reconnects without end, its query pending for ever.
+ *    - A socket that errors (ECONNRESET) before it closes: the error rejects
+ *      what was sent so far, but a query written after the error (a
+ *      transaction's ROLLBACK) stays in the sent queue, because the close
+ *      only fails pending queries when it had no error. The next connection
+ *      then pairs each reply with the query before it: a query resolves with
+ *      another query's rows, and the last waits for ever.
+ *    The patch fails whatever is still pending on every close and clears the
+ *    current query and its error.
  */
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
@@ -24,6 +44,7 @@ import path from 'node:path';
 const root = path.resolve(import.meta.dirname, '..');
 export const MARKER = 'sluice: guard porsager/postgres#1208';
 export const PIPELINE_MARKER = 'sluice: reserve without pipelining porsager/postgres#1210';
+export const STALE_QUERY_MARKER = 'sluice: a closed connection forgets its query porsager/postgres#1223';
 
 const PATCHES = [
   {
@@ -55,6 +76,15 @@ const PATCHES = [
         && !q.cursorFn
         && sent.length < max_pipeline
       return (!q.options.onexecute || q.options.onexecute(connection)) && more`,
+  },
+  {
+    marker: STALE_QUERY_MARKER,
+    what: 'a closed connection fails and forgets what was pending on it (porsager/postgres#1223)',
+    original: `    !hadError && (query || sent.length) && error(Errors.connection('CONNECTION_CLOSED', options, socket))
+    closedTime = performance.now()`,
+    patched: `    if (query || sent.length) error(Errors.connection('CONNECTION_CLOSED', options, socket)) // ${STALE_QUERY_MARKER}
+    query = results = errorResponse = null
+    closedTime = performance.now()`,
   },
 ];
 

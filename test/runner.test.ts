@@ -123,6 +123,11 @@ describe('the counts check (pure)', () => {
     const v = judge([file], lostOne, new Set([file]));
     assert.deepEqual(v.files[0]!.problems, ['1 declared never reported: "t2"']);
     assert.equal(v.ok, false);
+    // As seen in CI: the guard's exit cut the file's own summary short (0 tests, not a success, exit
+    // code 1) although its 12 tests had all passed. The results that reached the run judge it.
+    const cutShort = events(['test:enqueue', child(1)], ['test:pass', child(1, { details: { type: 'test' } })], ['test:summary', { entryFile: file, counts: { tests: 0 }, success: false }], ended({ failureType: 'testCodeFailure', exitCode: 1, signal: null }));
+    assert.deepEqual(judge([file], cutShort, new Set([file])).files[0]!.problems, []);
+    assert.deepEqual(judge([file], cutShort).files[0]!.problems, ['its process counted 0 tests but 1 results reached the run'], 'without the guard, that summary fails');
   });
 
   test('a file nothing was heard of, and a summary whose count differs from the results received, fail', () => {

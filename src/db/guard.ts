@@ -15,9 +15,14 @@ import { createRequire } from 'node:module';
 import type { Logger } from '../log.ts';
 import { isDatabaseUnavailable } from './availability.ts';
 
-// The markers scripts/patch-postgres.mjs writes: the nextWrite guard, and `begin` reserving its
-// connection with pipelining off (which a pooler needs: src/db/client.ts).
-const PATCH_MARKERS = ['sluice: guard porsager/postgres#1208', 'sluice: reserve without pipelining porsager/postgres#1210'];
+// The markers scripts/patch-postgres.mjs writes: the nextWrite guard, `begin` reserving its
+// connection with pipelining off (which a pooler needs: src/db/client.ts), and a closed
+// connection forgetting its query (else the next query on it can wait for ever).
+const PATCH_MARKERS = [
+  'sluice: guard porsager/postgres#1208',
+  'sluice: reserve without pipelining porsager/postgres#1210',
+  'sluice: a closed connection forgets its query porsager/postgres#1223',
+];
 
 /** True for postgres.js's write-after-close throw, and nothing else. Pure. */
 export function isPostgresWriteAfterClose(err: unknown): boolean {
@@ -26,7 +31,7 @@ export function isPostgresWriteAfterClose(err: unknown): boolean {
   return /reading 'write'|evaluating 'socket\.write'/.test(err.message) && /postgres[\\/](cjs[\\/])?src[\\/]connection\.js/.test(stack) && /nextWrite/.test(stack);
 }
 
-/** Whether the installed postgres.js carries both of scripts/patch-postgres.mjs's fixes. */
+/** Whether the installed postgres.js carries every one of scripts/patch-postgres.mjs's fixes. */
 export function postgresPatched(): boolean {
   try {
     const file = createRequire(import.meta.url).resolve('postgres').replace(/cjs[\\/]src[\\/]index\.js$|src[\\/]index\.js$/, 'src/connection.js');

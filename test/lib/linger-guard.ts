@@ -5,10 +5,10 @@
  * runner waiting for ever, and the suite would hang instead of finishing. It is reported on
  * stderr with the open resources, then the process exits with the code its runner set.
  *
- * The known case: postgres.js's LISTEN connection subscribes again whenever it closes and drops
- * the error of that attempt, so an in-process app whose LISTEN connection was being re-made when
- * its test dropped the database retries against a database that no longer exists, without end.
- * A Sluice process never meets this (`npm start` exits once its graceful stop is done).
+ * The case that made it: a postgres.js connection killed mid-query by its test's database drop,
+ * then asked for one more query, reconnected to the dropped database without end (fixed since by
+ * scripts/patch-postgres.mjs). A Sluice process never waits like this: `npm start` exits once its
+ * graceful stop is done.
  */
 import { after } from 'node:test';
 import { LINGER_MARK } from './tally.ts';
@@ -21,7 +21,7 @@ const LINGER_MS = Number(process.env.TEST_LINGER_MS ?? 60_000);
 
 after(() => {
   const timer = setTimeout(() => {
-    process.stderr.write(`${LINGER_MARK} the process was still up ${LINGER_MS / 1000} s after its tests ended (open: ${JSON.stringify(process.getActiveResourcesInfo())}); exiting\n`);
+    process.stderr.write(`${LINGER_MARK} the process was still up ${LINGER_MS / 1000} s after its tests ended (open: ${JSON.stringify(process.getActiveResourcesInfo())}); exiting with the code its runner set, ${process.exitCode ?? 0}\n`);
     process.exit();
   }, LINGER_MS);
   // Only a process that something else keeps alive ever reaches it.

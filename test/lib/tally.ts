@@ -132,8 +132,8 @@ const pathName = (t: FileTally, id: number): string => {
 
 /**
  * Judges one file from its tally. `lingered`: its process stayed up after its tests ended and
- * test/lib/linger-guard.ts ended it, so it sent no summary of its own (the runner sends that as
- * the process drains); every declared test must still have reported.
+ * test/lib/linger-guard.ts ended it, so its own summary is missing or cut short; every declared
+ * test must still have reported, and a failed one still fails.
  */
 export function judgeFile(file: string, t: FileTally | undefined, lingered = false): FileVerdict {
   const v: FileVerdict = { file, declared: 0, ran: 0, passed: 0, failed: 0, skipped: 0, missing: [], problems: [] };
@@ -157,8 +157,9 @@ export function judgeFile(file: string, t: FileTally | undefined, lingered = fal
   else if (exit.signal) v.problems.push(`its process was killed by ${exit.signal}`);
   // Exit code 1 is how a finished run says some of its tests failed; anything else is abnormal.
   else if (exit.code !== 0 && !(exit.code === 1 && t.summary?.success === false)) v.problems.push(`its process exited with code ${exit.code}`);
-  if (!t.summary && lingered && exit && !exit.signal) {
-    // Ended by the guard after its tests: the declared-vs-reported check below still holds it.
+  if (lingered && exit && !exit.signal) {
+    // Ended by the guard after its tests: the summary it sent, if any, was cut short (seen in CI:
+    // 0 tests, not a success, exit code 1); the declared-vs-reported check below still holds it.
   } else if (!t.summary) {
     v.problems.push(
       exit && !exit.signal && exit.code === 0
