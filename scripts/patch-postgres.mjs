@@ -1,6 +1,6 @@
 /**
  * postinstall: three fixes to postgres.js 3.4.x that are not released upstream.
- * Idempotent; src/db/guard.ts checks at start that both are in place.
+ * Idempotent; src/db/guard.ts checks at start that all three are in place.
  *
  * 1. nextWrite() guarded against a closed socket (porsager/postgres #1154,
  *    #1208; the fix proposed in PR #1209). Without it, a write scheduled with
