@@ -19,7 +19,7 @@
  *    failed with UNSAFE_TRANSACTION; the patch calls the hook either way.
  *
  * 3. A connection that closes fails everything still pending on it and then
- *    forgets it (the family of porsager/postgres #1223). Two ways a closed
+ *    forgets it (porsager/postgres #1223 and its family). Three ways a closed
  *    connection's state reached the next connection made by the same object:
  *    - Postgres terminating a backend mid-query sends an ErrorResponse (57P01)
  *      and closes. postgres.js rejects that query with CONNECTION_CLOSED but
@@ -29,6 +29,11 @@
  *      (dropped, or refusing connections) the startup's FATAL is filed under
  *      the stale query, the new query is never rejected, and the connection
  *      reconnects without end, its query pending for ever.
+ *    - The same during a new connection's array-type fetch (a restart's
+ *      first connections): the reconnect succeeds, but the first query is
+ *      rejected with the old 57P01, the type fetch's rejection is unhandled,
+ *      and the connection then runs without its array types, so every query
+ *      with an array parameter fails with 22P02 (a data error, not an outage).
  *    - A socket that errors (ECONNRESET) before it closes: the error rejects
  *      what was sent so far, but a query written after the error (a
  *      transaction's ROLLBACK) stays in the sent queue, because the close
@@ -36,7 +41,9 @@
  *      then pairs each reply with the query before it: a query resolves with
  *      another query's rows, and the last waits for ever.
  *    The patch fails whatever is still pending on every close and clears the
- *    current query and its error.
+ *    current query and its error; a close while connecting drops the
+ *    connection's own startup query (the type fetch), which the next
+ *    connection runs again.
  */
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
@@ -44,7 +51,7 @@ import path from 'node:path';
 const root = path.resolve(import.meta.dirname, '..');
 export const MARKER = 'sluice: guard porsager/postgres#1208';
 export const PIPELINE_MARKER = 'sluice: reserve without pipelining porsager/postgres#1210';
-export const STALE_QUERY_MARKER = 'sluice: a closed connection forgets its query porsager/postgres#1223';
+export const STALE_QUERY_MARKER = 'sluice: a closed connection forgets its state porsager/postgres#1223';
 
 const PATCHES = [
   {
@@ -80,9 +87,17 @@ const PATCHES = [
   {
     marker: STALE_QUERY_MARKER,
     what: 'a closed connection fails and forgets what was pending on it (porsager/postgres#1223)',
-    original: `    !hadError && (query || sent.length) && error(Errors.connection('CONNECTION_CLOSED', options, socket))
+    original: `    if (initial)
+      return reconnect()
+
+    !hadError && (query || sent.length) && error(Errors.connection('CONNECTION_CLOSED', options, socket))
     closedTime = performance.now()`,
-    patched: `    if (query || sent.length) error(Errors.connection('CONNECTION_CLOSED', options, socket)) // ${STALE_QUERY_MARKER}
+    patched: `    if (initial) { // ${STALE_QUERY_MARKER}
+      query = results = errorResponse = null
+      return reconnect()
+    }
+
+    if (query || sent.length) error(Errors.connection('CONNECTION_CLOSED', options, socket))
     query = results = errorResponse = null
     closedTime = performance.now()`,
   },

@@ -8,6 +8,7 @@
  */
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import net from 'node:net';
 import postgres from 'postgres';
 import { databaseUnavailable, isDatabaseUnavailable } from '../src/db/availability.ts';
 import { isPostgresWriteAfterClose, isUnhandledConnectionLoss, postgresPatched } from '../src/db/guard.ts';
@@ -124,6 +125,25 @@ describe('input hardening', () => {
   });
 });
 
+/**
+ * Unhandled rejections recorded instead of node:test's own handler (which would fail the test for
+ * them) until `restore()`: the tests below judge them by the rule a Sluice process lives by.
+ */
+function recordUnhandled(): { unhandled: unknown[]; restore(): void } {
+  const unhandled: unknown[] = [];
+  const testHandlers = process.listeners('unhandledRejection');
+  process.removeAllListeners('unhandledRejection');
+  const record = (reason: unknown) => void unhandled.push(reason);
+  process.on('unhandledRejection', record);
+  return {
+    unhandled,
+    restore() {
+      process.off('unhandledRejection', record);
+      for (const h of testHandlers) process.on('unhandledRejection', h);
+    },
+  };
+}
+
 /** `p`, or 'PENDING' if it has not settled within `ms`. */
 const within = <T,>(p: Promise<T>, ms = 10_000): Promise<T | 'PENDING'> => Promise.race([p, new Promise<'PENDING'>((r) => setTimeout(() => r('PENDING'), ms).unref())]);
 
@@ -141,11 +161,7 @@ describe('a connection killed mid-transaction', () => {
     // A query of the killed connection may be rejected where nobody awaits it any more. The process
     // lives through exactly that (src/db/guard.ts: a connection loss is logged, anything else ends
     // the process), so here it is recorded under the same rule instead of node:test's own handler.
-    const unhandled: unknown[] = [];
-    const testHandlers = process.listeners('unhandledRejection');
-    process.removeAllListeners('unhandledRejection');
-    const record = (reason: unknown) => void unhandled.push(reason);
-    process.on('unhandledRejection', record);
+    const { unhandled, restore } = recordUnhandled();
     try {
       for (let round = 0; round < 5; round++) {
         const outcome = await within(
@@ -190,8 +206,59 @@ describe('a connection killed mid-transaction', () => {
       await within(sql.end({ timeout: 1 }), 5_000);
       await within(admin.end({ timeout: 1 }), 5_000);
       await db.drop();
-      process.off('unhandledRejection', record);
-      for (const h of testHandlers) process.on('unhandledRejection', h);
+      restore();
+    }
+  });
+});
+
+describe('a connection killed while it fetches its array types', () => {
+  test('the reconnect serves the first query, not the old 57P01, and array parameters work on it', async () => {
+    // A proxy answers the first array-type fetch as a terminated backend does (ErrorResponse 57P01,
+    // then the socket closes), as when Postgres restarts under a connection still starting up.
+    // Without the third fix of scripts/patch-postgres.mjs: the first query is rejected with that
+    // 57P01, the fetch's rejection is unhandled, and the connection runs without its array types:
+    // an array parameter then fails with 22P02.
+    const db = await createTestDatabase();
+    const target = new URL(db.url);
+    let intercepted = 0;
+    const proxy = net.createServer((client) => {
+      const upstream = net.connect(Number(target.port || 5432), target.hostname);
+      client.on('data', (b: Buffer) => {
+        if (intercepted === 0 && b.includes('typarray')) {
+          intercepted++;
+          const fields = Buffer.from('SFATAL\0VFATAL\0C57P01\0Mterminating connection due to administrator command\0\0');
+          const head = Buffer.alloc(5);
+          head.write('E', 0);
+          head.writeInt32BE(fields.length + 4, 1);
+          client.end(Buffer.concat([head, fields]));
+          upstream.destroy();
+        } else upstream.write(b);
+      });
+      upstream.on('data', (b: Buffer) => void (client.writable && client.write(b)));
+      for (const [a, b] of [[client, upstream], [upstream, client]] as const) {
+        a.on('error', () => b.destroy());
+        a.on('close', () => b.destroy());
+      }
+    });
+    await new Promise<void>((r) => proxy.listen(0, '127.0.0.1', r));
+    const viaProxy = new URL(db.url);
+    viaProxy.hostname = '127.0.0.1';
+    viaProxy.port = String((proxy.address() as net.AddressInfo).port);
+    const sql = postgres(viaProxy.toString(), { max: 1, onnotice: () => {} });
+    const { unhandled, restore } = recordUnhandled();
+    try {
+      const first = await within(sql`select 1 as n`.then((r) => `served ${r[0]!.n as number}`, (e: Error & { code?: string }) => e.code ?? e.message), 8_000);
+      assert.equal(intercepted, 1, 'the type fetch was answered with the termination');
+      assert.equal(first, 'served 1');
+      const arrays = await within(sql`select ${sql.array([1, 2, 3])}::int[] as a`.then((r) => r[0]!.a as number[], (e: Error & { code?: string }) => e.code ?? e.message), 8_000);
+      assert.deepEqual(arrays, [1, 2, 3]);
+      await new Promise((r) => setImmediate(r));
+      assert.deepEqual(unhandled, [], 'no rejection left unhandled');
+    } finally {
+      restore();
+      await within(sql.end({ timeout: 1 }), 5_000);
+      await new Promise<void>((r) => proxy.close(() => r()));
+      await db.drop();
     }
   });
 });

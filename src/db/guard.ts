@@ -21,7 +21,7 @@ import { isDatabaseUnavailable } from './availability.ts';
 const PATCH_MARKERS = [
   'sluice: guard porsager/postgres#1208',
   'sluice: reserve without pipelining porsager/postgres#1210',
-  'sluice: a closed connection forgets its query porsager/postgres#1223',
+  'sluice: a closed connection forgets its state porsager/postgres#1223',
 ];
 
 /** True for postgres.js's write-after-close throw, and nothing else. Pure. */
