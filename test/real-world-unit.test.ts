@@ -2,9 +2,12 @@
  * The pure decisions behind "survive the real world", without a server:
  * what counts as "the database is away", the request deadline's commit gate,
  * document nesting, storable strings, malformed GETs, revocation notices and
- * the postgres.js crash signature. Then one database test: a connection
- * killed in the middle of a transaction fails its queries, it does not kill
- * the process.
+ * the postgres.js crash signature. Then postgres.js against a real database,
+ * with scripts/patch-postgres.mjs applied: a connection killed in the middle
+ * of a transaction, of a query, or of its start (through a proxy) fails its
+ * queries, coded, without killing the process, and leaves nothing behind for
+ * the next connection: no query pending for ever, no reply given to another
+ * query, no old error, no missing array types.
  */
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
