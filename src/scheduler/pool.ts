@@ -1,8 +1,10 @@
 /**
  * Worker pools sized by Little's law: pure, plus a small latency tracker.
  *
- * L = λ × W: to sustain a paced rate λ when each call takes W, L calls must be
- * in flight. W is a high percentile of measured latency (p95), so the pool
+ * L = λ × W: to sustain a paced rate λ when each call holds its slot for W, L
+ * slots must be in use. W is a high percentile (p95) of the measured hold, from
+ * the lease through the call to its settlement's commit (not the call's latency
+ * alone: slow commits must grow the pool, not slow the drain), so the pool
  * holds the rate on a bad day too; the pacer, not the pool, enforces the rate.
  */
 export interface PoolLimits {
@@ -12,7 +14,7 @@ export interface PoolLimits {
   max: number;
 }
 
-/** ceil(rate/s × p95 s), at least 1, at most the limits. Unlimited rate: the limits. */
+/** ceil(rate/s × p95 hold s), at least 1, at most the limits. Unlimited rate: the limits. */
 export function poolSize(pacedPerMinute: number | null, p95Ms: number, limits: PoolLimits): number {
   const ceiling = Math.max(1, Math.min(limits.concurrentLimit, limits.max));
   if (pacedPerMinute === null) return ceiling;
