@@ -2,7 +2,7 @@
  * `npm start`: runs Sluice with configuration from the environment.
  */
 import { ConfigError, loadEnv } from './config/env.ts';
-import { startSluice } from './app.ts';
+import { startSluice, type SluiceApp } from './app.ts';
 import { createLogger } from './log.ts';
 import { installConnectionCrashGuard } from './db/guard.ts';
 
@@ -19,7 +19,47 @@ try {
 const log = createLogger(env.LOG_LEVEL);
 installConnectionCrashGuard(log);
 
-const app = await startSluice(env, log).catch((err) => {
+/**
+ * SIGTERM or SIGINT (Ctrl-C): a graceful stop. Leasing stops, in-flight calls
+ * finish and settle (up to SHUTDOWN_GRACE_SECONDS), subscriptions close, the
+ * embedded Postgres stops last. A second signal forces the exit at once; what
+ * was still in flight is settled by a live node's sweeper (billed at most
+ * once, never left reserved). The handlers are in place before start-up: a
+ * signal that comes while Sluice starts (migrations, the embedded Postgres, an
+ * orchestrator stopping a node it just started) stops it as soon as it has
+ * started, instead of killing it with what it started (the embedded Postgres)
+ * left running.
+ */
+let app: SluiceApp | null = null;
+let stopping = false;
+const stop = (started: SluiceApp) =>
+  started.stop().then(
+    () => {
+      log.info('stopped');
+      process.exit(0);
+    },
+    (err) => {
+      log.error({ err }, 'stop failed');
+      process.exit(1);
+    },
+  );
+for (const signal of ['SIGINT', 'SIGTERM'] as const) {
+  process.on(signal, () => {
+    if (stopping) {
+      log.warn({ signal }, 'second signal: exiting now, without waiting for in-flight calls');
+      process.exit(signal === 'SIGINT' ? 130 : 143);
+    }
+    stopping = true;
+    if (!app) {
+      log.info({ signal }, 'stopping once start-up is done (send the signal again to exit now)');
+      return;
+    }
+    log.info({ signal, graceSeconds: env.SHUTDOWN_GRACE_SECONDS }, 'stopping: no new work; in-flight calls finish and settle (send the signal again to force)');
+    void stop(app);
+  });
+}
+
+app = await startSluice(env, log).catch((err) => {
   if (err instanceof ConfigError) {
     console.error(`sluice: ${err.message}`);
     process.exit(2);
@@ -37,32 +77,7 @@ if (app.generatedAdminToken) {
       `  to create tenants (createTenant). Set SLUICE_ADMIN_TOKEN to choose your own.\n${line}\n\n`,
   );
 }
-
-/**
- * SIGTERM or SIGINT (Ctrl-C): a graceful stop. Leasing stops, in-flight calls
- * finish and settle (up to SHUTDOWN_GRACE_SECONDS), subscriptions close, the
- * embedded Postgres stops last. A second signal forces the exit at once; what
- * was still in flight is settled by a live node's sweeper (billed at most
- * once, never left reserved).
- */
-let stopping = false;
-for (const signal of ['SIGINT', 'SIGTERM'] as const) {
-  process.on(signal, () => {
-    if (stopping) {
-      log.warn({ signal }, 'second signal: exiting now, without waiting for in-flight calls');
-      process.exit(signal === 'SIGINT' ? 130 : 143);
-    }
-    stopping = true;
-    log.info({ signal, graceSeconds: env.SHUTDOWN_GRACE_SECONDS }, 'stopping: no new work; in-flight calls finish and settle (send the signal again to force)');
-    app.stop().then(
-      () => {
-        log.info('stopped');
-        process.exit(0);
-      },
-      (err) => {
-        log.error({ err }, 'stop failed');
-        process.exit(1);
-      },
-    );
-  });
+if (stopping) {
+  log.info({ graceSeconds: env.SHUTDOWN_GRACE_SECONDS }, 'started; stopping now, as asked during start-up');
+  void stop(app);
 }

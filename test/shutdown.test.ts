@@ -3,10 +3,12 @@
  * flight: SIGTERM (and Ctrl-C's SIGINT with the embedded Postgres, whose own
  * exit hook used to race the drain) stops leasing, lets the calls finish and
  * settles them before the process exits. After a restart nothing runs twice:
- * the provider's call count equals the jobs, and nothing stays reserved.
+ * the provider's call count equals the jobs, and nothing stays reserved. A
+ * SIGTERM during start-up stops the process gracefully once it has started.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -158,5 +160,39 @@ describe('Ctrl-C (SIGINT) with the embedded Postgres', () => {
     const stop = exited(second);
     second.child.kill('SIGINT');
     assert.equal((await stop).code, 0);
+  });
+});
+
+describe('SIGTERM while the process is still starting', () => {
+  test('it stops gracefully once started (exit 0, "stopped"), not killed with what it started left behind', async () => {
+    const db = await createTestDatabase();
+    const child = spawn(process.execPath, [path.join(import.meta.dirname, '..', 'src', 'main.ts')], {
+      env: { ...process.env, NODE_ENV: 'test', HOST: '127.0.0.1', PORT: '0', DATABASE_URL: db.url, SLUICE_ADMIN_TOKEN: 'a'.repeat(40), LOG_LEVEL: 'info' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    const killOnExit = () => child.kill('SIGKILL');
+    process.once('exit', killOnExit);
+    const lines: string[] = [];
+    const ended = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((r) => child.once('exit', (code, signal) => r({ code, signal })));
+    try {
+      // Its first log line comes from inside start-up (the handlers are in place before it begins).
+      await new Promise<void>((resolve) => {
+        child.stdout.on('data', (c: Buffer) => {
+          lines.push(...c.toString().split('\n').filter(Boolean));
+          resolve();
+        });
+        child.stderr.on('data', (c: Buffer) => lines.push(c.toString()));
+      });
+      child.kill('SIGTERM');
+      const end = await ended;
+      const text = lines.join('\n');
+      assert.deepEqual(end, { code: 0, signal: null }, text);
+      assert.match(text, /stopping once start-up is done/, 'the signal came during start-up');
+      assert.match(text, /"msg":"stopped"/);
+    } finally {
+      process.off('exit', killOnExit);
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+      await db.drop();
+    }
   });
 });
