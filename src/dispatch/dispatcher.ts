@@ -149,7 +149,8 @@ export class Dispatcher {
     this.running = true;
     const { unlisten } = await (this.options.listenSql ?? this.options.sql).listen(WORK_CHANNEL, () => this.poke());
     this.unlisten = unlisten;
-    this.settler.warm();
+    await this.settler.warm();
+    if (!this.running) return; // stopped during the warm-up
     this.leases.start();
     this.pace?.start();
     this.loops.start();

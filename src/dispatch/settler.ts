@@ -26,7 +26,7 @@ import { reinsertJobs } from '../queue/boss.ts';
 import { billedCredits } from '../scheduler/ledger.ts';
 import { reactionOrder, requeueOrder } from '../scheduler/lock-order.ts';
 import { stopAccount } from '../scheduler/sql/account.ts';
-import { markQueuesReady } from '../scheduler/sql/queues.ts';
+import { anyWorkWaiting, markQueuesReady } from '../scheduler/sql/queues.ts';
 import { lockOpenReservations, settleGroup, warmSettleGroup, type SettleGroupItem } from '../scheduler/sql/reservations.ts';
 import { lockTenants } from '../scheduler/sql/tenants.ts';
 import { pauseWindow, recordCappedAsk, stopWindow, type RateLimitPace } from '../scheduler/sql/windows.ts';
@@ -134,6 +134,9 @@ const tenantOf = (a: Attempt): string => a.job.data.tenantId;
 /** Connections of the pool the settlement's warm-up leaves free for the dispatch loop (Settler.warm). */
 const WARM_SPARE_CONNECTIONS = 2;
 
+/** How long start-up waits for the settlement's warm-up (Settler.warm) before it goes on without it. */
+const WARM_TIMEOUT_MS = 5_000;
+
 export class Settler {
   private readonly options: SettlerOptions;
   /** Settlements waiting to land, in order; a flusher applies them in groups and retries until they land. */
@@ -151,28 +154,30 @@ export class Settler {
     return this.options.leases.abandoned;
   }
 
-  /** Whether anything was queued to settle yet (a process with work from its start warms by use). */
-  private settledAny = false;
-
   /**
-   * Runs the settlement with nothing to settle once on each of the pool's connections, in the
-   * background, unless this process had something to settle within `afterMs` of its start: the
-   * first settlements of a process that starts idle (an API-facing worker waiting for jobs) then
-   * do not plan it inside their own transactions. A process that starts with a backlog skips it:
-   * opening and warming every connection then made each one pay for its own first leases too
-   * (bench dispatch 10x2000 about a fifth slower), while its connections warm by use within its
-   * first seconds anyway. A failure is only logged (a settlement on a cold connection still lands).
+   * Runs the settlement with nothing to settle once on each of the pool's connections, before
+   * the dispatcher starts leasing (a step of start-up, so of readiness: `/readyz`), unless work is
+   * waiting already: the first settlements of a process that starts idle (an API-facing worker
+   * waiting for jobs) then do not plan it inside their own transactions, and the connections it
+   * opens and plans on (a burst of Postgres CPU) are not opened while the first requests arrive.
+   * A process that starts with a backlog skips it: opening and warming every connection then made
+   * each one pay for its own first leases too (bench dispatch 10x2000 about a fifth slower), while
+   * its connections warm by use within its first seconds anyway. Waited for at most `timeoutMs`
+   * (start-up goes on; the warm-up finishes in the background); a failure is only logged (a
+   * settlement on a cold connection still lands).
    */
-  warm(afterMs = 500): void {
-    // The warm-up holds each connection it warms for the whole warm-up, and the dispatch loop's
-    // lease and sent mark run on the same pool: two stay free, so work that arrives meanwhile is
-    // leased at once instead of after the warm-up (those two warm by use).
+  async warm(timeoutMs = WARM_TIMEOUT_MS): Promise<void> {
+    // The warm-up holds each connection it warms for the whole warm-up, and the API's requests run
+    // on the same pool once it listens: two stay free for them.
     const n = (this.options.warmConnections ?? 0) - WARM_SPARE_CONNECTIONS;
     if (n <= 0) return;
-    setTimeout(() => {
-      if (this.settledAny || this.abandoned) return;
-      warmSettleGroup(this.options.sql, n).catch((err: unknown) => this.options.log.debug({ err }, 'warming the settlement connections failed'));
-    }, afterMs).unref();
+    let timer: NodeJS.Timeout | undefined;
+    const warmed = (async () => {
+      if (await anyWorkWaiting(this.options.sql)) return;
+      await warmSettleGroup(this.options.sql, n);
+    })().catch((err: unknown) => this.options.log.debug({ err }, 'warming the settlement connections failed'));
+    await Promise.race([warmed, new Promise<void>((resolve) => (timer = setTimeout(resolve, timeoutMs).unref()))]);
+    clearTimeout(timer);
   }
 
   /** Stopped past its grace: the settlements still waiting are let go (left to their leases). */
@@ -210,7 +215,6 @@ export class Settler {
 
   private enqueue(window: WindowSpec, items: SettleItem[], reactions: CallOutcome[]): Promise<void> {
     for (const x of items) x.attempt.settling = true;
-    this.settledAny = true;
     if (this.abandoned) return Promise.resolve();
     return new Promise<void>((done) => {
       this.queue.push({ window, items, reactions, done, tenants: [...new Set(items.map((x) => tenantOf(x.attempt)))], size: items.length });

@@ -11,6 +11,12 @@ import type { Tx } from '../../db/client.ts';
 import { CLASSES, type JobClass } from '../../config/classes.ts';
 import { oldestQueuedAgeByClass } from './classes.ts';
 
+/** Whether any queue has a job waiting (a dispatcher starting with a backlog warms its connections by use: dispatch/settler.ts). */
+export async function anyWorkWaiting(sql: Tx): Promise<boolean> {
+  const [row] = await sql`select exists (select 1 from sched_queues where depth > 0) as waiting`;
+  return row!.waiting as boolean;
+}
+
 /** A tenant's queues, one per class (in the transaction that writes its scheduler row: syncTenant). */
 export async function addQueues(tx: Tx, tenantId: string): Promise<void> {
   await tx`
