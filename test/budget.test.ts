@@ -173,6 +173,17 @@ describe('request budget over HTTP and graphql-ws', () => {
     assert.ok(other.body.data.rateLimit.remaining <= 1000 - 102 + 400 * 2, JSON.stringify(other.body));
   });
 
+  test("a burst of a tenant's first operations waits for one charge's reserve instead of queueing on its row: one statement for all", async () => {
+    await fresh(1000, 400); // reserve cap: min(1000 / 10, 400 / 4) = 100 points
+    const q = '{ me { tenant { id } } }'; // 2 points: 40 of them are 80, within the first charge's reserve
+    const budget = t.app.requestBudget!;
+    const before = { ...budget.counts };
+    const answers = await Promise.all(Array.from({ length: 40 }, () => t.gql(q, {}, tenant.apiKey)));
+    assert.ok(answers.every((a) => a.status === 200), JSON.stringify(answers.map((a) => a.status)));
+    assert.equal(budget.counts.charges, before.charges + 1, 'the first charge took the reserve; the others were paid from it');
+    assert.equal(budget.counts.reserved, before.reserved + 39);
+  });
+
   test('concurrent charges top the reserve up once: the bucket loses what was spent plus one reserve, no more', async () => {
     await fresh(1000, 4); // reserve cap: min(100, 1) = 1 point; restores 4 points a second
     const q = '{ me { tenant { id } } }'; // 2 points

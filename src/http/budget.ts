@@ -129,8 +129,11 @@ export class RequestBudget {
   private readonly known = new Map<string, Known>();
   /** Points this node took from each tenant's bucket and has not spent yet (at most `reserveCap`). */
   private readonly reserves = new Map<string, { points: number; limits: RequestBudgetLimits }>();
-  /** Tenants whose reserve a charge is topping up right now: one at a time, so concurrent charges do not each take one. */
-  private readonly toppingUp = new Set<string>();
+  /**
+   * Tenants whose reserve a charge is topping up right now, until it is in place: one at a time, so
+   * concurrent charges do not each take one; they wait for it instead (charge).
+   */
+  private readonly toppingUp = new Map<string, Promise<void>>();
   /** Charges sent to Postgres, refusals answered from `known`, and charges paid from a reserve (a benchmark's figures). */
   readonly counts = { charges: 0, localRefusals: 0, reserved: 0 };
 
@@ -148,59 +151,75 @@ export class RequestBudget {
   async charge(tenant: TenantRecord, requested: number): Promise<BudgetState> {
     const limits = requestBudgetLimits(tenant);
     if (requested > limits.burst) return { limits, requested, available: limits.burst, granted: false, tooCostly: true };
-    await this.refunds.get(tenant.id);
-    const now = Date.now();
-    const known = this.known.get(tenant.id);
-    const reserve = this.reserves.get(tenant.id);
-    if (reserve && !sameLimits(reserve.limits, limits)) this.reserves.delete(tenant.id);
-    else if (reserve && reserve.points >= requested) {
-      reserve.points -= requested;
-      this.counts.reserved++;
-      const shared = known ? estimateAvailable(known, now) : limits.burst;
-      return { limits, requested, available: Math.min(limits.burst, shared + reserve.points), granted: true };
-    }
-    if (known && sameLimits(known.limits, limits)) {
-      const estimate = estimateAvailable(known, now);
-      if (estimate < requested) {
-        this.counts.localRefusals++;
-        const early = now < known.refusedUntil;
-        const retryAfterSeconds = secondsUntil(requested, estimate, limits.rate);
-        known.refusedUntil = now + retryAfterSeconds * 1000;
-        if (early && this.refusalDelayMs > 0) await new Promise((r) => setTimeout(r, Math.min(this.refusalDelayMs, retryAfterSeconds * 1000)));
-        return { limits, requested, available: estimate, granted: false, retryAfterSeconds };
+    for (let waited = false; ; waited = true) {
+      await this.refunds.get(tenant.id);
+      const now = Date.now();
+      const known = this.known.get(tenant.id);
+      const reserve = this.reserves.get(tenant.id);
+      if (reserve && !sameLimits(reserve.limits, limits)) this.reserves.delete(tenant.id);
+      else if (reserve && reserve.points >= requested) {
+        reserve.points -= requested;
+        this.counts.reserved++;
+        const shared = known ? estimateAvailable(known, now) : limits.burst;
+        return { limits, requested, available: Math.min(limits.burst, shared + reserve.points), granted: true };
       }
+      if (known && sameLimits(known.limits, limits)) {
+        const estimate = estimateAvailable(known, now);
+        if (estimate < requested) {
+          this.counts.localRefusals++;
+          const early = now < known.refusedUntil;
+          const retryAfterSeconds = secondsUntil(requested, estimate, limits.rate);
+          known.refusedUntil = now + retryAfterSeconds * 1000;
+          if (early && this.refusalDelayMs > 0) await new Promise((r) => setTimeout(r, Math.min(this.refusalDelayMs, retryAfterSeconds * 1000)));
+          return { limits, requested, available: estimate, granted: false, retryAfterSeconds };
+        }
+      }
+      // Another charge of this tenant is topping the reserve up: wait for it once and look again
+      // (what it brings pays for a burst from the reserve) instead of sending one more statement on
+      // the tenant's row, where a burst of them (a client's first 64 requests) would queue on its lock.
+      const toppingUp = this.toppingUp.get(tenant.id);
+      if (!toppingUp || waited) return this.chargeInPostgres(tenant, requested, limits, known, now);
+      await toppingUp;
     }
+  }
+
+  /** A charge sent to Postgres; when it may, it tops this node's reserve up in the same statement. */
+  private async chargeInPostgres(tenant: TenantRecord, requested: number, limits: RequestBudgetLimits, known: Known | undefined, now: number): Promise<BudgetState> {
     this.counts.charges++;
     // Going to Postgres anyway: top the reserve up too, when the bucket looks able to pay for both
     // and no other charge of this tenant is topping it up already.
     let extra = this.toppingUp.has(tenant.id) ? 0 : Math.max(0, reserveCap(limits) - (this.reserves.get(tenant.id)?.points ?? 0));
     if (extra > 0 && known && estimateAvailable(known, now) < requested + extra) extra = 0;
-    const toppingUp = extra > 0;
-    if (toppingUp) this.toppingUp.add(tenant.id);
-    let c: Awaited<ReturnType<typeof chargeBudget>>;
+    let release: (() => void) | undefined;
+    const topping = extra > 0 ? new Promise<void>((resolve) => (release = resolve)) : null;
+    if (topping) this.toppingUp.set(tenant.id, topping);
     try {
-      c = await chargeBudget(this.sql, tenant.id, limits, requested + extra);
+      let c: Awaited<ReturnType<typeof chargeBudget>> = await chargeBudget(this.sql, tenant.id, limits, requested + extra);
       if (!c.granted && extra > 0) {
         extra = 0;
         c = await chargeBudget(this.sql, tenant.id, limits, requested);
       }
+      if (c.granted && extra > 0) {
+        // Added to what is there now: other charges may have spent from it or refunded into it meanwhile.
+        if (this.reserves.size >= 10_000 && !this.reserves.has(tenant.id)) this.reserves.clear(); // bounded; a cleared reserve only errs in the tenant's disfavour
+        const reserve = this.reserves.get(tenant.id);
+        if (reserve && sameLimits(reserve.limits, limits)) reserve.points += extra;
+        else this.reserves.set(tenant.id, { points: extra, limits });
+      }
+      const s: BudgetState = c.granted
+        ? { limits, requested, available: c.available, granted: true }
+        : // Refused: at least a second, even when the read after the refusal already sees enough (time passed between them).
+          { limits, requested, available: c.available, granted: false, retryAfterSeconds: Math.max(1, secondsUntil(requested, c.available, limits.rate)) };
+      if (this.known.size >= 10_000 && !this.known.has(tenant.id)) this.known.clear(); // bounded: it is only a shortcut
+      this.known.set(tenant.id, { available: c.available, at: Date.now(), limits, refusedUntil: s.granted ? 0 : Date.now() + s.retryAfterSeconds! * 1000 });
+      return s;
     } finally {
-      if (toppingUp) this.toppingUp.delete(tenant.id);
+      // Those waiting look again once the reserve (or the refusal's level) is in place.
+      if (topping) {
+        this.toppingUp.delete(tenant.id);
+        release!();
+      }
     }
-    if (c.granted && extra > 0) {
-      // Added to what is there now: other charges may have spent from it or refunded into it meanwhile.
-      if (this.reserves.size >= 10_000 && !this.reserves.has(tenant.id)) this.reserves.clear(); // bounded; a cleared reserve only errs in the tenant's disfavour
-      const reserve = this.reserves.get(tenant.id);
-      if (reserve && sameLimits(reserve.limits, limits)) reserve.points += extra;
-      else this.reserves.set(tenant.id, { points: extra, limits });
-    }
-    const s: BudgetState = c.granted
-      ? { limits, requested, available: c.available, granted: true }
-      : // Refused: at least a second, even when the read after the refusal already sees enough (time passed between them).
-        { limits, requested, available: c.available, granted: false, retryAfterSeconds: Math.max(1, secondsUntil(requested, c.available, limits.rate)) };
-    if (this.known.size >= 10_000 && !this.known.has(tenant.id)) this.known.clear(); // bounded: it is only a shortcut
-    this.known.set(tenant.id, { available: c.available, at: Date.now(), limits, refusedUntil: s.granted ? 0 : Date.now() + s.retryAfterSeconds! * 1000 });
-    return s;
   }
 
   /** Gives back what the operation did not use (not awaited by the answer; the tenant's next charge here waits for it). */
