@@ -9,7 +9,7 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import postgres from 'postgres';
-import { foldRunning } from '../src/scheduler/sql/queues.ts';
+import { anyQueueReady, foldRunning } from '../src/scheduler/sql/queues.ts';
 import { settleGroup, warmSettleGroup } from '../src/scheduler/sql/reservations.ts';
 import { startTestApp, type TestApp } from './helpers/app.ts';
 import { leaseOnce, queueJobs, unlimitedWindow } from './helpers/lease.ts';
@@ -114,4 +114,22 @@ test('the settlement warm-up runs every statement of the settlement on empty set
   }
   assert.deepEqual(scans(plans), [], 'the warm-up scanned a whole hot table');
   assert.deepEqual(await counts(), before, 'the warm-up changed nothing');
+});
+
+test("the warm-up's skip check sees a queue ready to lease, not a dormant one, and finds it in the fair index", async () => {
+  // What an idle start looks like: no queue in the fair index (this app has no dispatcher: nothing moves them).
+  await sql`update sched_queues set ready_at = null`;
+  assert.equal(await anyQueueReady(sql), false, 'an idle database has no queue ready');
+  const tenant = (await t.createTenant('warm-skip', 'ENTERPRISE')).id;
+  await queueJobs(sql, [tenant], 2, 'w');
+  assert.equal(await anyQueueReady(sql), true, 'a backlog is a queue ready to lease');
+  // Suspended (as setTenantSuspended leaves its queues): work waits, but no lease would take it.
+  await sql`update sched_queues set tenant_dormant = true where tenant_id = ${tenant}`;
+  assert.equal(await anyQueueReady(sql), false, 'a dormant queue does not skip the warm-up');
+  // The probe is the fair index's, so it costs one index probe however many queues there are.
+  await sql.begin(async (tx) => {
+    await tx`set local enable_seqscan = off`;
+    const plan = (await tx`explain select exists (select 1 from sched_queues sq where sluice_queue_in_fair_index(sq))`).map((r) => String(r['QUERY PLAN'])).join('\n');
+    assert.match(plan, /sched_queues_fair_idx/);
+  });
 });

@@ -26,7 +26,7 @@ import { reinsertJobs } from '../queue/boss.ts';
 import { billedCredits } from '../scheduler/ledger.ts';
 import { reactionOrder, requeueOrder } from '../scheduler/lock-order.ts';
 import { stopAccount } from '../scheduler/sql/account.ts';
-import { anyWorkWaiting, markQueuesReady } from '../scheduler/sql/queues.ts';
+import { anyQueueReady, markQueuesReady } from '../scheduler/sql/queues.ts';
 import { lockOpenReservations, settleGroup, warmSettleGroup, type SettleGroupItem } from '../scheduler/sql/reservations.ts';
 import { lockTenants } from '../scheduler/sql/tenants.ts';
 import { pauseWindow, recordCappedAsk, stopWindow, type RateLimitPace } from '../scheduler/sql/windows.ts';
@@ -156,8 +156,8 @@ export class Settler {
 
   /**
    * Runs the settlement with nothing to settle once on each of the pool's connections, before
-   * the dispatcher starts leasing (a step of start-up, so of readiness: `/readyz`), unless work is
-   * waiting already: the first settlements of a process that starts idle (an API-facing worker
+   * the dispatcher starts leasing (a step of start-up, so of readiness: `/readyz`), unless a queue is
+   * ready to lease already: the first settlements of a process that starts idle (an API-facing worker
    * waiting for jobs) then do not plan it inside their own transactions, and the connections it
    * opens and plans on (a burst of Postgres CPU) are not opened while the first requests arrive.
    * A process that starts with a backlog skips it: opening and warming every connection then made
@@ -173,7 +173,7 @@ export class Settler {
     if (n <= 0) return;
     let timer: NodeJS.Timeout | undefined;
     const warmed = (async () => {
-      if (await anyWorkWaiting(this.options.sql)) return;
+      if (await anyQueueReady(this.options.sql)) return;
       await warmSettleGroup(this.options.sql, n);
     })().catch((err: unknown) => this.options.log.debug({ err }, 'warming the settlement connections failed'));
     await Promise.race([warmed, new Promise<void>((resolve) => (timer = setTimeout(resolve, timeoutMs).unref()))]);

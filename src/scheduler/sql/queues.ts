@@ -11,10 +11,14 @@ import type { Tx } from '../../db/client.ts';
 import { CLASSES, type JobClass } from '../../config/classes.ts';
 import { oldestQueuedAgeByClass } from './classes.ts';
 
-/** Whether any queue has a job waiting (a dispatcher starting with a backlog warms its connections by use: dispatch/settler.ts). */
-export async function anyWorkWaiting(sql: Tx): Promise<boolean> {
-  const [row] = await sql`select exists (select 1 from sched_queues where depth > 0) as waiting`;
-  return row!.waiting as boolean;
+/**
+ * Whether any queue is in the fair index, so a lease would find work now (a dispatcher starting
+ * with a backlog warms its connections by use: dispatch/settler.ts). One probe of the index,
+ * however many tenants are registered or dormant.
+ */
+export async function anyQueueReady(sql: Tx): Promise<boolean> {
+  const [row] = await sql`select exists (select 1 from sched_queues sq where sluice_queue_in_fair_index(sq)) as ready`;
+  return row!.ready as boolean;
 }
 
 /** A tenant's queues, one per class (in the transaction that writes its scheduler row: syncTenant). */
