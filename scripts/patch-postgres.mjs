@@ -1,6 +1,6 @@
 /**
- * postinstall: three fixes to postgres.js 3.4.x that are not released upstream.
- * Idempotent; src/db/guard.ts checks at start that all three are in place.
+ * postinstall: four fixes to postgres.js 3.4.x that are not released upstream.
+ * Idempotent; src/db/guard.ts checks at start that all four are in place.
  *
  * 1. nextWrite() guarded against a closed socket (porsager/postgres #1154,
  *    #1208; the fix proposed in PR #1209). Without it, a write scheduled with
@@ -44,6 +44,17 @@
  *    current query and its error; a close while connecting drops the
  *    connection's own startup query (the type fetch), which the next
  *    connection runs again.
+ *
+ * 4. The first fix's guard, narrowed. A transaction whose connection closed
+ *    still writes its ROLLBACK on that connection; if another query has
+ *    meanwhile been given the closed connection to open it again (its
+ *    `initial`), the guard's `error()` failed that query too, with
+ *    CONNECTION_CLOSED, though its own session had not even started (seen as
+ *    a plain query failing right after a backend was terminated, about one
+ *    run in four of test/real-world-unit.test.ts), and it left the ROLLBACK as
+ *    the current query, for the next session's first reply to be paired with.
+ *    The guard now fails, and forgets, only what was written for the closed
+ *    session.
  */
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
@@ -52,6 +63,7 @@ const root = path.resolve(import.meta.dirname, '..');
 export const MARKER = 'sluice: guard porsager/postgres#1208';
 export const PIPELINE_MARKER = 'sluice: reserve without pipelining porsager/postgres#1210';
 export const STALE_QUERY_MARKER = 'sluice: a closed connection forgets its state porsager/postgres#1223';
+export const STALE_WRITE_MARKER = 'sluice: a write after the close fails only its own queries';
 
 const PATCHES = [
   {
@@ -100,6 +112,23 @@ const PATCHES = [
     if (query || sent.length) error(Errors.connection('CONNECTION_CLOSED', options, socket))
     query = results = errorResponse = null
     closedTime = performance.now()`,
+  },
+  {
+    // Applies on top of the first patch's guard.
+    marker: STALE_WRITE_MARKER,
+    what: 'a write after the close fails only the queries written for the closed session',
+    original: `      error(Errors.connection('CONNECTION_CLOSED', options))
+      return false`,
+    patched: `      // ${STALE_WRITE_MARKER}: what was written here belongs to the closed session (a
+      // transaction's ROLLBACK sent on its dead connection); the next session's startup query
+      // (initial) is another caller's and must not fail with it, and the stale query must not stay
+      // current, or the next session's first reply would be paired with it.
+      const err = Errors.connection('CONNECTION_CLOSED', options)
+      stream && (stream.destroy(err), stream = null)
+      query && queryError(query, err)
+      query = null
+      while (sent.length) queryError(sent.shift(), err)
+      return false`,
   },
 ];
 

@@ -214,6 +214,56 @@ describe('a connection killed mid-transaction', () => {
   });
 });
 
+describe("a dead transaction's ROLLBACK and the query that reopens its connection", () => {
+  test('the query that reopens the connection gets its own answer, not the old session\'s CONNECTION_CLOSED', async () => {
+    // One connection: a transaction on it loses its backend; while the transaction's callback still
+    // runs, another query is handed the closed connection to open it again; then the callback
+    // fails, and the transaction writes its ROLLBACK on the dead session. Without the fourth fix of
+    // scripts/patch-postgres.mjs, that write's CONNECTION_CLOSED failed the other query too.
+    const db = await createTestDatabase();
+    // The pool's close callback: the transaction's connection is closed (and free for another query) once it ran.
+    let onClose: () => void = () => {};
+    const sql = postgres(db.url, { max: 1, onnotice: () => {}, onclose: () => onClose() });
+    const admin = postgres(db.url, { max: 1, onnotice: () => {} });
+    const { unhandled, restore } = recordUnhandled();
+    try {
+      for (let round = 0; round < 3; round++) {
+        // The transaction settles as soon as its connection closes (postgres.js races the callback
+        // with the close), so the callback hands its other query over by a promise of its own.
+        let handOver!: (answer: Promise<number | Error>) => void;
+        const other = new Promise<number | Error>((resolve) => (handOver = resolve));
+        const closed = new Promise<void>((resolve) => (onClose = resolve));
+        const outcome = await within(
+          sql
+            .begin(async (tx) => {
+              const [row] = await tx`select pg_backend_pid() as pid`;
+              await admin`select pg_terminate_backend(${row!.pid as number})`;
+              const lost = await tx`select pg_sleep(5)`.then(() => null, (e: Error) => e);
+              assert.ok(lost && isDatabaseUnavailable(lost), `round ${round}: the transaction saw its connection fail: ${String(lost)}`);
+              assert.notEqual(await within(closed, 5_000), 'PENDING', `round ${round}: the connection closed`);
+              handOver(sql`select ${40 + round}::int as n`.then((r) => r[0]!.n as number, (e: Error) => e));
+              throw lost;
+            })
+            .catch((err: Error) => err),
+        );
+        assert.ok(outcome !== 'PENDING' && isDatabaseUnavailable(outcome), `round ${round}: the transaction failed, coded: ${String(outcome)}`);
+        // PENDING: the callback never sent it (one of its own checks failed).
+        assert.equal(await within(other), 40 + round, `round ${round}: the reopening query got its own answer`);
+      }
+      assert.deepEqual(
+        unhandled.filter((r) => !isUnhandledConnectionLoss(r)),
+        [],
+        'no unhandled rejection the guard would not survive',
+      );
+    } finally {
+      await within(sql.end({ timeout: 1 }), 5_000);
+      await within(admin.end({ timeout: 1 }), 5_000);
+      await db.drop();
+      restore();
+    }
+  });
+});
+
 describe('a connection killed while it fetches its array types', () => {
   test('the reconnect serves the first query, not the old 57P01, and array parameters work on it', async () => {
     // A proxy answers the first array-type fetch as a terminated backend does (ErrorResponse 57P01,

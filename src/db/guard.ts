@@ -17,11 +17,13 @@ import { isDatabaseUnavailable } from './availability.ts';
 
 // The markers scripts/patch-postgres.mjs writes: the nextWrite guard, `begin` reserving its
 // connection with pipelining off (which a pooler needs: src/db/client.ts), and a closed
-// connection forgetting its query (else the next query on it can wait for ever).
+// connection forgetting its query (else the next query on it can wait for ever), and a write after
+// the close failing only the closed session's queries (not the next session's first one).
 const PATCH_MARKERS = [
   'sluice: guard porsager/postgres#1208',
   'sluice: reserve without pipelining porsager/postgres#1210',
   'sluice: a closed connection forgets its state porsager/postgres#1223',
+  'sluice: a write after the close fails only its own queries',
 ];
 
 /** True for postgres.js's write-after-close throw, and nothing else. Pure. */
