@@ -524,6 +524,9 @@ describe('the webhook sender runs on its own thread', () => {
     assert.notEqual(threads[0]!.threadId, 0, 'not the main thread (id 0)');
     assert.notEqual(threads[0]!.threadId, threadId);
     assert.ok(lines.some((l) => l.msg === 'webhook sender thread running' && l.threadId === threads[0]!.threadId), 'the main thread logs the thread it started');
+    // Its young generation is bounded (V8's default here is 128 MB of new space, resident once grown).
+    const young = threads[0]!.worker.resourceLimits?.maxYoungGenerationSizeMb ?? 0;
+    assert.ok(young > 0 && young <= 32, `the thread's young generation is bounded: ${young} MB`);
     const jobId = await submit(t, c.apiKey);
     await eventually(async () => (rx.at('/threaded').some((g) => g.json?.data?.id === jobId) ? true : null));
     // Counted in the thread, posted to the main thread's /metrics.

@@ -67,6 +67,8 @@ const RESTART_MIN_MS = 1_000;
 const RESTART_MAX_MS = 30_000;
 /** A thread that ran this long before it died starts the backoff over. */
 const HEALTHY_MS = 60_000;
+/** The sender thread's young generation (V8 new space), in MB: see spawn(). */
+const THREAD_YOUNG_GENERATION_MB = 16;
 
 export class WebhookThread {
   private readonly o: WebhookThreadOptions;
@@ -118,7 +120,10 @@ export class WebhookThread {
   /** Starts a thread; resolves once it is ready, rejects when it dies first. */
   private spawn(): Promise<void> {
     const startedAt = Date.now();
-    const worker = new Worker(new URL('./thread.ts', import.meta.url), { workerData: this.data });
+    // The thread sends small requests at a modest rate: a young generation of V8's default size
+    // for this heap (128 MB of new space under Node 24 on a machine with GBs of memory, resident
+    // once the start-up's module loading has grown it) would be most of the thread's footprint.
+    const worker = new Worker(new URL('./thread.ts', import.meta.url), { workerData: this.data, resourceLimits: { maxYoungGenerationSizeMb: THREAD_YOUNG_GENERATION_MB } });
     this.worker = worker;
     return new Promise<void>((resolve, reject) => {
       let ready = false;
