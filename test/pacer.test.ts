@@ -10,6 +10,7 @@ import postgres from 'postgres';
 import { startSimulator, type Simulator } from '../src/simulator/index.ts';
 import { eventually, startTestApp, type TestApp } from './helpers/app.ts';
 import { assertQuiescent } from './helpers/invariants.ts';
+import { createTestDatabase } from './helpers/db.ts';
 
 describe('a window that hits the provider limit', () => {
   let sim: Simulator;
@@ -74,5 +75,54 @@ describe('a window that hits the provider limit', () => {
     await assertQuiescent(sql);
     const [refunds] = await sql`select count(*)::int as n from reservations where outcome = 'rate_limited' and billed = 0`;
     assert.ok(refunds!.n >= 1, 'refused calls were refunded');
+  });
+});
+
+describe('a paced window with no token to give', () => {
+  test('submissions do not wake its leases: lease calls follow the tokens and the idle poll, not the submissions', async () => {
+    // Every submission's commit notifies the workers (one NOTIFY per group). While the bucket is
+    // empty such a wake-up could only lease nothing and read the window, once per submission on
+    // every node: the loops wait for the tokens instead. Counted by Postgres (track_functions, this
+    // database only; a backend's counts are flushed at the latest when it exits, at the app's stop).
+    const db = await createTestDatabase();
+    const admin = postgres(db.url, { max: 1, onnotice: () => {} });
+    await admin.unsafe(`alter database "${new URL(db.url).pathname.slice(1)}" set track_functions = 'pl'`);
+    const sim = await startSimulator({ plan: 'PRO', latencyMs: 5, latencyP95Ms: 5, seed: 7 });
+    // 6 a minute paced at 0.9: a bucket of one token, the next ~11 s after it is spent.
+    const t = await startTestApp({ DATABASE_URL: db.url, APIVERVE_API_KEY: sim.apiKey, APIVERVE_BASE_URL: sim.url, APIVERVE_RATE_PER_MINUTE: '6', PACE_LEARN: 'false', DISPATCH_IDLE_POLL_MS: '1000' });
+    let running = true;
+    try {
+      const tenant = await t.createTenant('patient', 'PRO');
+      const SUBMIT_ONE = `mutation($i: JobInput!) { submitJob(input: $i) { job { id } } }`;
+      const submitOne = async (i: number) => {
+        const r = await t.gql(SUBMIT_ONE, { i: { api: 'dnslookup', params: { domain: `w${i}.example` } } }, tenant.apiKey);
+        assert.ok(r.body.data, JSON.stringify(r.body.errors));
+      };
+      await submitOne(0);
+      await eventually(async () => {
+        const [r] = await admin`select count(*)::int as n from jobs where state = 'SUCCEEDED'`;
+        return r!.n === 1;
+      }, 20_000, 50);
+      const submissions = 60;
+      for (let i = 1; i <= submissions; i++) {
+        await submitOne(i);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      await t.stop();
+      running = false;
+      const [calls] = await admin`select count(*) filter (where state <> 'QUEUED')::int as sent from jobs`;
+      const leases = await eventually(async () => {
+        const [f] = await admin`select coalesce(sum(calls), 0)::int as n from pg_stat_user_functions where funcname = 'sluice_lease'`;
+        return f!.n > 0 ? f!.n : null;
+      }, 10_000, 100);
+      console.log(JSON.stringify({ leaseCallsWithoutTokens: leases, submissions, calls: calls!.sent }));
+      // What the run needed: a few leases around each call and the start, and one an idle poll (1 s).
+      assert.ok(leases < 25, `${leases} lease calls for ${submissions} submissions and ${calls!.sent} call(s)`);
+    } finally {
+      if (running) await t.stop();
+      await sim.stop();
+      await admin.end();
+      await db.drop();
+    }
   });
 });

@@ -147,7 +147,7 @@ export class Dispatcher {
   async start(): Promise<void> {
     if (this.running) return;
     this.running = true;
-    const { unlisten } = await (this.options.listenSql ?? this.options.sql).listen(WORK_CHANNEL, () => this.poke());
+    const { unlisten } = await (this.options.listenSql ?? this.options.sql).listen(WORK_CHANNEL, () => this.loops.pokeWork());
     this.unlisten = unlisten;
     await this.settler.warm();
     if (!this.running) return; // stopped during the warm-up
@@ -188,7 +188,7 @@ export class Dispatcher {
     return { unsettled };
   }
 
-  /** Wakes every sleeping window loop (new work, a freed slot, stop). */
+  /** Wakes every sleeping window loop (stop; new work wakes only the windows it could help). */
   poke(): void {
     this.loops.poke();
   }

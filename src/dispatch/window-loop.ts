@@ -99,7 +99,16 @@ export class WindowLoops {
   private readonly options: WindowLoopsOptions;
   private readonly loops: Promise<void>[] = [];
   private readonly inFlight = new Set<Promise<void>>();
-  private readonly wakers = new Set<() => void>();
+  /** Each sleeping loop's wake-up, with its window. */
+  private readonly wakers = new Map<() => void, string>();
+  /**
+   * Windows whose last lease came back empty for want of tokens, of pool room, or because the
+   * account is stopped: more work cannot help them before their next lease (which the wait for the
+   * tokens, a settlement's poke or the idle poll brings), so new-work pokes leave their loops asleep.
+   * Without this, every submission's commit (one NOTIFY per group) woke each worker's loops of a
+   * paced window into a lease and a window read that could take nothing.
+   */
+  private readonly workCannotHelp = new Set<string>();
   readonly latency = new Map<string, LatencyTracker>();
   /**
    * How long a call holds its pool slot, per window: from the lease's return to its settlement
@@ -139,17 +148,22 @@ export class WindowLoops {
     await Promise.allSettled([...this.inFlight]);
   }
 
-  /** Wakes every sleeping window loop (new work, a freed slot, stop). */
+  /** Wakes every sleeping window loop (a freed slot, stop). */
   poke(): void {
-    for (const wake of this.wakers) wake();
+    for (const wake of this.wakers.keys()) wake();
   }
 
-  private async sleep(ms: number): Promise<void> {
+  /** New work was submitted: wakes the loops of the windows it could help (see `workCannotHelp`). */
+  pokeWork(): void {
+    for (const [wake, window] of this.wakers) if (!this.workCannotHelp.has(window)) wake();
+  }
+
+  private async sleep(ms: number, window: string): Promise<void> {
     let timer: NodeJS.Timeout | undefined;
     let wake!: () => void;
     await new Promise<void>((resolve) => {
       wake = resolve;
-      this.wakers.add(wake);
+      this.wakers.set(wake, window);
       timer = setTimeout(resolve, Math.max(1, ms));
     });
     clearTimeout(timer);
@@ -160,10 +174,10 @@ export class WindowLoops {
     while (this.options.running()) {
       try {
         const wait = await this.dispatchOnce(w);
-        if (wait > 0) await this.sleep(wait);
+        if (wait > 0) await this.sleep(wait, w.name);
       } catch (err) {
         this.options.log.error({ err, window: w.name }, 'dispatch failed');
-        await this.sleep(this.options.idlePollMs);
+        await this.sleep(this.options.idlePollMs, w.name);
       }
     }
   }
@@ -189,6 +203,7 @@ export class WindowLoops {
 
   private async leaseOnce(w: WindowSpec): Promise<number> {
     const { sql, breakers, idlePollMs, maxWaitMs } = this.options;
+    this.workCannotHelp.delete(w.name);
     const pool = this.poolFor(w);
     const order = classOrder(w.classes, this.oldestWaitMs, maxWaitMs);
     // Jobs for an API whose breaker is open wait for its probe: the lease does not take them.
@@ -226,9 +241,13 @@ export class WindowLoops {
     if (!state) throw new Error(`window ${w.name} is not in the database`);
     if (tracing.on) this.noteWindowHold(w, state);
     // Credits exhausted: nothing leaves on any window until the renewal or an admin resumes.
-    if (state.accountStoppedUntil !== null && state.accountStoppedUntil > state.dbNow) return idlePollMs;
-    if (pool - state.inFlight <= 0) return Math.min(idlePollMs, 50); // a settle here pokes; another node's does not
-    if (takeable(state, state.dbNow) < 1) return Math.min(idlePollMs, Math.max(1, msUntilTokens(state, state.dbNow, 1)));
+    const stopped = state.accountStoppedUntil !== null && state.accountStoppedUntil > state.dbNow;
+    const full = pool - state.inFlight <= 0;
+    const dry = takeable(state, state.dbNow) < 1;
+    if (stopped || full || dry) this.workCannotHelp.add(w.name);
+    if (stopped) return idlePollMs;
+    if (full) return Math.min(idlePollMs, 50); // a settle here pokes; another node's does not
+    if (dry) return Math.min(idlePollMs, Math.max(1, msUntilTokens(state, state.dbNow, 1)));
     return idlePollMs;
   }
 
