@@ -116,7 +116,7 @@ describe('a paced window with no token to give', () => {
         return f!.n > 0 ? f!.n : null;
       }, 10_000, 100);
       console.log(JSON.stringify({ leaseCallsWithoutTokens: leases, submissions, calls: calls!.sent }));
-      // What the run needed: a few leases around each call and the start, and one an idle poll (1 s).
+      // What the run needed: a few leases around the one call and the start, and one per idle poll (1 s).
       assert.ok(leases < 25, `${leases} lease calls for ${submissions} submissions and ${calls!.sent} call(s)`);
     } finally {
       if (running) await t.stop();
