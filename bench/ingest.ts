@@ -10,7 +10,9 @@
  *      (`submitJob`) over HTTP for --seconds: answers/s, accepted/s, p50/p99;
  *      baseline: 64 concurrent loops of `boss.insert` of one job.
  *  (c) the same with 1,000 tenants (requests rotate over their API keys;
- *      the baseline rotates over their queues).
+ *      the baseline rotates over their queues). (b) and (c) run interleaved,
+ *      --slices slices of each in the order b c c b b c c b, their answers
+ *      pooled per shape, so their ratio compares the same minutes.
  *  (d) full: 64 clients (fetch loops) submitting one job each against a small
  *      global bound (--full-bound) that a faster simulator drains, so most are
  *      refused: p99 of all answers, of accepts and of refusals, answers/s, and
@@ -34,8 +36,9 @@ import { check, mapLimit, median, percentile, round, sleep, type Check } from '.
 
 export const description = 'submitJobs of 10,000 vs boss.insert; 64 clients of single submitJob for 20 s (1 and 1,000 tenants) vs boss.insert loops';
 
-// autocannon is CommonJS without types.
-const autocannon = createRequire(import.meta.url)('autocannon') as (opts: Record<string, unknown>) => Promise<AutocannonResult>;
+// autocannon is CommonJS without types; its run is a promise and an event emitter ('response' per answer).
+type AutocannonRun = Promise<AutocannonResult> & { on(event: 'response', fn: (client: unknown, status: number, bytes: number, ms: number) => void): void };
+const autocannon = createRequire(import.meta.url)('autocannon') as (opts: Record<string, unknown>) => AutocannonRun;
 interface AutocannonResult {
   latency: { p50: number; p99: number; average: number; max: number };
   requests: { total: number; average: number };
@@ -55,6 +58,7 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
   const bulkN = flags.number('jobs', 10_000);
   const repeats = flags.number('repeats', 3);
   const seconds = flags.number('seconds', 20);
+  const slices = flags.number('slices', 4);
   const baselineSeconds = flags.number('baseline-seconds', 10);
   const clients = flags.number('clients', 64);
   const tenantsN = flags.number('tenants', 1_000);
@@ -137,11 +141,15 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
     };
 
     // ---- (b) and (c): closed loop of single submissions ----
-    const closedLoop = async (label: string, keys: readonly string[], at = { url, seconds }) => {
+    // One slice: `clients` autocannon connections for `at.seconds`, each answer's latency kept so
+    // that slices of one shape pool into one distribution.
+    let nextJob = 1_000_000; // unique domains across slices (below (s)' and (d)'s ranges)
+    const closedSlice = async (keys: readonly string[], at: { url: string; seconds: number }) => {
       const [{ n: before }] = (await sql`select count(*)::int as n from jobs`) as unknown as [{ n: number }];
       let seq = 0;
+      const latencies: number[] = [];
       const cpu = cpuMeter();
-      const result = await autocannon({
+      const instance = autocannon({
         url: at.url,
         connections: clients,
         duration: at.seconds,
@@ -155,31 +163,45 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
               return {
                 ...req,
                 headers: { 'content-type': 'application/json', authorization: `Bearer ${keys[i % keys.length]}` },
-                body: JSON.stringify({ query: SUBMIT_ONE, variables: { i: jobSpec(i) } }),
+                body: JSON.stringify({ query: SUBMIT_ONE, variables: { i: jobSpec(nextJob++) } }),
               };
             },
           },
         ],
       });
+      instance.on('response', (_client, _status, _bytes, ms) => latencies.push(ms));
+      const result = await instance;
       const busy = cpu.end();
       const [{ n: after }] = (await sql`select count(*)::int as n from jobs`) as unknown as [{ n: number }];
-      const accepted = after - before;
+      return { result, latencies, accepted: after - before, busy };
+    };
+    type Slice = Awaited<ReturnType<typeof closedSlice>>;
+    const summarize = (label: string, slices: readonly Slice[]) => {
+      const seconds = slices.reduce((a, s) => a + s.result.duration, 0);
+      const answers = slices.reduce((a, s) => a + s.result.requests.total, 0);
+      const accepted = slices.reduce((a, s) => a + s.accepted, 0);
+      const lat = slices.flatMap((s) => s.latencies);
+      const busy = slices.map((s) => s.busy).filter((b): b is number => b !== null);
       const out = {
         clients,
-        seconds: result.duration,
-        answers: result.requests.total,
-        answersPerS: round(result.requests.total / result.duration, 0),
+        seconds: round(seconds, 1),
+        slices: slices.length,
+        answers,
+        answersPerS: round(answers / seconds, 0),
         acceptedJobs: accepted,
-        acceptedPerS: round(accepted / result.duration, 0),
-        latencyMs: { p50: result.latency.p50, p99: result.latency.p99, average: round(result.latency.average, 1), max: result.latency.max },
-        non2xx: result.non2xx,
-        errors: result.errors,
-        timeouts: result.timeouts,
-        machineCpuBusy: busy,
+        acceptedPerS: round(accepted / seconds, 0),
+        latencyMs: { p50: round(median(lat), 1), p99: round(percentile(lat, 99), 1), average: round(lat.reduce((a, b) => a + b, 0) / Math.max(1, lat.length), 1), max: round(Math.max(...lat), 1) },
+        sliceAcceptedPerS: slices.map((s) => round(s.accepted / s.result.duration, 0)),
+        sliceP99Ms: slices.map((s) => round(percentile(s.latencies, 99), 1)),
+        non2xx: slices.reduce((a, s) => a + s.result.non2xx, 0),
+        errors: slices.reduce((a, s) => a + s.result.errors, 0),
+        timeouts: slices.reduce((a, s) => a + s.result.timeouts, 0),
+        machineCpuBusy: busy.length ? round(busy.reduce((a, b) => a + b, 0) / busy.length, 3) : null,
       };
-      progress(`[ingest] ${label}: ${out.answersPerS} answers/s, ${out.acceptedPerS} accepted/s, p50 ${out.latencyMs.p50} ms, p99 ${out.latencyMs.p99} ms`);
+      progress(`[ingest] ${label}: ${out.answersPerS} answers/s, ${out.acceptedPerS} accepted/s (slices ${out.sliceAcceptedPerS.join(', ')}), p50 ${out.latencyMs.p50} ms, p99 ${out.latencyMs.p99} ms`);
       return out;
     };
+    const closedLoop = async (label: string, keys: readonly string[], at = { url, seconds }) => summarize(label, [await closedSlice(keys, at)]);
     const rawLoop = async (label: string, queues: readonly string[]) => {
       const lat: number[] = [];
       let seq = 0;
@@ -201,12 +223,23 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
       return out;
     };
 
-    const single = await closedLoop('(b) 1 tenant', [one.apiKey]);
-    const singleRaw = await rawLoop('(b) raw boss.insert, 1 queue', [queueName(one.id, 'BULK')]);
-
     progress(`[ingest] creating ${tenantsN} tenants`);
     const many = await mapLimit(Array.from({ length: tenantsN }, (_, i) => i), 8, (i) => createTenant(url, ADMIN_TOKEN, `ingest-t${i}`, limits));
-    const spread = await closedLoop(`(c) ${tenantsN} tenants`, many.map((t) => t.apiKey));
+    // (b) and (c) interleaved in slices, in the order b c c b b c c b …, so that both shapes see
+    // the same minutes of the machine and the same growth of the tables: run one after the other,
+    // their ratio moved 0.72-1.07 on one code with whichever phase the machine slowed.
+    const sliceSeconds = Math.max(1, Math.round(seconds / slices));
+    const oneSlices: Slice[] = [];
+    const manySlices: Slice[] = [];
+    for (let i = 0; i < 2 * slices; i++) {
+      const isOne = ((i + 1) >> 1) % 2 === 0;
+      const slice = await closedSlice(isOne ? [one.apiKey] : many.map((t) => t.apiKey), { url, seconds: sliceSeconds });
+      (isOne ? oneSlices : manySlices).push(slice);
+      progress(`[ingest] slice ${i + 1}/${2 * slices} ${isOne ? '(b) 1 tenant' : `(c) ${tenantsN} tenants`}: ${round(slice.accepted / slice.result.duration, 0)} accepted/s, p99 ${round(percentile(slice.latencies, 99), 1)} ms`);
+    }
+    const single = summarize('(b) 1 tenant', oneSlices);
+    const spread = summarize(`(c) ${tenantsN} tenants`, manySlices);
+    const singleRaw = await rawLoop('(b) raw boss.insert, 1 queue', [queueName(one.id, 'BULK')]);
     const spreadRaw = await rawLoop(`(c) raw boss.insert, ${tenantsN} queues`, many.map((t) => queueName(t.id, 'BULK')));
 
     const stopped = await sluice.stop();
