@@ -437,6 +437,37 @@ describe('client against the simulator: single calls', () => {
     await new Promise((r) => server.close(r));
   });
 
+  test('the client closes a pooled connection idle past idleSocketMs (before a server would), and a slower answer still arrives', async () => {
+    // A server that never closes idle connections itself: only the client's idle timeout can.
+    let opened = 0;
+    let closed = 0;
+    const server: Server = createServer({ keepAliveTimeout: 60_000 }, (req, res) => {
+      const body = JSON.stringify({ status: 'ok', error: null, data: { ok: true } });
+      setTimeout(() => res.writeHead(200, { 'content-type': 'application/json' }).end(body), req.url?.includes('slow') ? 600 : 0);
+    });
+    server.on('connection', (socket) => {
+      opened++;
+      socket.on('close', () => closed++);
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const client = createProviderClient({ baseUrl: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`, timeoutMs: 2000, catalog: DEFAULT_CATALOG, idleSocketMs: 200 });
+    try {
+      assert.equal((await client.call({ api: 'emailvalidator', params: { email: 'a@b.co' }, apiKey: 'apv_x' })).kind, 'billed');
+      // Reused at once: busy for three times the idle timeout, and answered.
+      const slow = await client.call({ api: 'emailvalidator', params: { email: 'slow@b.co' }, apiKey: 'apv_x' });
+      assert.equal(slow.kind, 'billed', 'an answer slower than the idle timeout is not cut');
+      assert.deepEqual([opened, closed], [1, 0], 'one connection, reused');
+      for (let i = 0; i < 100 && closed === 0; i++) await new Promise((r) => setTimeout(r, 20));
+      assert.deepEqual([opened, closed], [1, 1], 'the idle connection was closed by the client');
+      assert.equal((await client.call({ api: 'emailvalidator', params: { email: 'c@b.co' }, apiKey: 'apv_x' })).kind, 'billed');
+      assert.equal(opened, 2, 'the next call opened a fresh connection');
+    } finally {
+      await client.close();
+      server.closeAllConnections();
+      await new Promise((r) => server.close(r));
+    }
+  });
+
   test('timeout: a hung call, billed by default, refunded on request, and the slot freed', async () => {
     await withRig({ conditions: { apis: { emailvalidator: { hang: { probability: 1, afterMs: null } } } } }, async ({ sim, client }) => {
       const o = await client.call({ api: 'emailvalidator', params: { email: 'a@b.co' }, apiKey: sim.apiKey, timeoutMs: 150 });

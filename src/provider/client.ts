@@ -53,6 +53,12 @@ export interface ProviderClientOptions {
   maxRetryAfterSeconds?: number;
   /** Max sockets per origin in the keep-alive pool. Default 256 (the pacer, not this, bounds the rate). */
   maxSockets?: number;
+  /**
+   * How long a pooled connection may sit idle before the client closes it. Default 4 s (IDLE_SOCKET_MS):
+   * below the 5 s idle timeout of common servers (Node's default), so the client, not the server,
+   * ends an idle connection.
+   */
+  idleSocketMs?: number;
   /** Most bytes of one answer's body read (a batch: per item). Default 1 MiB (MAX_RESULT_BYTES). */
   maxResultBytes?: number;
   userAgent?: string;
@@ -62,11 +68,21 @@ type Raw =
   | { ok: true; httpStatus: number; headers: http.IncomingHttpHeaders; bodyText: string; bodyProblem: BodyProblem | null }
   | { ok: false; reason: FailureReason; message: string; requestSent: boolean };
 
+/** A pooled connection idle this long is closed by the client (ProviderClientOptions.idleSocketMs). */
+export const IDLE_SOCKET_MS = 4_000;
+
 export function createProviderClient(opts: ProviderClientOptions): ProviderClient {
   const base = new URL(opts.baseUrl.endsWith('/') ? opts.baseUrl : `${opts.baseUrl}/`);
   const isHttps = base.protocol === 'https:';
   if (!isHttps && base.protocol !== 'http:') throw new Error(`baseUrl must be http(s), got ${opts.baseUrl}`);
-  const agentOptions = { keepAlive: true, maxSockets: opts.maxSockets ?? 256, scheduling: 'lifo' as const };
+  // `timeout` closes a pooled connection after it has been idle that long, and lets Node's agent
+  // honour a shorter `Keep-Alive: timeout=N` hint from the server (without it the agent ignores the
+  // hint and keeps idle sockets forever). A request written on a socket the server is closing for
+  // idleness is reset after it was fully written: never received, but under the timeout rule billed
+  // as a guess and retried, so one call billed twice in the ledger. Nothing listens for the
+  // request's own 'timeout' event, so an answer slower than this is unaffected (the call's own timer
+  // bounds it).
+  const agentOptions = { keepAlive: true, maxSockets: opts.maxSockets ?? 256, scheduling: 'lifo' as const, timeout: opts.idleSocketMs ?? IDLE_SOCKET_MS };
   const agent = isHttps ? new https.Agent(agentOptions) : new http.Agent(agentOptions);
   const timeoutBilling: TimeoutBilling = opts.timeoutBilling ?? 'billed';
   const defaultRetryAfterSeconds = opts.defaultRetryAfterSeconds ?? DEFAULT_RETRY_AFTER_SECONDS;

@@ -35,7 +35,9 @@ export interface CallCounter {
 export async function startCallCounter(upstreamUrl: string): Promise<CallCounter> {
   const upstream = new URL(upstreamUrl);
   const calls: CountedCall[] = [];
-  const agent = new http.Agent({ keepAlive: true });
+  // Idle sockets closed before the simulator's 5 s keep-alive timeout would: a forward written on a
+  // socket it is closing would be counted as a call the provider never saw.
+  const agent = new http.Agent({ keepAlive: true, timeout: 4_000 });
   const server = http.createServer((req, res) => {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
