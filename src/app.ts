@@ -175,7 +175,7 @@ export async function startSluice(env: Env, log: Logger, overrides: StartOverrid
       cleanups.push(() => simulator.stop());
       log.warn({ simulator: simulator.url }, 'DEMO MODE: no APIVERVE_API_KEY is set, so jobs run against the bundled provider simulator, not the real APIVerve');
     }
-    const realClient = createProviderClient({ baseUrl, timeoutMs: env.PROVIDER_TIMEOUT_MS, catalog, timeoutBilling: env.TIMEOUT_BILLING, maxResultBytes: env.MAX_RESULT_BYTES, maxRetryAfterSeconds: env.RETRY_AFTER_MAX_SECONDS });
+    const realClient = createProviderClient({ baseUrl, timeoutMs: env.PROVIDER_TIMEOUT_MS, catalog, timeoutBilling: env.TIMEOUT_BILLING, maxResultBytes: env.MAX_RESULT_BYTES, maxRetryAfterSeconds: env.RETRY_AFTER_MAX_SECONDS, idleSocketMs: env.PROVIDER_IDLE_SOCKET_TIMEOUT_MS });
     const client = overrides.wrapProviderClient?.(realClient) ?? realClient;
     cleanups.push(() => client.close());
     const windowSpecs = planWindows({

@@ -72,6 +72,12 @@ export const envSchema = z.object({
   /** Cost overrides, `api=credits,api=credits`; the catalog in src/config/apis.ts is the default. */
   API_COSTS: z.string().default(''),
   PROVIDER_TIMEOUT_MS: int(10_000, 100),
+  /**
+   * A kept-alive connection to the upstream unused this long is closed by Sluice. Below the idle
+   * timeout of whatever sits in front of the provider (a request written on a connection it is
+   * closing is reset unread, yet billed as a guess); a shorter `Keep-Alive: timeout` hint still wins.
+   */
+  PROVIDER_IDLE_SOCKET_TIMEOUT_MS: int(4_000, 100),
   /** A timed-out call may have been billed: `billed` charges it (safe for the account), `refunded` does not. */
   TIMEOUT_BILLING: z.enum(['billed', 'refunded']).default('billed'),
   /**

@@ -54,7 +54,7 @@ export interface ProviderClientOptions {
   /** Max sockets per origin in the keep-alive pool. Default 256 (the pacer, not this, bounds the rate). */
   maxSockets?: number;
   /**
-   * How long a pooled connection may sit idle before the client closes it. Default 4 s (IDLE_SOCKET_MS):
+   * How long a pooled connection may sit idle before the client closes it (PROVIDER_IDLE_SOCKET_TIMEOUT_MS). Default 4 s (IDLE_SOCKET_MS):
    * below the 5 s idle timeout of common servers (Node's default), so the client, not the server,
    * ends an idle connection.
    */
