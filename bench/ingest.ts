@@ -29,7 +29,7 @@ import { startBoss, queueName } from '../src/queue/boss.ts';
 import type { FlagReader } from './lib/args.ts';
 import { createTenant, type JobSpec } from './lib/gql.ts';
 import { progress } from './lib/log.ts';
-import { cpuMeter, procCpuSeconds } from './lib/machine.ts';
+import { cpuDelta, cpuMeter, procCpuSeconds } from './lib/machine.ts';
 import { freshDatabase, type BenchPostgres } from './lib/pg.ts';
 import { ADMIN_TOKEN, parseEnvFlag, startSluiceFor } from './lib/sluice.ts';
 import { check, mapLimit, median, percentile, round, sleep, type Check } from './lib/stats.ts';
@@ -144,8 +144,11 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
     // One slice: `clients` autocannon connections for `at.seconds`, each answer's latency kept so
     // that slices of one shape pool into one distribution.
     let nextJob = 1_000_000; // unique domains across slices (below (s)' and (d)'s ranges)
-    const closedSlice = async (keys: readonly string[], at: { url: string; seconds: number }) => {
+    // The CPU a slice cost: the Sluice child's and its Postgres backends' (/proc), per accepted job.
+    const backendPids = async () => (await sql`select pid from pg_stat_activity where datname = current_database() and application_name like 'sluice%'`).map((r) => r.pid as number);
+    const closedSlice = async (keys: readonly string[], at: { url: string; seconds: number; pid: number }) => {
       const [{ n: before }] = (await sql`select count(*)::int as n from jobs`) as unknown as [{ n: number }];
+      const cpuBefore = { sluice: procCpuSeconds([at.pid]), backends: procCpuSeconds(await backendPids()) };
       let seq = 0;
       const latencies: number[] = [];
       const cpu = cpuMeter();
@@ -172,8 +175,9 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
       instance.on('response', (_client, _status, _bytes, ms) => latencies.push(ms));
       const result = await instance;
       const busy = cpu.end();
+      const cpuS = { sluice: cpuDelta(cpuBefore.sluice, procCpuSeconds([at.pid])), backends: cpuDelta(cpuBefore.backends, procCpuSeconds(await backendPids())) };
       const [{ n: after }] = (await sql`select count(*)::int as n from jobs`) as unknown as [{ n: number }];
-      return { result, latencies, accepted: after - before, busy };
+      return { result, latencies, accepted: after - before, busy, cpuS };
     };
     type Slice = Awaited<ReturnType<typeof closedSlice>>;
     const summarize = (label: string, slices: readonly Slice[]) => {
@@ -191,6 +195,10 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
         acceptedJobs: accepted,
         acceptedPerS: round(accepted / seconds, 0),
         latencyMs: { p50: round(median(lat), 1), p99: round(percentile(lat, 99), 1), average: round(lat.reduce((a, b) => a + b, 0) / Math.max(1, lat.length), 1), max: round(Math.max(...lat), 1) },
+        cpuMsPerAccepted: {
+          sluice: round((slices.reduce((a, s) => a + s.cpuS.sluice, 0) * 1000) / Math.max(1, accepted), 3),
+          postgresBackends: round((slices.reduce((a, s) => a + s.cpuS.backends, 0) * 1000) / Math.max(1, accepted), 3),
+        },
         sliceAcceptedPerS: slices.map((s) => round(s.accepted / s.result.duration, 0)),
         sliceP99Ms: slices.map((s) => round(percentile(s.latencies, 99), 1)),
         non2xx: slices.reduce((a, s) => a + s.result.non2xx, 0),
@@ -198,14 +206,14 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
         timeouts: slices.reduce((a, s) => a + s.result.timeouts, 0),
         machineCpuBusy: busy.length ? round(busy.reduce((a, b) => a + b, 0) / busy.length, 3) : null,
       };
-      progress(`[ingest] ${label}: ${out.answersPerS} answers/s, ${out.acceptedPerS} accepted/s (slices ${out.sliceAcceptedPerS.join(', ')}), p50 ${out.latencyMs.p50} ms, p99 ${out.latencyMs.p99} ms`);
+      progress(`[ingest] ${label}: ${out.answersPerS} answers/s, ${out.acceptedPerS} accepted/s (slices ${out.sliceAcceptedPerS.join(', ')}), p50 ${out.latencyMs.p50} ms, p99 ${out.latencyMs.p99} ms; CPU per accepted job: Sluice ${out.cpuMsPerAccepted.sluice} ms, its backends ${out.cpuMsPerAccepted.postgresBackends} ms`);
       return out;
     };
-    const closedLoop = async (label: string, keys: readonly string[], at = { url, seconds }) => summarize(label, [await closedSlice(keys, at)]);
-    const rawLoop = async (label: string, queues: readonly string[]) => {
+    const closedLoop = async (label: string, keys: readonly string[], at: { url: string; seconds: number; pid: number }) => summarize(label, [await closedSlice(keys, at)]);
+    const rawSlice = async (queues: readonly string[], sliceSeconds: number) => {
       const lat: number[] = [];
       let seq = 0;
-      const endAt = Date.now() + baselineSeconds * 1000;
+      const endAt = Date.now() + sliceSeconds * 1000;
       const t0 = performance.now();
       await Promise.all(
         Array.from({ length: clients }, async () => {
@@ -217,9 +225,13 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
           }
         }),
       );
-      const s = (performance.now() - t0) / 1000;
-      const out = { clients, seconds: round(s, 1), insertsPerS: round(lat.length / s, 0), latencyMs: { p50: round(median(lat), 1), p99: round(percentile(lat, 99), 1) } };
-      progress(`[ingest] ${label}: ${out.insertsPerS} inserts/s, p50 ${out.latencyMs.p50} ms, p99 ${out.latencyMs.p99} ms`);
+      return { lat, seconds: (performance.now() - t0) / 1000 };
+    };
+    const rawSummary = (label: string, slices: ReadonlyArray<Awaited<ReturnType<typeof rawSlice>>>) => {
+      const lat = slices.flatMap((x) => x.lat);
+      const s = slices.reduce((a, x) => a + x.seconds, 0);
+      const out = { clients, seconds: round(s, 1), slices: slices.length, insertsPerS: round(lat.length / s, 0), latencyMs: { p50: round(median(lat), 1), p99: round(percentile(lat, 99), 1) }, sliceInsertsPerS: slices.map((x) => round(x.lat.length / x.seconds, 0)) };
+      progress(`[ingest] ${label}: ${out.insertsPerS} inserts/s (slices ${out.sliceInsertsPerS.join(', ')}), p50 ${out.latencyMs.p50} ms, p99 ${out.latencyMs.p99} ms`);
       return out;
     };
 
@@ -233,14 +245,22 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
     const manySlices: Slice[] = [];
     for (let i = 0; i < 2 * slices; i++) {
       const isOne = ((i + 1) >> 1) % 2 === 0;
-      const slice = await closedSlice(isOne ? [one.apiKey] : many.map((t) => t.apiKey), { url, seconds: sliceSeconds });
+      const slice = await closedSlice(isOne ? [one.apiKey] : many.map((t) => t.apiKey), { url, seconds: sliceSeconds, pid: sluice.pid });
       (isOne ? oneSlices : manySlices).push(slice);
       progress(`[ingest] slice ${i + 1}/${2 * slices} ${isOne ? '(b) 1 tenant' : `(c) ${tenantsN} tenants`}: ${round(slice.accepted / slice.result.duration, 0)} accepted/s, p99 ${round(percentile(slice.latencies, 99), 1)} ms`);
     }
     const single = summarize('(b) 1 tenant', oneSlices);
     const spread = summarize(`(c) ${tenantsN} tenants`, manySlices);
-    const singleRaw = await rawLoop('(b) raw boss.insert, 1 queue', [queueName(one.id, 'BULK')]);
-    const spreadRaw = await rawLoop(`(c) raw boss.insert, ${tenantsN} queues`, many.map((t) => queueName(t.id, 'BULK')));
+    // The raw baselines interleaved the same way: pg-boss's own cost of many queues, same minutes.
+    const rawOne: Array<Awaited<ReturnType<typeof rawSlice>>> = [];
+    const rawMany: Array<Awaited<ReturnType<typeof rawSlice>>> = [];
+    const rawSliceSeconds = Math.max(1, Math.round(baselineSeconds / slices));
+    for (let i = 0; i < 2 * slices; i++) {
+      const isOne = ((i + 1) >> 1) % 2 === 0;
+      (isOne ? rawOne : rawMany).push(await rawSlice(isOne ? [queueName(one.id, 'BULK')] : many.map((t) => queueName(t.id, 'BULK')), rawSliceSeconds));
+    }
+    const singleRaw = rawSummary('(b) raw boss.insert, 1 queue', rawOne);
+    const spreadRaw = rawSummary(`(c) raw boss.insert, ${tenantsN} queues`, rawMany);
 
     const stopped = await sluice.stop();
     sluice = null;
@@ -271,7 +291,7 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
       const t = await createTenant(counted.url!, ADMIN_TOKEN, 'ingest-count', limits);
       const w0 = await writes();
       const s0 = await counted.statements();
-      const loop = await closedLoop('(s) counted singles', [t.apiKey], { url: counted.url!, seconds: countSeconds });
+      const loop = await closedLoop('(s) counted singles', [t.apiKey], { url: counted.url!, seconds: countSeconds, pid: counted.pid });
       const s1 = await counted.statements();
       const w1 = await writes();
       const jobs = Array.from({ length: bulkN }, (_, i) => jobSpec(10_000_000 + i));
@@ -306,7 +326,7 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
       summary: {
         bulk: { submitJobsMedianMs: bulk.submitJobsMedianMs, bossInsertMedianMs: bulk.bossInsertMedianMs, ratio: bulk.ratio },
         single: { acceptedPerS: single.acceptedPerS, p50Ms: single.latencyMs.p50, p99Ms: single.latencyMs.p99, rawInsertsPerS: singleRaw.insertsPerS },
-        manyTenants: { tenants: tenantsN, acceptedPerS: spread.acceptedPerS, p50Ms: spread.latencyMs.p50, p99Ms: spread.latencyMs.p99, rawInsertsPerS: spreadRaw.insertsPerS },
+        manyTenants: { tenants: tenantsN, acceptedPerS: spread.acceptedPerS, p50Ms: spread.latencyMs.p50, p99Ms: spread.latencyMs.p99, rawInsertsPerS: spreadRaw.insertsPerS, vsOne: round(spread.acceptedPerS / Math.max(1, single.acceptedPerS), 3), rawVsOne: round(spreadRaw.insertsPerS / Math.max(1, singleRaw.insertsPerS), 3) },
         full: full.summary,
       },
       targets,
