@@ -32,7 +32,7 @@ import { progress } from './lib/log.ts';
 import { cpuDelta, cpuMeter, procCpuSeconds } from './lib/machine.ts';
 import { freshDatabase, type BenchPostgres } from './lib/pg.ts';
 import { ADMIN_TOKEN, parseEnvFlag, startSluiceFor } from './lib/sluice.ts';
-import { check, mapLimit, median, percentile, round, sleep, type Check } from './lib/stats.ts';
+import { check, interleaved, mapLimit, median, percentile, round, sleep, type Check } from './lib/stats.ts';
 
 export const description = 'submitJobs of 10,000 vs boss.insert; 64 clients of single submitJob for 20 s (1 and 1,000 tenants) vs boss.insert loops';
 
@@ -242,9 +242,11 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
     // queues get jobs walks all of them (~5 s of statements here) and would land in whichever slice
     // ran then. One-time costs of a new tenant, not of a submission; the wait is printed.
     const warm = performance.now();
-    await mapLimit([one, ...many], 16, (t, i) =>
-      fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${t.apiKey}` }, body: JSON.stringify({ query: SUBMIT_ONE, variables: { i: jobSpec(900_000 + i) } }) }).then((r) => r.json()),
-    );
+    await mapLimit([one, ...many], 16, async (t, i) => {
+      const res = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${t.apiKey}` }, body: JSON.stringify({ query: SUBMIT_ONE, variables: { i: jobSpec(900_000 + i) } }) });
+      const json = (await res.json()) as { data?: { submitJob?: unknown } | null; errors?: unknown };
+      if (!json.data?.submitJob) throw new Error(`warm-up submission refused: ${JSON.stringify(json.errors).slice(0, 300)}`);
+    });
     const unmaintained = async () => {
       const [{ n: left }] = (await sql`select count(*)::int as n from pgboss.queue q where q.maintain_on is null and exists (select 1 from pgboss.job j where j.name = q.name)`) as unknown as [{ n: number }];
       return left;
@@ -253,30 +255,25 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
     for (const until = performance.now() + 90_000; left > 0 && performance.now() < until; left = await unmaintained()) await sleep(500);
     const warmUp = { seconds: round((performance.now() - warm) / 1000, 1), queuesNotYetMaintained: left };
     progress(`[ingest] warm-up: one job per tenant, pg-boss's first maintenance of their queues: ${warmUp.seconds} s (${left} queues left unmaintained)`);
-    // (b) and (c) interleaved in slices, in the order b c c b b c c b …, so that both shapes see
-    // the same minutes of the machine and the same growth of the tables: run one after the other,
-    // their ratio moved 0.72-1.07 on one code with whichever phase the machine slowed.
+    // (b) and (c) interleaved in slices, so that both shapes see the same minutes of the machine and
+    // the same growth of the tables: run one after the other, their ratio moved 0.72-1.07 on one
+    // code with whichever phase the machine slowed.
+    const manyKeys = many.map((t) => t.apiKey);
     const sliceSeconds = Math.max(1, Math.round(seconds / slices));
-    const oneSlices: Slice[] = [];
-    const manySlices: Slice[] = [];
-    for (let i = 0; i < 2 * slices; i++) {
-      const isOne = ((i + 1) >> 1) % 2 === 0;
-      const slice = await closedSlice(isOne ? [one.apiKey] : many.map((t) => t.apiKey), { url, seconds: sliceSeconds, pid: sluice.pid });
-      (isOne ? oneSlices : manySlices).push(slice);
+    const shapes = await interleaved(slices, async (isOne, i) => {
+      const slice = await closedSlice(isOne ? [one.apiKey] : manyKeys, { url, seconds: sliceSeconds, pid: sluice!.pid });
       progress(`[ingest] slice ${i + 1}/${2 * slices} ${isOne ? '(b) 1 tenant' : `(c) ${tenantsN} tenants`}: ${round(slice.accepted / slice.result.duration, 0)} accepted/s, p99 ${round(percentile(slice.latencies, 99), 1)} ms`);
-    }
-    const single = summarize('(b) 1 tenant', oneSlices);
-    const spread = summarize(`(c) ${tenantsN} tenants`, manySlices);
+      return slice;
+    });
+    const single = summarize('(b) 1 tenant', shapes.first);
+    const spread = summarize(`(c) ${tenantsN} tenants`, shapes.second);
     // The raw baselines interleaved the same way: pg-boss's own cost of many queues, same minutes.
-    const rawOne: Array<Awaited<ReturnType<typeof rawSlice>>> = [];
-    const rawMany: Array<Awaited<ReturnType<typeof rawSlice>>> = [];
+    const oneQueue = [queueName(one.id, 'BULK')];
+    const manyQueues = many.map((t) => queueName(t.id, 'BULK'));
     const rawSliceSeconds = Math.max(1, Math.round(baselineSeconds / slices));
-    for (let i = 0; i < 2 * slices; i++) {
-      const isOne = ((i + 1) >> 1) % 2 === 0;
-      (isOne ? rawOne : rawMany).push(await rawSlice(isOne ? [queueName(one.id, 'BULK')] : many.map((t) => queueName(t.id, 'BULK')), rawSliceSeconds));
-    }
-    const singleRaw = rawSummary('(b) raw boss.insert, 1 queue', rawOne);
-    const spreadRaw = rawSummary(`(c) raw boss.insert, ${tenantsN} queues`, rawMany);
+    const raw = await interleaved(slices, (isOne) => rawSlice(isOne ? oneQueue : manyQueues, rawSliceSeconds));
+    const singleRaw = rawSummary('(b) raw boss.insert, 1 queue', raw.first);
+    const spreadRaw = rawSummary(`(c) raw boss.insert, ${tenantsN} queues`, raw.second);
 
     const stopped = await sluice.stop();
     sluice = null;

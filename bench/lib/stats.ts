@@ -53,3 +53,16 @@ export async function mapLimit<T, R>(items: readonly T[], concurrency: number, f
   await Promise.all(workers);
   return out;
 }
+
+/**
+ * Runs `slices` slices of each of two shapes in the order a b b a a b b a …, so that both see the
+ * same minutes of the machine (a drift favours neither), and returns each shape's results in order.
+ */
+export async function interleaved<T>(slices: number, run: (first: boolean, index: number) => Promise<T>): Promise<{ first: T[]; second: T[] }> {
+  const out = { first: [] as T[], second: [] as T[] };
+  for (let i = 0; i < 2 * slices; i++) {
+    const first = ((i + 1) >> 1) % 2 === 0;
+    (first ? out.first : out.second).push(await run(first, i));
+  }
+  return out;
+}
