@@ -282,8 +282,8 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
     // sweeper statements), counting what its pools send (SLUICE_COUNT_SQL), after the timed runs ----
     progress('[ingest] counting SQL statements per accepted submission (API-only child, SLUICE_COUNT_SQL=1)');
     const counted = await startSluiceFor({ ...env, SLUICE_ROLE: 'api', SLUICE_COUNT_SQL: '1' }, 'child');
-    let sqlPerSubmission: { single: number | null; bulkPerJob: number | null; singleAccepted: number; note: string };
-    let writesPerJob: Record<string, unknown> | null = null;
+    let sqlPerSubmission: { single: number | null; bulkPerJob: number | null; singleAccepted: number; manyTenants?: number | null; note: string };
+    let writesPerJob: Record<string, unknown> = {};
     // WAL bytes (the server's, so only meaningful on a quiet server) and rows written (table
     // counters, flushed by idle backends within a second: read after 2 s) over a phase.
     const writes = async () => {
@@ -321,6 +321,17 @@ export async function run(pg: BenchPostgres, flags: FlagReader) {
         note: `statements Sluice's pools sent (BEGIN/COMMIT included, auth, admission, inserts) over accepted jobs: ${clients} clients of single submitJob for ${countSeconds} s, then one submitJobs of ${bulkN}`,
       };
       progress(`[ingest] statements per accepted single submission ${sqlPerSubmission.single}, per job of a bulk submission ${sqlPerSubmission.bulkPerJob}`);
+      // The same for (c)'s tenants, after as long again of warm-up: their keys, request budgets and
+      // queues as they are in (c)'s slices, not cold. What 1,000 tenants cost beyond one, counted.
+      await closedLoop(`(s) ${tenantsN} tenants, warm-up`, manyKeys, { url: counted.url!, seconds: countSeconds, pid: counted.pid });
+      const m0 = await counted.statements();
+      const wm0 = await writes();
+      const manyLoop = await closedLoop(`(s) counted singles, ${tenantsN} tenants`, manyKeys, { url: counted.url!, seconds: countSeconds, pid: counted.pid });
+      const m1 = await counted.statements();
+      const wm1 = await writes();
+      sqlPerSubmission.manyTenants = m0 === null || m1 === null ? null : round((m1 - m0) / Math.max(1, manyLoop.acceptedJobs), 3);
+      writesPerJob.singleManyTenants = await perJob(wm0, wm1, manyLoop.acceptedJobs);
+      progress(`[ingest] ${tenantsN} tenants: statements per accepted single submission ${sqlPerSubmission.manyTenants}; per accepted job ${JSON.stringify(writesPerJob.singleManyTenants)}`);
     } finally {
       await counted.stop();
     }

@@ -234,6 +234,15 @@ export const schedQueues = pgTable(
     tenantDormant: boolean('tenant_dormant').notNull().default(false),
     scheduled: boolean('scheduled').notNull().default(false),
     heldApi: text('held_api'),
+    /**
+     * The default key's state (jobs without a fairness key), the row sched_fair_keys keeps for the
+     * others: the rank of its newest job and that job. On the queue's row because the depth
+     * trigger writes that row for every insert anyway (sluice_queues_add_jobs), so a group of
+     * submissions from many tenants writes one row per tenant, not two. Counts only while its job
+     * has not started, as in sched_fair_keys; null before the queue's first job without a key.
+     */
+    fairLastRank: integer('fair_last_rank'),
+    fairLastJob: uuid('fair_last_job'),
   },
   (t) => [
     primaryKey({ columns: [t.tenantId, t.jobClass] }),
@@ -256,8 +265,8 @@ export const schedQueues = pgTable(
 /**
  * Fairness keys inside a queue: each (tenant, class, key)'s last rank, so the next job of the key
  * is ranked after it (start-time fair queueing among a queue's keys, src/scheduler/fair-keys.ts;
- * the rank is the job's pg-boss priority, negated). The default key (jobs without one) is ''.
- * A row counts only while its last job has not started (a key whose jobs were all served starts
+ * the rank is the job's pg-boss priority, negated). The default key (jobs without one) is kept on
+ * the queue's row instead (sched_queues.fair_last_rank, fair_last_job). A row counts only while its last job has not started (a key whose jobs were all served starts
  * the round after the queue's head); retention deletes the rows whose last job is gone or started, so
  * the rows are bounded by the keys with jobs waiting, per tenant.
  */

@@ -97,7 +97,9 @@ export interface NewJobRow extends NewJob {
  * (queue name `t.<tenant>.<class>`, data `{tenantId, api, params}`), so the
  * jobs are serialised, sent and parsed once, not twice; a job whose idempotency
  * key its tenant already used is skipped in both. The statement-level triggers
- * on `jobs` (depth) fire at the end of the statement, after both inserts.
+ * on `jobs` fire at the end of the statement, after both inserts: the depth
+ * trigger adds the jobs to their queues' depth and records the default key's
+ * newest rank on the same queue row (sluice_queues_add_jobs).
  * Returns how many jobs rows and how many pg-boss rows were written: the
  * caller refuses to commit unless both are every job (a missing queue must not
  * be acknowledged).
@@ -133,9 +135,15 @@ export async function insertJobsQueued(tx: Tx, jobs: readonly NewJobRow[]): Prom
           coalesce(-(select p.priority from pgboss.job p
             where p.name = 't.' || d.tenant_id || '.' || lower(d.priority) and p.state < 'active' and not p.blocked and p.start_after <= now()
             order by p.priority desc, p.created_on limit 1)::bigint + 1, 0),
-          (select f.last_rank::bigint + 1 from sched_fair_keys f
-            where f.tenant_id = d.tenant_id and f.class = d.priority and f.fairness_key = d.fk
-              and (select lj.started_at is null from jobs lj where lj.id = f.last_job))) as base
+          case when d.fk = '' then
+            -- The default key's state is on its queue's row (sluice_queues_add_jobs writes it).
+            (select q.fair_last_rank::bigint + 1 from sched_queues q
+              where q.tenant_id = d.tenant_id and q.class = d.priority
+                and (select lj.started_at is null from jobs lj where lj.id = q.fair_last_job))
+          else
+            (select f.last_rank::bigint + 1 from sched_fair_keys f
+              where f.tenant_id = d.tenant_id and f.class = d.priority and f.fairness_key = d.fk
+                and (select lj.started_at is null from jobs lj where lj.id = f.last_job)) end) as base
       from (select distinct j.tenant_id, j.priority, coalesce(j.fairness_key, '') as fk from j) d
     ), r as (
       -- Each job with its rank: its key's base plus its place among its key's jobs here, in id
@@ -176,10 +184,11 @@ export async function insertJobsQueued(tx: Tx, jobs: readonly NewJobRow[]): Prom
       on conflict do nothing
       returning 1
     ), k as (
-      -- Each key's newest job and rank, in key order (concurrent submissions lock the rows in one order).
+      -- Each key's newest job and rank, in key order (concurrent submissions lock the rows in one
+      -- order). Not the default key's: the depth trigger keeps it on the queue's row.
       insert into sched_fair_keys (tenant_id, class, fairness_key, last_rank, last_job)
       select distinct on (r.tenant_id, r.priority, r.fk) r.tenant_id, r.priority, r.fk, r.rank, r.id
-      from r
+      from r where r.fk <> ''
       order by r.tenant_id, r.priority, r.fk, r.rank desc, r.id desc
       on conflict (tenant_id, class, fairness_key) do update set last_rank = excluded.last_rank, last_job = excluded.last_job
       returning 1

@@ -30,7 +30,9 @@
  * price: a key arriving before the head's round has begun waits for it too (one job of each key).
  *
  * The same rule runs in SQL in src/jobs/store.ts insertJobsQueued (one statement per group
- * commit); test/fair-keys.test.ts checks it against this model.
+ * commit; the default key's last rank is kept on its queue's row by the depth trigger,
+ * sluice_queues_add_jobs, the other keys' in sched_fair_keys); test/fair-keys.test.ts checks it
+ * against this model.
  */
 
 /** pg-boss's priority is int4: ranks stop here (jobs at the cap are served first come first served). */

@@ -1,7 +1,7 @@
 /**
  * The statements on sched_queues: one row per tenant and class: its virtual time, when it is ready, its
  * depth and running counters. SQL functions write it too (sluice_lease, sluice_fold_running,
- * sluice_apply_depth_delta).
+ * sluice_apply_depth_delta, sluice_queues_add_jobs).
  *
  * Every TypeScript statement that writes the table is here (docs/ARCHITECTURE.md "Who writes each
  * table"; test/table-owners.test.ts). Shared state changes with single conditional statements, never
