@@ -13,6 +13,10 @@
  *      the baseline rotates over their queues). (b) and (c) run interleaved,
  *      --slices slices of each in the order b c c b b c c b, their answers
  *      pooled per shape, so their ratio compares the same minutes.
+ *  (s) counted: on a second, API-only child counting its statements, single
+ *      submissions for --count-seconds from 1 tenant, then from (c)'s tenants
+ *      (after as long of warm-up), then one bulk: statements, WAL bytes and
+ *      rows written per accepted job for each.
  *  (d) full: 64 clients (fetch loops) submitting one job each against a small
  *      global bound (--full-bound) that a faster simulator drains, so most are
  *      refused: p99 of all answers, of accepts and of refusals, answers/s, and
