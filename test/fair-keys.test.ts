@@ -197,7 +197,13 @@ describe('fairness keys end to end', () => {
     // A big key's backlog first, then a small key, then jobs without a key, then a 64-character key.
     const big = await submit('customer-big', 8, 'big');
     const small = await submit('customer-small', 3, 'small');
-    const plain = await submit(null, 2, 'plain');
+    // Two submissions without a key: the second follows the first's rank, which the default key
+    // keeps on its queue's row (not in sched_fair_keys).
+    const plain = [...(await submit(null, 1, 'plain')), ...(await submit(null, 1, 'plain-2'))];
+    const [queueRow] = await sql`select fair_last_rank, fair_last_job from sched_queues where tenant_id = ${tenant.id} and class = 'STANDARD'`;
+    assert.deepEqual([queueRow!.fair_last_rank, queueRow!.fair_last_job], [2, plain[1]]);
+    const [defaultRows] = await sql`select count(*)::int as n from sched_fair_keys where fairness_key = ''`;
+    assert.equal(defaultRows!.n, 0);
     const longKey = 'k'.repeat(64);
     const long = await submit(longKey, 1, 'long');
     const read = await api.gql('query($id: ID!) { job(id: $id) { fairnessKey } }', { id: small[0] }, tenant.apiKey);
