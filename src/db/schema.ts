@@ -266,9 +266,10 @@ export const schedQueues = pgTable(
  * Fairness keys inside a queue: each (tenant, class, key)'s last rank, so the next job of the key
  * is ranked after it (start-time fair queueing among a queue's keys, src/scheduler/fair-keys.ts;
  * the rank is the job's pg-boss priority, negated). The default key (jobs without one) is kept on
- * the queue's row instead (sched_queues.fair_last_rank, fair_last_job). A row counts only while its last job has not started (a key whose jobs were all served starts
- * the round after the queue's head); retention deletes the rows whose last job is gone or started, so
- * the rows are bounded by the keys with jobs waiting, per tenant.
+ * the queue's row instead (sched_queues.fair_last_rank, fair_last_job). A row counts only while
+ * its last job has not started (a key whose jobs were all served starts the round after the
+ * queue's head); retention deletes the rows whose last job is gone or started, so the rows are
+ * bounded by the keys with jobs waiting, per tenant.
  */
 export const schedFairKeys = pgTable(
   'sched_fair_keys',
