@@ -1,6 +1,6 @@
 /**
  * The hot path's set-based statements find their rows by key (migration 0020): a submission, a
- * lease, a settlement and the RUNNING fold, run on a connection with auto_explain reporting every
+ * lease, a settlement and visibility's running counts, run on a connection with auto_explain reporting every
  * nested statement's plan, never scan a whole hot table. Without 0020 the planner, guessing 100
  * rows for each jsonb list, hashed the list against a sequential scan of `jobs`, `sched_tenants`,
  * `sched_queues` or `tenant_ledger`: a lease's and a settlement's cost grew with every tenant and
@@ -9,7 +9,7 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import postgres from 'postgres';
-import { anyQueueReady, foldRunning } from '../src/scheduler/sql/queues.ts';
+import { anyQueueReady, classTotals, tenantsQueues } from '../src/scheduler/sql/queues.ts';
 import { settleGroup, warmSettleGroup } from '../src/scheduler/sql/reservations.ts';
 import { startTestApp, type TestApp } from './helpers/app.ts';
 import { leaseOnce, queueJobs, unlimitedWindow } from './helpers/lease.ts';
@@ -39,7 +39,7 @@ function scans(from: string[]): string[] {
   return from.filter((p) => HOT.test(p)).map((p) => p.split('\n').slice(0, 12).join('\n'));
 }
 
-test('submission, lease, settlement and fold look their rows up by key', async () => {
+test('submission, lease, settlement and the running counts look their rows up by key', async () => {
   const tenants: string[] = [];
   for (let i = 0; i < 6; i++) tenants.push((await t.createTenant(`lookup-${i}`, 'ENTERPRISE')).id);
   await unlimitedWindow(sql, WINDOW);
@@ -53,11 +53,21 @@ test('submission, lease, settlement and fold look their rows up by key', async (
   const leased = await leaseOnce(sql, WINDOW);
   assert.equal(leased.length, total, 'the lease took every job');
   const leasePlans = plans;
-  // The commit wrote the claimed jobs into their queues' counts itself: no RUNNING delta appended.
+  // The commit took the claimed jobs out of their queues' depth itself; visibility counts them as
+  // running from jobs' own rows, through the index that holds only running jobs.
   plans = [];
-  const [after] = await sql`select (select coalesce(sum(running), 0) from sched_queues)::int as running, (select coalesce(sum(depth), 0) from sched_queues)::int as depth,
-    (select count(*) from sched_running_deltas)::int as deltas`;
-  assert.deepEqual(after, { running: total, depth: 0, deltas: 0 });
+  const [after] = await sql`select (select coalesce(sum(depth), 0) from sched_queues)::int as depth`;
+  assert.deepEqual(after, { depth: 0 });
+  plans = [];
+  const byTenant = await tenantsQueues(sql, tenants);
+  const byClass = await classTotals(sql);
+  const countPlans = plans;
+  assert.deepEqual(tenants.map((id) => byTenant.get(id)?.find((q) => q.jobClass === 'STANDARD')?.running), tenants.map(() => 3));
+  assert.equal(byClass.find((c) => c.jobClass === 'STANDARD')?.running, total);
+  // The queue rows these status reads walk are theirs to scan (classTotals sums every queue by
+  // design); jobs, never: the running count reads the index that holds only running jobs.
+  assert.match(countPlans.join('\n'), /jobs_running_idx/, 'the running counts read the index of running jobs');
+  assert.deepEqual(countPlans.filter((p) => /Seq Scan on jobs\s/.test(p)), [], 'a running count scanned jobs');
 
   plans = [];
   const { settled, events } = await settleGroup(sql, leased.map((r) => ({
@@ -69,16 +79,12 @@ test('submission, lease, settlement and fold look their rows up by key', async (
   assert.deepEqual(events.map((e) => (JSON.parse(e) as { jobId: string; state: string; job?: { state: string } })).map((e) => [e.jobId, e.state, e.job?.state]).sort(), leased.map((r) => [r.jobId, 'SUCCEEDED', 'SUCCEEDED']).sort());
   const settlePlans = plans;
 
-  plans = [];
-  assert.ok(((await foldRunning(sql)) ?? 0) > 0, 'the fold had deltas to fold (no lease runs here, so it does not step aside)');
-  const foldPlans = plans;
-
   const [done] = await sql`select count(*)::int as n from jobs where state = 'SUCCEEDED'`;
   assert.equal(done!.n, total);
 
   // The plans were reported (a check that cannot see them would pass vacuously), and the rows
   // were found through an index: the claim's jobs, the settlement's jobs and tenants, the depth.
-  for (const [name, got] of [['submission', submitPlans], ['lease', leasePlans], ['settlement', settlePlans], ['fold', foldPlans]] as const) {
+  for (const [name, got] of [['submission', submitPlans], ['lease', leasePlans], ['settlement', settlePlans]] as const) {
     assert.ok(got.length > 0, `auto_explain reported no plan for the ${name}`);
     assert.deepEqual(scans(got), [], `the ${name} scanned a whole hot table`);
   }
@@ -91,17 +97,16 @@ test('submission, lease, settlement and fold look their rows up by key', async (
   const depth = [...submitPlans, ...leasePlans, ...settlePlans].filter((p) => p.includes('UPDATE sched_queues q SET depth'));
   assert.ok(submitPlans.some((p) => p.includes('UPDATE sched_queues q SET depth')), 'auto_explain reported the depth update of the submission');
   for (const p of depth) assert.doesNotMatch(p, /Hash Join|Hash Semi Join|HashAggregate/, p);
-  // The lease's claim leaves its queues' depth and running count to the commit, which writes them
-  // with the virtual time on rows the lease holds already (one write a queue, no delta appended).
+  // The lease's claim leaves its queues' depth to the commit, which writes it with the virtual
+  // time on rows the lease holds already (one write a queue).
   assert.ok(!leasePlans.some((p) => p.includes('UPDATE sched_queues q SET depth')), 'the claim\'s depth trigger updated the queues');
   assert.ok(leasePlans.some((p) => p.includes('UPDATE sched_queues sq SET vtime = x.v, depth')), 'auto_explain reported the commit\'s queue write');
-  const [folded] = await sql`select coalesce(sum(running), 0)::int as n from sched_queues`;
-  assert.equal(folded!.n, 0, 'the settlement\'s deltas, folded, took every running job back out');
+  assert.equal((await classTotals(sql)).find((c) => c.jobClass === 'STANDARD')?.running, 0, 'the settlement took every running job back out');
 });
 
 test('the settlement warm-up runs every statement of the settlement on empty sets, and writes nothing', async () => {
   const counts = async () => (await sql`select (select count(*) from window_slot_deltas)::int as slots, (select count(*) from usage_deltas)::int as usage,
-    (select count(*) from sched_running_deltas)::int as running, (select count(*) from reservations where settled_at is null)::int as open`)[0];
+    (select count(*) from reservations where settled_at is null)::int as open`)[0];
   const before = await counts();
   plans = [];
   await warmSettleGroup(sql, 1);

@@ -1,14 +1,14 @@
 -- sluice_lease_commit: the second half of the lease's commit, after sluice_lease_claim (p_out, the
 -- claimed attempts), on rows the call holds, one statement each for all turns:
--- - each served queue's virtual time (p_sv_*) and, for the jobs it claimed, its depth (down) and
---   running count (up), which the claim's triggers left to this write (sluice.lease_claim); a
---   queue that claimed jobs and has nothing left waiting goes idle (a submission or a retry marks
---   it ready again): one write per queue. A queue it idles leaves the fair index: the change of
+-- - each served queue's virtual time (p_sv_*) and, for the jobs it claimed, its depth (down),
+--   which the claim's depth trigger left to this write (sluice.lease_claim); a queue that claimed
+--   jobs and has nothing left waiting goes idle (a submission or a retry marks it ready again): one
+--   write per queue. (Running jobs are not counted on the row: visibility counts them in jobs.) A queue it idles leaves the fair index: the change of
 --   its class's reserved-shares totals goes straight into the class's row with the fold below
 --   (this call writes that row anyway), not through a sched_share_deltas row appended by the
 --   shares trigger (sluice.lease_commit keeps it from firing) and deleted again by the next fold.
 --   A claimed queue not among the served ones (none expected: every pick is a served queue's)
---   gets its counts the triggers' way;
+--   gets its depth the trigger's way;
 -- - the credits: one ledger write per tenant and period; the reservations (one per attempt, all
 --   with this call's lease id: their node's sent mark is one lease_sends row for them all);
 -- - each class's clock: the largest start tag served in fair order (p_served; no credit for idle
@@ -47,7 +47,7 @@ BEGIN
     SELECT q.tenant_id, q.class, sluice_queue_in_fair_index(q) AS was FROM sched_queues q
     WHERE (q.tenant_id, q.class) IN (SELECT * FROM unnest(p_sv_t, p_sv_c)) AND q.tenant_id = ANY (p_sv_t)),
   u AS (
-    UPDATE sched_queues sq SET vtime = x.v, depth = sq.depth - coalesce(d.n, 0), running = sq.running + coalesce(d.n, 0),
+    UPDATE sched_queues sq SET vtime = x.v, depth = sq.depth - coalesce(d.n, 0),
         ready_at = CASE WHEN d.n IS NOT NULL AND sq.depth - d.n = 0 THEN NULL ELSE sq.ready_at END
       FROM unnest(p_sv_key, p_sv_t, p_sv_c, p_sv_v) x(k, t, c, v)
       LEFT JOIN (SELECT (o->>'tenant_id')::uuid AS t, o->>'class' AS c, count(*)::int AS n FROM jsonb_array_elements(p_out) o GROUP BY 1, 2) d
@@ -69,8 +69,6 @@ BEGIN
     WHERE NOT (d.t::text || '/' || d.c) = ANY (p_sv_key);
   IF jsonb_array_length(stray) > 0 THEN
     PERFORM sluice_apply_depth_delta(stray);
-    INSERT INTO sched_running_deltas (tenant_id, class, n)
-      SELECT (e->>'tenant_id')::uuid, e->>'priority', -(e->>'n')::int FROM jsonb_array_elements(stray) e;
   END IF;
   INSERT INTO tenant_ledger AS l (tenant_id, period_start, reserved)
     SELECT (o->>'tenant_id')::uuid, (o->>'period')::timestamptz, sum((o->>'cost')::int) FROM jsonb_array_elements(p_out) o GROUP BY 1, 2

@@ -140,13 +140,16 @@ export function readJournal(dir = MIGRATIONS_DIR): { entries: JournalEntry[] } {
 
 /**
  * For each function, the normalised definition the newest migration (in journal order) gives it:
- * what a database migrated by this build ends up with.
+ * what a database migrated by this build ends up with. A function some migration dropped without
+ * creating it again is absent.
  */
 export function newestMigrationDefinitions(dir = MIGRATIONS_DIR): Map<string, { tag: string; definition: string }> {
   const out = new Map<string, { tag: string; definition: string }>();
   for (const { tag } of readJournal(dir).entries) {
     const text = readFileSync(path.join(dir, `${tag}.sql`), 'utf8');
     for (const statement of text.split('--> statement-breakpoint')) {
+      const dropped = /^DROP\s+FUNCTION\s+(?:IF\s+EXISTS\s+)?("?)([a-z_][a-z0-9_]*)\1\s*\(/i.exec(statement.replace(/^\s*--.*$/gm, '').trim());
+      if (dropped) out.delete(dropped[2]!.toLowerCase());
       const name = createdFunction(statement);
       if (name) out.set(name, { tag, definition: normaliseDefinition(statement) });
     }

@@ -159,6 +159,9 @@ export const jobs = pgTable(
     index('jobs_tenant_queued_age_idx').on(t.tenantId, t.priority, t.createdAt).where(sql`${t.state} in ('QUEUED', 'WAITING_QUOTA')`),
     // The reconciler's keyset walk over waiting jobs: an index range in its order, never a sort of the backlog.
     index('jobs_waiting_created_idx').on(t.createdAt, t.id).where(sql`${t.state} in ('QUEUED', 'WAITING_QUOTA')`),
+    // The running jobs per queue (visibility's counts): no counter to keep, in the claim and the
+    // finish, for figures only the status reads want; the index holds only the calls in flight.
+    index('jobs_running_idx').on(t.tenantId, t.priority).where(sql`${t.state} = 'RUNNING'`),
     // Retention's walk over finished jobs.
     index('jobs_finished_idx').on(t.finishedAt).where(sql`${t.state} in ('SUCCEEDED', 'FAILED', 'CANCELLED')`),
     // The alert on jobs whose attempts kept being lost reads the last hour of them: a tiny index.
@@ -222,8 +225,6 @@ export const schedQueues = pgTable(
     readyAt: timestamp('ready_at', { withTimezone: true }),
     /** Jobs waiting (QUEUED or WAITING_QUOTA), kept exact by triggers on jobs. */
     depth: integer('depth').notNull().default(0),
-    /** Jobs RUNNING, folded from sched_running_deltas (appended by triggers on jobs); readers add the unfolded deltas. */
-    running: integer('running').notNull().default(0),
     /**
      * Dormant work, out of the fair index until the event that changes it (docs/ARCHITECTURE.md
      * "Dormant work"). tenantDormant: the tenant's copy of (suspended or quota-blocked), written
@@ -258,7 +259,6 @@ export const schedQueues = pgTable(
     index('sched_queues_held_idx').on(t.heldApi).where(sql`${t.heldApi} is not null`),
     // Counters are never clamped: a delta below zero raises.
     check('sched_queues_depth_check', sql`${t.depth} >= 0`),
-    check('sched_queues_running_check', sql`${t.running} >= 0`),
   ],
 );
 
@@ -533,13 +533,6 @@ export const breakers = pgTable('breakers', {
   failures: integer('failures').notNull().default(0),
   updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
 });
-
-/** RUNNING changes appended by the job triggers (insert only: no lock in the settlement), folded by the sweeper. */
-export const schedRunningDeltas = pgTable(
-  'sched_running_deltas',
-  { tenantId: uuid('tenant_id').notNull(), jobClass: text('class').notNull(), n: integer('n').notNull() },
-  (t) => [index('sched_running_deltas_idx').on(t.tenantId, t.jobClass)],
-);
 
 /* ---- Usage history (owned by src/usage/store.ts; written by a trigger on reservations) ---- */
 

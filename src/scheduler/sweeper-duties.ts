@@ -1,7 +1,7 @@
 /**
  * What a worker's sweeper does each round beyond its own steps (sweeper.ts): publish this node's
  * view (window latencies and pool sizes, the oldest waits for the starvation guard, the breakers,
- * the provider's last status), fold the RUNNING counts, run retention when due; and the alerts
+ * the provider's last status), run retention when due; and the alerts
  * the database's state asks for. Wired here, not in the process's start, so `app.ts` only wires.
  */
 import type postgres from 'postgres';
@@ -16,13 +16,10 @@ import { desiredAlerts, type DesiredAlert } from '../alerts/rules.ts';
 import { publishProviderStatus, readAccount } from './sql/account.ts';
 import { publishBreakers, readBreakers } from './sql/breakers.ts';
 import { oldestQueuedAgeByClass, oldestWaitByClass } from './sql/classes.ts';
-import { foldRunning } from './sql/queues.ts';
 import { readWindows, recentCappedAsks, reportWindowLatency } from './sql/windows.ts';
 import { failedExpiries } from './sql/reservations.ts';
 import { recentAttemptLost } from '../jobs/store.ts';
 
-/** Sweeper rounds the RUNNING fold may step aside for leases before it folds regardless. */
-export const FOLD_FORCE_AFTER = 5;
 /** Alerts about recent events (a capped pause, jobs failed ATTEMPT_LOST) stay raised this long after the last one. */
 export const ALERT_RECENT_SECONDS = 3_600;
 
@@ -39,8 +36,6 @@ export interface SweeperDutiesOptions {
 
 export function sweeperDuties(o: SweeperDutiesOptions): { onRound: () => Promise<void>; desiredAlerts: (tx: postgres.TransactionSql) => Promise<DesiredAlert[]> } {
   const { sql, windows, dispatcher, breakers, client, retention, agePromisesMs } = o;
-  // Rounds in a row whose RUNNING fold stepped aside for a lease (sluice_fold_running).
-  let foldsSteppedAside = 0;
   return {
     onRound: async () => {
       for (const w of windows) {
@@ -51,9 +46,6 @@ export function sweeperDuties(o: SweeperDutiesOptions): { onRound: () => Promise
       await publishBreakers(sql, breakers.states().map((b) => ({ ...b, retryAt: b.state === 'OPEN' ? new Date(breakers.retryAt(b.api) ?? Date.now()) : null })));
       const status = client.lastStatus();
       if (status) await publishProviderStatus(sql, status);
-      // The fold steps aside while a lease runs (a queue row it held made the lease pass that
-      // queue over); after FOLD_FORCE_AFTER rounds in a row it folds all the same.
-      foldsSteppedAside = (await foldRunning(sql, foldsSteppedAside >= FOLD_FORCE_AFTER)) === null ? foldsSteppedAside + 1 : 0;
       await retention.maybeRun();
     },
     desiredAlerts: async (tx) => {

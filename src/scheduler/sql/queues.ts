@@ -1,7 +1,9 @@
 /**
  * The statements on sched_queues: one row per tenant and class: its virtual time, when it is ready, its
- * depth and running counters. SQL functions write it too (sluice_lease, sluice_fold_running,
- * sluice_apply_depth_delta, sluice_queues_add_jobs).
+ * depth counter. SQL functions write it too (sluice_lease, sluice_apply_depth_delta,
+ * sluice_queues_add_jobs). Running jobs are counted in jobs (jobs_running_idx holds only them),
+ * not kept on the row: only visibility reads them, and a counter cost the claim and the finish a
+ * write each.
  *
  * Every TypeScript statement that writes the table is here (docs/ARCHITECTURE.md "Who writes each
  * table"; test/table-owners.test.ts). Shared state changes with single conditional statements, never
@@ -87,8 +89,7 @@ export async function classTotals(sql: Tx): Promise<Array<{ jobClass: JobClass; 
     sql`
       select c.class,
         (select coalesce(sum(depth), 0) from sched_queues q where q.class = c.class)::int as depth,
-        ((select coalesce(sum(running), 0) from sched_queues q where q.class = c.class)
-          + (select coalesce(sum(n), 0) from sched_running_deltas d where d.class = c.class))::int as running
+        (select count(*) from jobs j where j.priority = c.class and j.state = 'RUNNING')::int as running
       from unnest(${CLASSES as unknown as string[]}::text[]) as c(class)`,
     oldestQueuedAgeByClass(sql),
   ]);
@@ -104,7 +105,7 @@ export async function tenantQueues(sql: Tx, tenantId: string): Promise<Array<{ j
 export async function tenantsQueues(sql: Tx, tenantIds: readonly string[]): Promise<Map<string, Awaited<ReturnType<typeof tenantQueues>>>> {
   const rows = await sql`
     select q.tenant_id, q.class, q.depth,
-      q.running + coalesce((select sum(n) from sched_running_deltas d where d.tenant_id = q.tenant_id and d.class = q.class), 0)::int as running,
+      (select count(*) from jobs j where j.tenant_id = q.tenant_id and j.priority = q.class and j.state = 'RUNNING')::int as running,
       h.age, h.api
     from sched_queues q
     left join lateral (
@@ -124,22 +125,12 @@ export async function tenantsQueues(sql: Tx, tenantIds: readonly string[]): Prom
   return out;
 }
 
-/**
- * Folds the RUNNING deltas the job triggers appended into sched_queues.running
- * (drizzle/functions/sluice_fold_running.sql; the sweeper calls it every round). Returns the deltas
- * folded, or null when it stepped aside for a lease running on some window (`force` folds anyway).
- */
-export async function foldRunning(sql: Tx, force = false): Promise<number | null> {
-  const [r] = await sql`select sluice_fold_running(${force}) as n`;
-  const n = (r?.n as number) ?? 0;
-  return n < 0 ? null : n;
-}
-
 /** Per tenant and class: waiting and running (only for METRICS_TENANT_LABELS). */
 export async function tenantDepths(sql: Tx): Promise<Array<{ tenant: string; class: string; depth: number; running: number }>> {
   const rows = await sql`
-    select q.tenant_id, q.class, q.depth, r.running from sched_queues q
-    cross join lateral (select q.running + coalesce((select sum(n) from sched_running_deltas d where d.tenant_id = q.tenant_id and d.class = q.class), 0)::int as running) r
+    select q.tenant_id, q.class, q.depth, coalesce(r.running, 0)::int as running from sched_queues q
+    left join (select tenant_id, priority, count(*) as running from jobs where state = 'RUNNING' group by 1, 2) r
+      on r.tenant_id = q.tenant_id and r.priority = q.class
     where q.depth > 0 or r.running > 0`;
   return rows.map((r) => ({ tenant: r.tenant_id as string, class: r.class as string, depth: r.depth as number, running: r.running as number }));
 }
