@@ -5,7 +5,7 @@
  */
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { expiryHoldMs, leaseDeadline, leaseLost, RECONNECT_BOUND_MS, refreshedDeadline, sentLeaseMs, settleRetryDelayMs, unexpectedOutcome } from '../src/dispatch/liveness.ts';
+import { expiryHoldMs, leaseDeadline, leaseLost, RECONNECT_BOUND_MS, refreshDue, refreshedDeadline, sentLeaseMs, settleRetryDelayMs, unexpectedOutcome } from '../src/dispatch/liveness.ts';
 import { planSettlement } from '../src/dispatch/retry.ts';
 import { reactionTo } from '../src/provider/classify.ts';
 import { billedCredits } from '../src/scheduler/ledger.ts';
@@ -95,6 +95,30 @@ describe('the attempt deadline, on the monotonic clock', () => {
   test('a refresh extends the deadline from its send time, never shortens it', () => {
     assert.equal(refreshedDeadline(20_000, 15_000, LEASE), 25_000);
     assert.equal(refreshedDeadline(30_000, 15_000, LEASE), 30_000, 'a late answer to an old refresh changes nothing');
+  });
+});
+
+describe('refreshDue: which open leases a tick refreshes', () => {
+  test('a lease just written, or just lengthened by the sent mark, is not written again', () => {
+    assert.equal(refreshDue(1_000, leaseDeadline(1_000, LEASE), LEASE), false);
+    assert.equal(refreshDue(1_000 + 0.1 * LEASE - 1, leaseDeadline(1_000, LEASE), LEASE), false);
+    assert.equal(refreshDue(1_000 + 0.1 * LEASE, leaseDeadline(1_000, LEASE), LEASE), true, 'a tenth of the lease used: due');
+    const marked = refreshedDeadline(leaseDeadline(1_000, LEASE), 1_010, sentLeaseMs(LEASE, 12_000));
+    assert.equal(refreshDue(1_000 + 0.5 * LEASE, marked, LEASE), false, 'the sent mark made it outlast the call: nothing to write yet');
+  });
+
+  test('whatever the phase of the timer, a lease whose refreshes all fail gets at least three tries before its call is stopped', () => {
+    const tick = LEASE / 5; // AttemptLeases' timer
+    for (let phase = 0; phase < tick; phase += tick / 50) {
+      const leasedAt = 10_000 + phase;
+      const deadline = leaseDeadline(leasedAt, LEASE);
+      let tries = 0;
+      for (let now = 10_000 + tick; ; now += tick) {
+        if (leaseLost(now, deadline, LEASE)) break; // the tick aborts before it refreshes
+        if (refreshDue(now, deadline, LEASE)) tries++;
+      }
+      assert.ok(tries >= 3, `phase ${phase}: ${tries} tries`);
+    }
   });
 });
 

@@ -20,7 +20,7 @@ import type { Sql } from '../db/client.ts';
 import type { JobClass } from '../config/classes.ts';
 import { markSent as markReservationsSent, refreshLeases } from '../scheduler/sql/reservations.ts';
 import type { AttemptTrace, QueuedTrace } from '../tracing/job-trace.ts';
-import { leaseDeadline, leaseLost, refreshedDeadline, sentLeaseMs } from './liveness.ts';
+import { leaseDeadline, leaseLost, refreshDue, refreshedDeadline, sentLeaseMs } from './liveness.ts';
 
 /** A leased job's pg-boss data; a traced job's also carries its trace (tracing/job-trace.ts). */
 export interface JobData extends Partial<QueuedTrace> {
@@ -145,17 +145,19 @@ export class AttemptLeases {
   /**
    * The lease's own timer. Aborts a call whose lease this process could not
    * refresh for three quarters of its length (well before the database lets
-   * the sweeper take it), then refreshes the leases of all open attempts in
-   * one statement. An attempt the refresh does not find open was settled by
-   * the sweeper: its call stops and its settlement will change nothing.
+   * the sweeper take it), then refreshes, in one statement, the leases of the
+   * open attempts that have used a tenth of theirs (liveness.ts refreshDue).
+   * An attempt the refresh does not find open was settled by the sweeper: its
+   * call stops and its settlement will change nothing.
    */
   private tick(): void {
     const { sql, leaseSql, leaseSeconds, log } = this.options;
     const now = performance.now();
     for (const a of this.open.values()) if (leaseLost(now, a.deadline, this.leaseMs) && !a.abort.signal.aborted) a.abort.abort();
-    if (this.refreshing || this.open.size === 0 || this.abandonedToLeases) return;
+    if (this.refreshing || this.abandonedToLeases) return;
+    const ids = [...this.open.values()].filter((a) => refreshDue(now, a.deadline, this.leaseMs)).map((a) => a.reservationId);
+    if (ids.length === 0) return;
     this.refreshing = true;
-    const ids = [...this.open.keys()];
     const sentAt = performance.now();
     refreshLeases(leaseSql ?? sql, ids, leaseSeconds)
       .then(({ live, settled }) => {

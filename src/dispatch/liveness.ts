@@ -91,6 +91,19 @@ export function refreshedDeadline(deadline: number, refreshSentAt: number, lease
 }
 
 /**
+ * Whether an open attempt's lease is worth a refresh at this tick: it has used a tenth of its
+ * length. A lease just written, or just lengthened by the sent mark, would only be written again
+ * to the same effect: with calls that answer in milliseconds that was most of a drain's refreshes
+ * (an update of each open reservation every tick). The refresh timer ticks every fifth of a lease
+ * and `leaseLost` gives up at ¾ without one, so a lease still gets at least three tries (the first
+ * by three tenths of its length, then one every fifth) before its call is stopped, as it did when
+ * the first try came right after the lease.
+ */
+export function refreshDue(now: number, deadline: number, leaseMs: number): boolean {
+  return deadline - now <= leaseMs * 0.9;
+}
+
+/**
  * The call must stop: the database may soon let a sweeper take its lease (¾
  * of a lease without a refresh since the deadline's last extension). For a
  * sent call that is never before its own timeout (`sentLeaseMs`), so in an
