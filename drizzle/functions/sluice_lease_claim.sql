@@ -10,7 +10,8 @@
 -- called. A batch call's pool slot is carried by its first claimed job's reservation (its first
 -- turn's). Then each tenant's cap slots: one write per tenant for the jobs it claimed.
 -- The claim's statement runs with sluice.lease_claim on: the jobs' depth trigger leaves the depth
--- to sluice_lease_commit, which writes each claimed queue once (the lease holds those rows). Set for that statement only (and undone with the call's subtransaction if it fails).
+-- to sluice_lease_commit, which writes each claimed queue once (the lease holds those rows). Set
+-- for that statement only (and undone with the call's subtransaction if it fails).
 -- Runs under sluice_lease's planner settings.
 CREATE OR REPLACE FUNCTION sluice_lease_claim(p_picks sluice_lease_job[], p_turn_at timestamp with time zone[], p_batch jsonb, p_paced boolean)
  RETURNS jsonb

@@ -3,10 +3,11 @@
 -- - each served queue's virtual time (p_sv_*) and, for the jobs it claimed, its depth (down),
 --   which the claim's depth trigger left to this write (sluice.lease_claim); a queue that claimed
 --   jobs and has nothing left waiting goes idle (a submission or a retry marks it ready again): one
---   write per queue. (Running jobs are not counted on the row: visibility counts them in jobs.) A queue it idles leaves the fair index: the change of
---   its class's reserved-shares totals goes straight into the class's row with the fold below
---   (this call writes that row anyway), not through a sched_share_deltas row appended by the
---   shares trigger (sluice.lease_commit keeps it from firing) and deleted again by the next fold.
+--   write per queue (running jobs are not counted on the row: visibility counts them in jobs).
+--   A queue it idles leaves the fair index: the change of its class's reserved-shares totals goes
+--   straight into the class's row with the fold below (this call writes that row anyway), not
+--   through a sched_share_deltas row appended by the shares trigger (sluice.lease_commit keeps it
+--   from firing) and deleted again by the next fold.
 --   A claimed queue not among the served ones (none expected: every pick is a served queue's)
 --   gets its depth the trigger's way;
 -- - the credits: one ledger write per tenant and period; the reservations (one per attempt, all
