@@ -39,14 +39,24 @@ export interface TriggerSource {
 const FUNCTION_END = /\$function\$;[ \t]*(?:\r?\n|$)/g;
 const CREATE_TRIGGER = /^CREATE\s+TRIGGER\s+("?)([a-z_][a-z0-9_]*)\1\s[\s\S]*?\sON\s+(?:public\.)?("?)([a-z_][a-z0-9_]*)\3\s/i;
 
+/** A statement with its comment lines dropped, trimmed. */
+function withoutComments(sql: string): string {
+  return sql.replace(/^\s*--.*$/gm, '').trim();
+}
+
+/** The name of the function or trigger a DROP statement (comments dropped) drops, or null. */
+function droppedName(statement: string, kind: 'FUNCTION' | 'TRIGGER'): string | null {
+  const m = new RegExp(`^DROP\\s+${kind}\\s+(?:IF\\s+EXISTS\\s+)?("?)([a-z_][a-z0-9_]*)\\1[\\s(]`, 'i').exec(statement);
+  return m ? m[2]!.toLowerCase() : null;
+}
+
 /**
  * A trigger compared as text: comment lines dropped, runs of blanks read as one space, no schema
  * prefix on the table, no trailing semicolon: `pg_get_triggerdef`'s one line matches a file's
  * statement broken over lines.
  */
 export function normaliseTrigger(sql: string): string {
-  return sql
-    .replace(/^\s*--.*$/gm, '')
+  return withoutComments(sql)
     .replace(/\s+/g, ' ')
     .trim()
     .replace(/;$/, '')
@@ -62,7 +72,7 @@ export function splitFunctionFile(text: string, file = 'a function file'): { fun
   const functionText = text.slice(0, end);
   const triggers: TriggerSource[] = [];
   for (const raw of text.slice(end).split(/;[ \t]*(?:\r?\n|$)/)) {
-    const statement = raw.replace(/^\s*--.*$/gm, '').trim();
+    const statement = withoutComments(raw);
     if (statement === '') continue;
     const m = CREATE_TRIGGER.exec(statement);
     if (!m) throw new Error(`${file}: only CREATE TRIGGER statements may follow the function (found: ${statement.slice(0, 60)})`);
@@ -73,7 +83,7 @@ export function splitFunctionFile(text: string, file = 'a function file'): { fun
 
 /** The name of the trigger a statement creates, or null when it creates none. */
 export function createdTrigger(statement: string): string | null {
-  const m = CREATE_TRIGGER.exec(statement.replace(/^\s*--.*$/gm, '').trim());
+  const m = CREATE_TRIGGER.exec(withoutComments(statement));
   return m ? m[2]!.toLowerCase() : null;
 }
 
@@ -110,7 +120,7 @@ export function normaliseDefinition(sql: string): string {
 
 /** The name of the function a statement creates, or null when it creates none. */
 export function createdFunction(statement: string): string | null {
-  const m = CREATE.exec(statement.replace(/^\s*--.*$/gm, ''));
+  const m = CREATE.exec(withoutComments(statement));
   return m ? m[2]!.toLowerCase() : null;
 }
 
@@ -148,8 +158,8 @@ export function newestMigrationDefinitions(dir = MIGRATIONS_DIR): Map<string, { 
   for (const { tag } of readJournal(dir).entries) {
     const text = readFileSync(path.join(dir, `${tag}.sql`), 'utf8');
     for (const statement of text.split('--> statement-breakpoint')) {
-      const dropped = /^DROP\s+FUNCTION\s+(?:IF\s+EXISTS\s+)?("?)([a-z_][a-z0-9_]*)\1\s*\(/i.exec(statement.replace(/^\s*--.*$/gm, '').trim());
-      if (dropped) out.delete(dropped[2]!.toLowerCase());
+      const dropped = droppedName(withoutComments(statement), 'FUNCTION');
+      if (dropped) out.delete(dropped);
       const name = createdFunction(statement);
       if (name) out.set(name, { tag, definition: normaliseDefinition(statement) });
     }
@@ -166,14 +176,14 @@ export function newestMigrationTriggers(dir = MIGRATIONS_DIR): Map<string, { tag
   for (const { tag } of readJournal(dir).entries) {
     const text = readFileSync(path.join(dir, `${tag}.sql`), 'utf8');
     for (const statement of text.split('--> statement-breakpoint')) {
-      const stripped = statement.replace(/^\s*--.*$/gm, '').trim();
+      const stripped = withoutComments(statement);
       const created = createdTrigger(stripped);
       if (created) {
         out.set(created, { tag, definition: normaliseTrigger(stripped) });
         continue;
       }
-      const dropped = /^DROP\s+TRIGGER\s+(?:IF\s+EXISTS\s+)?("?)([a-z_][a-z0-9_]*)\1\s/i.exec(stripped);
-      if (dropped) out.delete(dropped[2]!.toLowerCase());
+      const dropped = droppedName(stripped, 'TRIGGER');
+      if (dropped) out.delete(dropped);
     }
   }
   return out;
