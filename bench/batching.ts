@@ -122,7 +122,7 @@ async function once(pg: BenchPostgres, label: string, p: Plan, o: { latencyMs: n
     const stopped = await sluice.stop();
     sluice = null;
     const [fin] = await sql`select extract(epoch from max(finished_at)) * 1000 as last, count(*) filter (where state = 'SUCCEEDED')::int as ok, count(*) filter (where state <> 'SUCCEEDED')::int as bad from jobs`;
-    const [led] = await sql`select coalesce(sum(billed),0)::bigint as billed, coalesce(sum(reserved),0)::bigint as reserved, coalesce(sum(refunded),0)::bigint as refunded from tenant_ledger`;
+    const [led] = await sql`select coalesce(sum(billed),0)::bigint as billed, (select coalesce(sum(reserved),0) from sched_tenants)::bigint as reserved, coalesce(sum(refunded),0)::bigint as refunded from tenant_ledger`;
     const [res] = await sql`select count(*)::int as n, coalesce(sum(billed),0)::bigint as billed, count(*) filter (where billed > 0)::int as billed_rows from reservations`;
     const outcomes = await sql`select coalesce(outcome, 'open') as o, count(*)::int as n from reservations group by 1 order by 2 desc`;
     // Billed duplicates: within a tenant, an input (params) billed more than once.

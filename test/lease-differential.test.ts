@@ -137,6 +137,9 @@ const holdCaseArb = fc
     tenants: base.tenants.map((t, i) => ({ ...t, queues: t.queues.map((q, k) => ({ ...q, jobs: q.jobs.map((j) => ({ ...j, api: apis[i * 3 + k]! })) })) })),
   }));
 
+/** Of a tenant's credits used at the start, the part held by open calls (on its row, not the ledger's). */
+const reservedAtStart = (g: { used: number }) => Math.floor(g.used / 3);
+
 /** Writes the case into the database; returns the model's input (same state). */
 async function install(c: Case): Promise<LeaseInput> {
   await sql`delete from reservations`;
@@ -168,11 +171,12 @@ async function install(c: Case): Promise<LeaseInput> {
     const g = c.tenants[i]!;
     const tenantId = tenantIds[i]!;
     const inFlight = Math.min(g.cap, Math.floor((g.cap * g.inFlightShare) / 4));
+    // What the period has used: part billed (its ledger row), part still reserved (the tenant's row).
     await sql`
-      update sched_tenants set weight = ${g.weight}, cap = ${g.cap}, in_flight = ${inFlight}, quota = ${g.quota},
+      update sched_tenants set weight = ${g.weight}, cap = ${g.cap}, in_flight = ${inFlight}, reserved = ${reservedAtStart(g)}, quota = ${g.quota},
         quota_policy = ${g.fail ? 'FAIL' : 'WAIT'}, quota_blocked = ${g.blocked}, suspended = ${g.suspended}, reserved_share = ${g.reservedShare}, period_anchor = '2026-01-15T00:00:00Z'
       where tenant_id = ${tenantId}`;
-    await sql`insert into tenant_ledger (tenant_id, period_start, billed) values (${tenantId}, sluice_quota_period('2026-01-15T00:00:00Z', now()), ${g.used})`;
+    await sql`insert into tenant_ledger (tenant_id, period_start, billed) values (${tenantId}, sluice_quota_period('2026-01-15T00:00:00Z', now()), ${g.used - reservedAtStart(g)})`;
     tenants.push({ tenantId, weight: g.weight, cap: g.cap, inFlight, quota: g.quota, used: g.used, quotaPolicy: g.fail ? 'FAIL' : 'WAIT', quotaBlocked: g.blocked, suspended: g.suspended, reservedShare: g.reservedShare });
     for (let k = 0; k < CLASSES.length; k++) {
       const jobClass = CLASSES[k]!;
@@ -262,8 +266,18 @@ async function sameAsModel(c: Case, seen: Seen): Promise<void> {
       const active = (await sql`select count(*)::int as n from pgboss.job where name like 't.%' and state = 'active'`)[0]!.n as number;
       assert.equal(active, rows.length, 'pg-boss jobs activated');
       // What the call leaves behind.
-      const ledger = await sql`select tenant_id, reserved::int from tenant_ledger where reserved <> 0`;
-      assert.deepEqual(Object.fromEntries(ledger.map((r) => [r.tenant_id as string, r.reserved as number])), expected.reserved, 'credits reserved per tenant');
+      const reservedNow = await sql`select tenant_id, reserved::int from sched_tenants where tenant_id = any(${tenantIds}::uuid[])`;
+      const reservedByCall = reservedNow
+        .map((r) => [r.tenant_id as string, (r.reserved as number) - reservedAtStart(c.tenants[tenantIds.indexOf(r.tenant_id as string)]!)] as const)
+        .filter(([, n]) => n !== 0);
+      assert.deepEqual(Object.fromEntries(reservedByCall), expected.reserved, 'credits reserved per tenant');
+      // The ledger is only created by the lease, never moved: what each period has billed is as it was.
+      const billedNow = await sql`select tenant_id, billed::int from tenant_ledger`;
+      assert.deepEqual(
+        Object.fromEntries(billedNow.map((r) => [r.tenant_id as string, r.billed as number])),
+        Object.fromEntries(c.tenants.map((g, i) => [tenantIds[i]!, g.used - reservedAtStart(g)])),
+        'billed per tenant',
+      );
       const inFlight = await sql`select tenant_id, in_flight from sched_tenants where tenant_id = any(${tenantIds}::uuid[])`;
       assert.deepEqual(Object.fromEntries(inFlight.map((r) => [r.tenant_id as string, r.in_flight as number])), expected.inFlight, 'in-flight per tenant');
       // As it shows (the block writes no job: a blocked tenant's QUEUED jobs show WAITING_QUOTA).

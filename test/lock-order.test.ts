@@ -203,7 +203,7 @@ test("a lease whose window is paused while it runs returns 'changed' and writes 
     select (select count(*)::int from jobs where tenant_id = ${tenant} and state = 'QUEUED') as queued,
       (select count(*)::int from reservations where tenant_id = ${tenant}) as reservations,
       (select in_flight from sched_tenants where tenant_id = ${tenant}) as in_flight,
-      (select coalesce(sum(reserved), 0)::int from tenant_ledger where tenant_id = ${tenant}) as reserved,
+      (select reserved::int from sched_tenants where tenant_id = ${tenant}) as reserved,
       (select count(*)::int from pgboss.job where data->>'tenantId' = ${tenant} and state = 'created') as boss_waiting,
       (select in_flight from windows where name = ${window}) as window_in_flight`;
   assert.deepEqual({ ...state }, { queued: 3, reservations: 0, in_flight: 0, reserved: 0, boss_waiting: 3, window_in_flight: 0 });

@@ -128,7 +128,8 @@ DECLARE
   sv_c text[] := '{}';
   sv_v float8[] := '{}';
   sv_i int;
-  -- Tenants served: slots taken (the pick's eligibility counts them) and ledger billed + reserved.
+  -- Tenants served: slots taken (the pick's eligibility counts them) and the period's billed + the
+  -- tenant's reserved credits.
   tn_id uuid[] := '{}';
   tn_add int[] := '{}';
   tn_used bigint[] := '{}';

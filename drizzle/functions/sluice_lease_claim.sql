@@ -8,7 +8,8 @@
 -- (RUNNING, the attempt number fencing the attempt; started_at: when its turn was decided,
 -- p_turn_at); a job cancelled meanwhile is acknowledged in pg-boss (sluice_boss_complete), not
 -- called. A batch call's pool slot is carried by its first claimed job's reservation (its first
--- turn's). Then each tenant's cap slots: one write per tenant for the jobs it claimed.
+-- turn's). Then each tenant's cap slots and the credits its attempts reserve: one write per tenant
+-- for the jobs it claimed (the ledger's period row is not written: sluice_lease_commit).
 -- The claim's statement runs with sluice.lease_claim on: the jobs' depth trigger leaves the depth
 -- to sluice_lease_commit, which writes each claimed queue once (the lease holds those rows). Set
 -- for that statement only (and undone with the call's subtransaction if it fails).
@@ -53,8 +54,9 @@ BEGIN
       WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(out_rows) e WHERE (e->>'id')::uuid = p.id);
     PERFORM sluice_boss_complete(queues, ids);
   END IF;
-  UPDATE sched_tenants st SET in_flight = st.in_flight + d.n
-    FROM (SELECT (o->>'tenant_id')::uuid AS tenant_id, count(*)::int AS n FROM jsonb_array_elements(out_rows) o GROUP BY 1) d
+  UPDATE sched_tenants st SET in_flight = st.in_flight + d.n, reserved = st.reserved + d.credits
+    FROM (SELECT (o->>'tenant_id')::uuid AS tenant_id, count(*)::int AS n, sum((o->>'cost')::int) AS credits
+      FROM jsonb_array_elements(out_rows) o GROUP BY 1) d
     WHERE st.tenant_id = d.tenant_id;
   RETURN out_rows;
 END $function$;

@@ -10,8 +10,10 @@
 --   from firing) and deleted again by the next fold.
 --   A claimed queue not among the served ones (none expected: every pick is a served queue's)
 --   gets its depth the trigger's way;
--- - the credits: one ledger write per tenant and period; the reservations (one per attempt, all
---   with this call's lease id: their node's sent mark is one lease_sends row for them all);
+-- - the credits: the reservations (one per attempt, all with this call's lease id: their node's
+--   sent mark is one lease_sends row for them all), and each tenant's ledger row for the period if
+--   it has none yet (the settlements add to it; the credits held are on the tenant's row, written
+--   with its cap slots by sluice_lease_claim: an existing ledger row is not written);
 -- - each class's clock: the largest start tag served in fair order (p_served; no credit for idle
 --   time), and the reserved-shares deltas folded into the classes' counters (SKIP LOCKED: a
 --   concurrent fold, another window's lease or the sweeper, takes the rest), with this call's
@@ -71,9 +73,9 @@ BEGIN
   IF jsonb_array_length(stray) > 0 THEN
     PERFORM sluice_apply_depth_delta(stray);
   END IF;
-  INSERT INTO tenant_ledger AS l (tenant_id, period_start, reserved)
-    SELECT (o->>'tenant_id')::uuid, (o->>'period')::timestamptz, sum((o->>'cost')::int) FROM jsonb_array_elements(p_out) o GROUP BY 1, 2
-    ON CONFLICT (tenant_id, period_start) DO UPDATE SET reserved = l.reserved + excluded.reserved;
+  INSERT INTO tenant_ledger (tenant_id, period_start)
+    SELECT DISTINCT (o->>'tenant_id')::uuid, (o->>'period')::timestamptz FROM jsonb_array_elements(p_out) o
+    ON CONFLICT (tenant_id, period_start) DO NOTHING;
   INSERT INTO reservations (id, job_id, attempt, tenant_id, period_start, "window", node_id, credits, window_slot, created_at, lease_expires_at, lease_id)
     SELECT (o->>'rid')::uuid, (o->>'id')::uuid, (o->>'attempt')::int, (o->>'tenant_id')::uuid, (o->>'period')::timestamptz, p_window, p_node,
       (o->>'cost')::int, (o->>'slot')::boolean, clock_timestamp(), clock_timestamp() + make_interval(secs => p_lease_seconds), lease

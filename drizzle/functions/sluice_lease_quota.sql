@@ -1,8 +1,10 @@
 -- sluice_lease_quota: the lease's quota check for one turn (src/scheduler/lease.ts applyQuota):
 -- the prefix of the fetched jobs (p_ids, credits p_costs) that fits on top of what the tenant's
--- period has billed and reserved (p_used, what this call counted already, or null: the ledger row,
--- which cannot change under us, as every writer of it holds the tenant's row, as we do). Returns
--- the prefix's length, the period and its use with the prefix.
+-- period has billed and the tenant holds reserved (p_used, what this call counted already, or null:
+-- the period's ledger row and the tenant's row, which cannot change under us, as every writer of
+-- them holds the tenant's row, as we do). Credits still reserved from the last period count against
+-- this one until they settle: a turn of the period is never a way past the quota. Returns the
+-- prefix's length, the period and its use with the prefix.
 --
 -- The first job that does not fit: with policy FAIL it fails with QUOTA_EXCEEDED without running
 -- (activated and acknowledged in pg-boss as a fetch and a complete would; its final state, result
@@ -23,8 +25,8 @@ BEGIN
   period := sluice_quota_period(p_tenant.period_anchor, now());
   used := p_used;
   IF used IS NULL THEN
-    SELECT l.billed + l.reserved INTO used FROM tenant_ledger l WHERE l.tenant_id = p_tenant.tenant_id AND l.period_start = period;
-    used := coalesce(used, 0);
+    SELECT l.billed INTO used FROM tenant_ledger l WHERE l.tenant_id = p_tenant.tenant_id AND l.period_start = period;
+    used := coalesce(used, 0) + p_tenant.reserved;
   END IF;
   fit := 0;
   FOR i IN 1 .. cardinality(p_costs) LOOP

@@ -1,8 +1,8 @@
 -- sluice_release_settled: the second half of a settlement (sluice_settle): releases what the
--- reservations just settled by sluice_settle_reservations held: the tenants' cap slots (rows locked
--- in id order), the ledger's reserved credits (billed ones added), and the window's pool slots,
--- appended to window_slot_deltas instead of updating the window's hot row (the next lease folds
--- them). Returns the reservations settled. Counters are not clamped: releasing more than was taken
+-- reservations just settled by sluice_settle_reservations held: the tenants' cap slots and reserved
+-- credits (rows locked in id order), the bills and refunds on the ledger rows of their periods, and
+-- the window's pool slots, appended to window_slot_deltas instead of updating the window's hot row
+-- (the next lease folds them). Returns the reservations settled. Counters are not clamped: releasing more than was taken
 -- raises (CHECK in_flight >= 0, reserved >= 0).
 -- settled: what sluice_settle_reservations returned. Nothing settled runs every statement on empty
 -- sets (no early return): sluice_settle_group's warm-up plans them too.
@@ -15,11 +15,11 @@ BEGIN
   PERFORM 1 FROM sched_tenants t
     WHERE t.tenant_id IN (SELECT (x->>'tenant_id')::uuid FROM jsonb_array_elements(settled) x)
     ORDER BY t.tenant_id FOR UPDATE;
-  UPDATE sched_tenants t SET in_flight = t.in_flight - d.n
-    FROM (SELECT (x->>'tenant_id')::uuid AS tenant_id, count(*)::int AS n FROM jsonb_array_elements(settled) x GROUP BY 1) d
+  UPDATE sched_tenants t SET in_flight = t.in_flight - d.n, reserved = t.reserved - d.credits
+    FROM (SELECT (x->>'tenant_id')::uuid AS tenant_id, count(*)::int AS n, sum((x->>'credits')::int) AS credits
+      FROM jsonb_array_elements(settled) x GROUP BY 1) d
     WHERE t.tenant_id = d.tenant_id;
-  UPDATE tenant_ledger l SET reserved = l.reserved - d.credits, billed = l.billed + d.billed,
-      refunded = l.refunded + d.credits - d.billed
+  UPDATE tenant_ledger l SET billed = l.billed + d.billed, refunded = l.refunded + d.credits - d.billed
     FROM (SELECT (x->>'tenant_id')::uuid AS tenant_id, (x->>'period_start')::timestamptz AS period_start,
             sum((x->>'credits')::int) AS credits, sum((x->>'billed')::int) AS billed
           FROM jsonb_array_elements(settled) x GROUP BY 1, 2) d

@@ -24,8 +24,8 @@ export interface TenantAdmissionState {
   /** suspendTenant: submissions are refused with TENANT_SUSPENDED. */
   suspended: boolean;
   /**
-   * billed + reserved credits of the period asked for (quota policy FAIL refuses on it); null when
-   * no period was asked for (a tenant of another policy: its ledger row is not read).
+   * The period asked for's billed credits + the tenant's reserved ones (quota policy FAIL refuses on
+   * it); null when no period was asked for (a tenant of another policy: its ledger row is not read).
    */
   creditsUsed: number | null;
 }
@@ -72,7 +72,7 @@ export async function readTenants(tx: Tx, tenants: ReadonlyArray<{ id: string; p
       -- Only for the tenants that asked (policy FAIL): with many tenants per group, one ledger probe
       -- per tenant was one of the per-tenant reads every group paid for nothing.
       case when x.period_start is null then null
-        else coalesce((select l.billed + l.reserved from tenant_ledger l where l.tenant_id = t.tenant_id and l.period_start = x.period_start), 0)::bigint end as credits_used
+        else (coalesce((select l.billed from tenant_ledger l where l.tenant_id = t.tenant_id and l.period_start = x.period_start), 0) + t.reserved)::bigint end as credits_used
     from unnest(${ids}::uuid[], ${periods}::timestamptz[]) as x(tenant_id, period_start)
     join sched_tenants t on t.tenant_id = x.tenant_id
     -- The group's tenants by id (an index lookup each): joined with the unnest alone, the planner

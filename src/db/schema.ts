@@ -194,6 +194,13 @@ export const schedTenants = pgTable(
     periodAnchor: timestamp('period_anchor', { withTimezone: true }).notNull(),
     /** Calls in flight across all nodes (I3: never above cap). */
     inFlight: integer('in_flight').notNull().default(0),
+    /**
+     * Credits held by the tenant's open reservations, whatever their period: the lease adds them in
+     * the write that takes the cap slots, the settlement takes them off in the one that gives them
+     * back (I4: the current period's billed + this <= quota; across a period's turn a call still
+     * open from the last period counts against the new one until it settles, never the other way).
+     */
+    reserved: bigint('reserved', { mode: 'number' }).notNull().default(0),
     /** Set when the tenant's next job would pass its quota (policy WAIT); cleared by the sweeper. */
     quotaBlocked: boolean('quota_blocked').notNull().default(false),
     quotaBlockedCost: integer('quota_blocked_cost').notNull().default(0),
@@ -209,6 +216,7 @@ export const schedTenants = pgTable(
     index('sched_tenants_quota_blocked_idx').on(t.tenantId).where(sql`${t.quotaBlocked}`),
     index('sched_tenants_reserved_idx').on(t.tenantId).where(sql`${t.reservedShare} > 0`),
     check('sched_tenants_in_flight_check', sql`${t.inFlight} >= 0`),
+    check('sched_tenants_reserved_check', sql`${t.reserved} >= 0`),
   ],
 );
 
@@ -386,7 +394,11 @@ export const windows = pgTable(
   (t) => [check('windows_in_flight_check', sql`${t.inFlight} >= 0`)],
 );
 
-/** Billed and reserved credits per tenant and quota period (I4: billed + reserved <= quota). */
+/**
+ * Billed and refunded credits per tenant and quota period (I4: billed + the tenant's reserved
+ * credits, sched_tenants.reserved, <= quota). The lease creates the period's row (never updates
+ * it); settlements add to it.
+ */
 export const tenantLedger = pgTable(
   'tenant_ledger',
   {
@@ -395,13 +407,11 @@ export const tenantLedger = pgTable(
       .references(() => tenants.id, { onDelete: 'cascade' }),
     periodStart: timestamp('period_start', { withTimezone: true }).notNull(),
     billed: bigint('billed', { mode: 'number' }).notNull().default(0),
-    reserved: bigint('reserved', { mode: 'number' }).notNull().default(0),
     refunded: bigint('refunded', { mode: 'number' }).notNull().default(0),
   },
   (t) => [
     primaryKey({ columns: [t.tenantId, t.periodStart] }),
-    // Never clamped: a settlement releasing credits not reserved raises.
-    check('tenant_ledger_counts_check', sql`${t.billed} >= 0 and ${t.reserved} >= 0 and ${t.refunded} >= 0`),
+    check('tenant_ledger_counts_check', sql`${t.billed} >= 0 and ${t.refunded} >= 0`),
   ],
 );
 

@@ -34,7 +34,7 @@
  *   slot) carries many tenants' turns; otherwise it opens the API's next
  *   batch call (a slot);
  * - the quota: the prefix of the jobs whose credits fit on top of what the
- *   period has billed and reserved; the first that does not fit blocks the
+ *   period has billed and the tenant has reserved; the first that does not fit blocks the
  *   tenant (policy WAIT) or fails (policy FAIL), and the queue is done for
  *   this call;
  * - a queue that had fewer ready jobs than its take (of any API) has nothing
@@ -114,7 +114,7 @@ export interface LeaseTenant {
   cap: number;
   inFlight: number;
   quota: number;
-  /** Credits billed + reserved in the current period. */
+  /** Credits billed in the current period + reserved by the tenant's open calls. */
   used: number;
   quotaPolicy: 'WAIT' | 'FAIL';
   quotaBlocked: boolean;

@@ -86,9 +86,9 @@ export async function tenantRowsStatus(services: Services, tenants: readonly Ten
   const periods = new Map(tenants.map((t) => [t.id, quotaPeriod(t.periodAnchor, now)]));
   const [queueRows, stateRows, ledgerRows, windows, account, breakers] = await Promise.all([
     tenantsQueues(sql, ids),
-    sql`select tenant_id, in_flight, cap, weight, quota_blocked, suspended from sched_tenants where tenant_id = any(${ids}::uuid[])`,
+    sql`select tenant_id, in_flight, cap, weight, quota_blocked, suspended, reserved from sched_tenants where tenant_id = any(${ids}::uuid[])`,
     sql`
-      select l.tenant_id, l.billed, l.reserved from tenant_ledger l
+      select l.tenant_id, l.billed from tenant_ledger l
       join unnest(${ids}::uuid[], ${tenants.map((t) => periods.get(t.id)!.start.toISOString())}::timestamptz[]) as p(tenant_id, period_start)
         on p.tenant_id = l.tenant_id and p.period_start = l.period_start`,
     readWindows(sql),
@@ -106,7 +106,7 @@ export async function tenantRowsStatus(services: Services, tenants: readonly Ten
       queues: classStatuses(services.windows, tenant, { queues, state, windows, account, breakers }).map((q) => ({ ...q, estimatedDrainSeconds: null })),
       usage: {
         creditsUsed: Number(ledger?.billed ?? 0),
-        creditsReserved: Number(ledger?.reserved ?? 0),
+        creditsReserved: Number(s?.reserved ?? 0),
         quota: effectiveLimits(tenant).monthlyQuota,
         periodStart: period.start,
         periodEnd: period.end,

@@ -19,17 +19,29 @@ export async function maxConcurrentByTenant(sql: postgres.Sql): Promise<Map<stri
   return new Map(rows.map((r) => [r.tenant_id as string, r.max as number]));
 }
 
-/** I4 and the ledger's books: reserved = open reservations, billed = settled bills, within quota. */
+/**
+ * I4 and the books: a tenant's reserved credits = its open reservations', each period's billed =
+ * its settled bills, and billed + open within the quota (per period, and for the current period
+ * with every open call of the tenant counted).
+ */
 export async function assertLedgerBalances(sql: postgres.Sql): Promise<void> {
+  const tenants = await sql`
+    select t.tenant_id, t.reserved, t.quota,
+      coalesce((select sum(credits) from reservations r where r.tenant_id = t.tenant_id and r.settled_at is null), 0) as open,
+      coalesce((select l.billed from tenant_ledger l where l.tenant_id = t.tenant_id and l.period_start = sluice_quota_period(t.period_anchor, now())), 0) as billed_now
+    from sched_tenants t`;
+  for (const t of tenants) {
+    assert.equal(Number(t.reserved), Number(t.open), `tenant ${t.tenant_id}: reserved matches open reservations`);
+    assert.ok(Number(t.billed_now) + Number(t.reserved) <= Number(t.quota), `tenant ${t.tenant_id}: I4 billed + reserved <= quota`);
+  }
   const rows = await sql`
-    select l.tenant_id, l.period_start, l.billed, l.reserved, t.quota,
+    select l.tenant_id, l.billed, t.quota,
       coalesce((select sum(credits) from reservations r where r.tenant_id = l.tenant_id and r.period_start = l.period_start and r.settled_at is null), 0) as open,
       coalesce((select sum(billed) from reservations r where r.tenant_id = l.tenant_id and r.period_start = l.period_start and r.settled_at is not null), 0) as settled
     from tenant_ledger l join sched_tenants t using (tenant_id)`;
   for (const r of rows) {
-    assert.equal(Number(r.reserved), Number(r.open), `tenant ${r.tenant_id}: reserved matches open reservations`);
     assert.equal(Number(r.billed), Number(r.settled), `tenant ${r.tenant_id}: billed matches settled reservations`);
-    assert.ok(Number(r.billed) + Number(r.reserved) <= Number(r.quota), `tenant ${r.tenant_id}: I4 billed + reserved <= quota`);
+    assert.ok(Number(r.billed) + Number(r.open) <= Number(r.quota), `tenant ${r.tenant_id}: I4 per period`);
   }
 }
 
@@ -59,7 +71,7 @@ export async function assertJobsBilledAsLedger(sql: postgres.Sql): Promise<void>
 export async function assertQuiescent(sql: postgres.Sql): Promise<void> {
   const [open] = await sql`select count(*)::int as n from reservations where settled_at is null`;
   assert.equal(open!.n, 0, 'I5: every reservation is settled');
-  const [reserved] = await sql`select coalesce(sum(reserved), 0)::int as n from tenant_ledger`;
+  const [reserved] = await sql`select coalesce(sum(reserved), 0)::int as n from sched_tenants`;
   assert.equal(reserved!.n, 0, 'I5: no credits left reserved');
   const [tenants] = await sql`select coalesce(sum(in_flight), 0)::int as n from sched_tenants`;
   assert.equal(tenants!.n, 0, 'no tenant slot left taken');

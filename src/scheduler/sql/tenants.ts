@@ -67,7 +67,7 @@ export async function unblockableTenants(sql: Tx): Promise<Array<{ tenantId: str
   const rows = await sql`
     select t.tenant_id, t.period_anchor, t.quota, t.quota_blocked_cost from sched_tenants t
     left join tenant_ledger l on l.tenant_id = t.tenant_id and l.period_start = sluice_quota_period(t.period_anchor, now())
-    where t.quota_blocked and coalesce(l.billed, 0) + coalesce(l.reserved, 0) + t.quota_blocked_cost <= t.quota`;
+    where t.quota_blocked and coalesce(l.billed, 0) + t.reserved + t.quota_blocked_cost <= t.quota`;
   return rows.map((r) => ({ tenantId: r.tenant_id as string, periodAnchor: r.period_anchor as Date, quota: Number(r.quota), cost: r.quota_blocked_cost as number }));
 }
 
