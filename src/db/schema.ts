@@ -568,12 +568,29 @@ export const usageHourly = pgTable('usage_hourly', usageColumns, (t) => [
   primaryKey({ name: 'usage_hourly_pk', columns: [t.tenantId, t.hour, t.periodStart, t.api, t.jobClass] }),
 ]);
 
-/** Appended by each settling statement (insert only, no lock contention); folded into usage_hourly by the sweeper. */
-export const usageDeltas = pgTable(
-  'usage_deltas',
-  { id: bigserial('id', { mode: 'number' }).primaryKey(), ...usageColumns },
-  (t) => [index('usage_deltas_tenant_hour_idx').on(t.tenantId, t.hour)],
-);
+/**
+ * Appended by each settling statement (insert only, no lock contention); folded into usage_hourly
+ * by the retention pass. One row carries up to 32 of the statement's aggregates (one per tenant,
+ * period, hour, API and class), column by column: element i of every array is aggregate i, and
+ * `latency_hists` is n × 11 (row i: aggregate i's histogram). A settlement group touching ten
+ * tenants writes one row, not ten. Read through src/usage/store.ts (`DELTA_ITEMS`), which unnests
+ * them into usage_hourly's shape; readers of one tenant skip the rows without it (`tenant_ids`).
+ * The table's toast_tuple_target (8160, set by its migration) keeps such a row inline.
+ */
+export const usageDeltas = pgTable('usage_deltas', {
+  id: bigserial('id', { mode: 'number' }).primaryKey(),
+  tenantIds: uuid('tenant_ids').array().notNull(),
+  periodStarts: timestamp('period_starts', { withTimezone: true }).array().notNull(),
+  hours: timestamp('hours', { withTimezone: true }).array().notNull(),
+  apis: text('apis').array().notNull(),
+  classes: text('classes').array().notNull(),
+  calls: integer('calls').array().notNull(),
+  succeeded: integer('succeeded').array().notNull(),
+  failed: integer('failed').array().notNull(),
+  creditsBilled: bigint('credits_billed', { mode: 'number' }).array().notNull(),
+  creditsRefunded: bigint('credits_refunded', { mode: 'number' }).array().notNull(),
+  latencyHists: integer('latency_hists').array().notNull(),
+});
 
 /** Pool slots settlements gave back (negative n), appended instead of updating the window's hot row; the lease folds them. */
 export const windowSlotDeltas = pgTable(

@@ -57,7 +57,7 @@ export async function assertJobsBilledAsLedger(sql: postgres.Sql): Promise<void>
       coalesce((select sum(l.billed) from tenant_ledger l where l.tenant_id = t.tenant_id), 0)::bigint as ledger,
       coalesce((select sum(j.credits_billed) from jobs j where j.tenant_id = t.tenant_id), 0)::bigint as jobs,
       coalesce((select sum(r.billed) from reservations r where r.tenant_id = t.tenant_id and r.settled_at is not null), 0)::bigint as reservations,
-      coalesce((select sum(u.credits_billed) from usage_deltas u where u.tenant_id = t.tenant_id), 0)::bigint
+      coalesce((select sum(u.billed) from usage_deltas d, unnest(d.tenant_ids, d.credits_billed) u(tenant_id, billed) where u.tenant_id = t.tenant_id), 0)::bigint
         + coalesce((select sum(u.credits_billed) from usage_hourly u where u.tenant_id = t.tenant_id), 0)::bigint as history
     from sched_tenants t`;
   for (const r of rows) {
