@@ -2,8 +2,8 @@
 -- reservations just settled by sluice_settle_reservations held: the tenants' cap slots and reserved
 -- credits (rows locked in id order), the bills and refunds on the ledger rows of their periods, and
 -- the window's pool slots, appended to window_slot_deltas instead of updating the window's hot row
--- (the next lease folds them). Returns the reservations settled. Counters are not clamped: releasing more than was taken
--- raises (CHECK in_flight >= 0, reserved >= 0).
+-- (the next lease folds them). Returns the reservations settled. Counters are not clamped:
+-- releasing more than was taken raises (CHECK in_flight >= 0, reserved >= 0).
 -- settled: what sluice_settle_reservations returned. Nothing settled runs every statement on empty
 -- sets (no early return): sluice_settle_group's warm-up plans them too.
 CREATE OR REPLACE FUNCTION sluice_release_settled(settled jsonb)

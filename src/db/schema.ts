@@ -573,7 +573,7 @@ export const usageHourly = pgTable('usage_hourly', usageColumns, (t) => [
  * by the retention pass. One row carries up to 32 of the statement's aggregates (one per tenant,
  * period, hour, API and class), column by column: element i of every array is aggregate i, and
  * `latency_hists` is n × 11 (row i: aggregate i's histogram). A settlement group touching ten
- * tenants writes one row, not ten. Read through src/usage/store.ts (`DELTA_ITEMS`), which unnests
+ * tenants writes one row, not ten. Read through src/usage/store.ts (`deltaItems`), which unnests
  * them into usage_hourly's shape; readers of one tenant skip the rows without it (`tenant_ids`).
  * The table's toast_tuple_target (8160, set by its migration) keeps such a row inline.
  */

@@ -34,9 +34,9 @@
  *   slot) carries many tenants' turns; otherwise it opens the API's next
  *   batch call (a slot);
  * - the quota: the prefix of the jobs whose credits fit on top of what the
- *   period has billed and the tenant has reserved; the first that does not fit blocks the
- *   tenant (policy WAIT) or fails (policy FAIL), and the queue is done for
- *   this call;
+ *   period has billed and the tenant has reserved; the first that does not
+ *   fit blocks the tenant (policy WAIT) or fails (policy FAIL), and the queue
+ *   is done for this call;
  * - a queue that had fewer ready jobs than its take (of any API) has nothing
  *   more for this call;
  * - a queue the call served already ends the call in a paced window (one
